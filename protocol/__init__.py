@@ -1,0 +1,1 @@
+"""The wire contract shared by coordinator and devices: topics, messages, weight encoding."""

@@ -1,0 +1,38 @@
+"""MQTT topic names of the control plane."""
+
+from dataclasses import dataclass
+
+DEFAULT_ROOT = "fedspeech/v1"
+
+
+@dataclass(frozen=True)
+class Topics:
+    """Topic names under one root, so several fleets (or tests) can share a broker."""
+
+    root: str = DEFAULT_ROOT
+
+    def status(self, device_id: str) -> str:
+        """Retained device status; the device's last will sets it to offline."""
+        return f"{self.root}/devices/{device_id}/status"
+
+    def task(self, device_id: str) -> str:
+        """Retained task for one device; cleared when its round closes."""
+        return f"{self.root}/devices/{device_id}/task"
+
+    @property
+    def all_status(self) -> str:
+        """Wildcard the coordinator subscribes to."""
+        return f"{self.root}/devices/+/status"
+
+    @property
+    def model(self) -> str:
+        """Retained announcement of the latest global model."""
+        return f"{self.root}/model"
+
+    def device_of(self, topic: str) -> str | None:
+        """The device id in a device topic, or None if the topic is not one."""
+        prefix = f"{self.root}/devices/"
+        if not topic.startswith(prefix):
+            return None
+        parts = topic[len(prefix) :].split("/")
+        return parts[0] if len(parts) == 2 and parts[0] else None

@@ -1,0 +1,58 @@
+"""Model weights on the wire and on disk: safetensors bytes with a sha256 digest, never pickle."""
+
+import hashlib
+import json
+
+import numpy as np
+import safetensors
+import safetensors.numpy
+
+Arrays = dict[str, np.ndarray]
+
+
+class WeightsError(ValueError):
+    """Weights that cannot be used; the text says why."""
+
+
+def sha256(data: bytes) -> str:
+    """Hex sha256 digest of a blob."""
+    return hashlib.sha256(data).hexdigest()
+
+
+def encode(arrays: Arrays, metadata: dict[str, str] | None = None) -> bytes:
+    """Serialise named arrays (and string metadata) to safetensors bytes."""
+    return safetensors.numpy.save({k: np.ascontiguousarray(v) for k, v in arrays.items()}, metadata=metadata)
+
+
+def decode(data: bytes) -> tuple[Arrays, dict[str, str]]:
+    """Parse safetensors bytes into arrays and metadata; raise WeightsError if malformed."""
+    try:
+        arrays = safetensors.numpy.load(data)
+        header_len = int.from_bytes(data[:8], "little")
+        metadata = json.loads(data[8 : 8 + header_len]).get("__metadata__") or {}
+    except (safetensors.SafetensorError, ValueError, TypeError) as exc:
+        raise WeightsError(f"not a safetensors blob: {exc}") from None
+    return arrays, metadata
+
+
+def check_digest(data: bytes, expected: str) -> None:
+    """Raise WeightsError unless the blob's sha256 is the expected one."""
+    actual = sha256(data)
+    if actual != expected.lower():
+        raise WeightsError(f"sha256 mismatch: got {actual}, expected {expected}")
+
+
+def check_like(arrays: Arrays, reference: Arrays) -> None:
+    """Raise WeightsError unless arrays match the reference's names, shapes and dtypes and are finite."""
+    missing = reference.keys() - arrays.keys()
+    extra = arrays.keys() - reference.keys()
+    if missing or extra:
+        raise WeightsError(f"tensor names differ: missing {sorted(missing)}, unexpected {sorted(extra)}")
+    for name, ref in reference.items():
+        value = arrays[name]
+        if value.shape != ref.shape:
+            raise WeightsError(f"{name}: shape {value.shape}, expected {ref.shape}")
+        if value.dtype != ref.dtype:
+            raise WeightsError(f"{name}: dtype {value.dtype}, expected {ref.dtype}")
+        if value.dtype.kind == "f" and not np.isfinite(value).all():
+            raise WeightsError(f"{name}: contains NaN or infinite values")
