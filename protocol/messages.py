@@ -142,6 +142,8 @@ def decode(payload: bytes | str, kind: type[M]) -> M:
         body = json.loads(payload, parse_constant=_reject_constant)
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise ProtocolError(f"not JSON: {exc}") from None
+    except RecursionError:
+        raise ProtocolError("JSON nested too deeply") from None
     if not isinstance(body, dict):
         raise ProtocolError("message is not a JSON object")
     if body.get("v") != SCHEMA_VERSION:

@@ -1,0 +1,136 @@
+"""The `fedspeech` command: coordinator, client and demo subcommands."""
+
+import argparse
+import logging
+import signal
+import sys
+import threading
+from pathlib import Path
+
+from fedspeech.protocol.topics import DEFAULT_ROOT
+
+
+def _coordinator(args: argparse.Namespace) -> None:
+    from fedspeech.coordinator.app import create_app, serve
+
+    config = {
+        "STATE_DIR": args.state,
+        "BROKER_URL": args.broker,
+        "EMBEDDED_BROKER_PORT": args.broker_port,
+        "TOPIC_ROOT": args.topic_root,
+        "CORPUS": args.corpus,
+        "DATA_DIR": args.data_dir,
+        "EVAL_LIMIT": args.eval_limit,
+        "ROUNDS": args.rounds,
+        "MIN_DEVICES": args.min_devices,
+        "MIN_RESULTS": args.min_results,
+        "ROUND_TIMEOUT_S": args.round_timeout,
+        "EPOCHS": args.epochs,
+        "BATCH_SIZE": args.batch_size,
+        "LEARNING_RATE": args.lr,
+    }
+    app = create_app({k: v for k, v in config.items() if v is not None})
+    service = app.extensions["fedspeech"]
+    service.start()
+    server = serve(app, args.host, args.port)
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    stop.wait()
+    server.shutdown()
+    service.stop()
+
+
+def _client(args: argparse.Namespace) -> None:
+    from fedspeech.edge_client.daemon import ClientConfig, run_client
+
+    run_client(
+        ClientConfig(
+            coordinator_url=args.coordinator,
+            broker_url=args.broker,
+            device_id=args.device_id or args.speaker,
+            corpus=args.corpus,
+            speaker=args.speaker,
+            data_dir=args.data_dir,
+            topic_root=args.topic_root,
+            max_samples=args.max_samples,
+            torch_threads=args.threads,
+        )
+    )
+
+
+def _demo(args: argparse.Namespace) -> None:
+    from fedspeech.coordinator.demo import DemoConfig, run_demo
+
+    run_demo(
+        DemoConfig(
+            out=args.out,
+            rounds=args.rounds,
+            epochs=args.epochs,
+            broker_url=args.broker,
+            port=args.port,
+            max_samples=args.max_samples,
+        )
+    )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The command line: one subcommand per role."""
+    parser = argparse.ArgumentParser(prog="fedspeech", description=__doc__)
+    parser.add_argument("-v", "--verbose", action="store_true", help="log at DEBUG level")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    c = sub.add_parser("coordinator", help="run the coordinator service (HTTP API and round loop)")
+    c.add_argument("--state", type=Path, default=Path("fedspeech-state"), help="state directory")
+    c.add_argument("--broker", help="mqtt://host:port of an existing broker (default: embedded broker)")
+    c.add_argument("--broker-port", type=int, help="port of the embedded broker (default 1883)")
+    c.add_argument("--host", default="127.0.0.1", help="HTTP bind address")
+    c.add_argument("--port", type=int, default=8080, help="HTTP port")
+    c.add_argument("--topic-root", default=DEFAULT_ROOT)
+    c.add_argument("--corpus", help="corpus defining the task and held-out set (default fsdd)")
+    c.add_argument("--data-dir", help="folder holding the corpora (default: bundled data/)")
+    c.add_argument("--eval-limit", type=int, help="evaluate on at most this many held-out clips")
+    c.add_argument("--rounds", type=int)
+    c.add_argument("--min-devices", type=int, help="devices online before a round starts")
+    c.add_argument("--min-results", type=int, help="updates needed to aggregate a round")
+    c.add_argument("--round-timeout", type=float, help="seconds a device has to send its update")
+    c.add_argument("--epochs", type=int, help="local epochs per round")
+    c.add_argument("--batch-size", type=int)
+    c.add_argument("--lr", type=float, help="local learning rate")
+    c.set_defaults(run=_coordinator)
+
+    d = sub.add_parser("client", help="run the device daemon")
+    d.add_argument("--coordinator", default="http://127.0.0.1:8080", help="coordinator base URL")
+    d.add_argument("--broker", default="mqtt://127.0.0.1:1883", help="mqtt://host:port")
+    d.add_argument("--device-id", help="device id (default: the speaker)")
+    d.add_argument("--corpus", default="fsdd")
+    d.add_argument("--speaker", required=True, help="whose recordings are this device's local data")
+    d.add_argument("--data-dir", type=Path, help="folder holding the corpora (default: bundled data/)")
+    d.add_argument("--topic-root", default=DEFAULT_ROOT)
+    d.add_argument("--max-samples", type=int, help="train on at most this many local clips")
+    d.add_argument("--threads", type=int, default=1, help="torch threads")
+    d.set_defaults(run=_client)
+
+    m = sub.add_parser("demo", help="one coordinator and one device per FSDD speaker, end to end")
+    m.add_argument("--out", type=Path, default=Path("fedspeech-demo"), help="where results go")
+    m.add_argument("--rounds", type=int, default=10)
+    m.add_argument("--epochs", type=int, default=2, help="local epochs per round")
+    m.add_argument("--broker", help="mqtt://host:port of an existing broker (default: embedded broker)")
+    m.add_argument("--port", type=int, default=0, help="coordinator HTTP port (default: a free one)")
+    m.add_argument("--max-samples", type=int, help="train on at most this many clips per device")
+    m.set_defaults(run=_demo)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Entry point of the `fedspeech` command."""
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    args.run(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

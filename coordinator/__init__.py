@@ -1,0 +1,1 @@
+"""The coordinator service: HTTP API, round orchestrator, strategies, state store, embedded broker."""

@@ -1,0 +1,126 @@
+"""Flask app factory: builds the coordinator service from configuration and serves its HTTP API."""
+
+import logging
+import threading
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from flask import Flask
+from werkzeug.serving import BaseWSGIServer, make_server
+
+from fedspeech.coordinator.api import bp as api_bp
+from fedspeech.coordinator.broker import EmbeddedBroker
+from fedspeech.coordinator.global_model import GlobalModel
+from fedspeech.coordinator.mqtt_link import CoordinatorLink
+from fedspeech.coordinator.orchestrator import Orchestrator, RoundConfig
+from fedspeech.coordinator.store import Store
+from fedspeech.protocol.topics import DEFAULT_ROOT, Topics
+
+log = logging.getLogger(__name__)
+
+DEFAULTS: dict[str, Any] = {
+    "STATE_DIR": "fedspeech-state",
+    "BROKER_URL": None,  # None: start an embedded broker on EMBEDDED_BROKER_HOST:PORT
+    "EMBEDDED_BROKER_HOST": "127.0.0.1",
+    "EMBEDDED_BROKER_PORT": 1883,
+    "TOPIC_ROOT": DEFAULT_ROOT,
+    "CORPUS": "fsdd",
+    "DATA_DIR": None,  # None: the bundled data/ folder
+    "EVAL_LIMIT": None,  # cap on held-out clips, None for all
+    "ROUNDS": 10,
+    "MIN_DEVICES": 2,
+    "MIN_RESULTS": 2,
+    "ROUND_TIMEOUT_S": 120.0,
+    "EPOCHS": 1,
+    "BATCH_SIZE": 32,
+    "LEARNING_RATE": 1e-3,
+    "SEED": 0,
+}
+
+
+@dataclass
+class Service:
+    """Everything the coordinator runs: store, broker link, orchestrator thread, optional embedded broker."""
+
+    store: Store
+    link: CoordinatorLink
+    orchestrator: Orchestrator
+    broker_url: str
+    broker: EmbeddedBroker | None = None
+    stop_event: threading.Event = field(default_factory=threading.Event)
+    thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        """Start the embedded broker (if any), the MQTT link and the round loop."""
+        if self.broker is not None:
+            self.broker.start()
+        self.link.start()
+        self.thread = threading.Thread(
+            target=self.orchestrator.run, args=(self.stop_event,), name="rounds", daemon=True
+        )
+        self.thread.start()
+
+    def stop(self) -> None:
+        """Stop the round loop, the link and the embedded broker."""
+        self.stop_event.set()
+        if self.thread is not None:
+            self.thread.join(timeout=30)
+        self.link.stop()
+        if self.broker is not None:
+            self.broker.stop()
+
+
+def _round_config(config: Mapping[str, Any]) -> RoundConfig:
+    return RoundConfig(
+        rounds=int(config["ROUNDS"]),
+        min_devices=int(config["MIN_DEVICES"]),
+        min_results=int(config["MIN_RESULTS"]),
+        round_timeout_s=float(config["ROUND_TIMEOUT_S"]),
+        epochs=int(config["EPOCHS"]),
+        batch_size=int(config["BATCH_SIZE"]),
+        learning_rate=float(config["LEARNING_RATE"]),
+        seed=int(config["SEED"]),
+    )
+
+
+def _global_model(config: Mapping[str, Any]) -> GlobalModel:
+    from fedspeech.models.datasets import default_spec, load_corpus, load_waveforms, server_test_clips
+
+    data_dir = Path(config["DATA_DIR"]) if config["DATA_DIR"] else None
+    corpus = load_corpus(config["CORPUS"], data_dir)
+    spec = default_spec(corpus)
+    clips = server_test_clips(corpus)[: config["EVAL_LIMIT"]]
+    heldout = load_waveforms(clips, spec.sample_rate, spec.num_samples)
+    log.info("held-out set: %d clips of %s", len(clips), corpus.name)
+    return GlobalModel(spec, corpus.labels, heldout, task=corpus.name)
+
+
+def create_app(config: Mapping[str, Any] | None = None) -> Flask:
+    """Build the coordinator app: defaults, then FEDSPEECH_* environment variables, then `config`."""
+    app = Flask(__name__)
+    app.config.from_mapping(DEFAULTS)
+    app.config.from_prefixed_env("FEDSPEECH")
+    if config:
+        app.config.from_mapping(config)
+
+    broker = None
+    broker_url = app.config["BROKER_URL"]
+    if not broker_url:
+        broker = EmbeddedBroker(app.config["EMBEDDED_BROKER_HOST"], int(app.config["EMBEDDED_BROKER_PORT"]))
+        broker_url = broker.url
+    store = Store(Path(app.config["STATE_DIR"]))
+    link = CoordinatorLink(broker_url, Topics(app.config["TOPIC_ROOT"]))
+    orchestrator = Orchestrator(_round_config(app.config), store, link, _global_model(app.config))
+    app.extensions["fedspeech"] = Service(store, link, orchestrator, broker_url, broker)
+    app.register_blueprint(api_bp)
+    return app
+
+
+def serve(app: Flask, host: str, port: int) -> BaseWSGIServer:
+    """Serve the app from a background thread; returns the server (its port is server.server_port)."""
+    server = make_server(host, port, app, threaded=True)
+    threading.Thread(target=server.serve_forever, name="http", daemon=True).start()
+    log.info("coordinator HTTP API on http://%s:%d", host, server.server_port)
+    return server

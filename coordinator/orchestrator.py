@@ -1,0 +1,285 @@
+"""The round loop: select devices, hand out tasks, collect and check updates, aggregate, store, announce."""
+
+import logging
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+
+from fedspeech.coordinator.aggregate import fedavg
+from fedspeech.coordinator.global_model import GlobalModel
+from fedspeech.coordinator.mqtt_link import CoordinatorLink
+from fedspeech.coordinator.store import RoundRecord, Store, UpdateRecord
+from fedspeech.protocol import weights
+from fedspeech.protocol.messages import BlobRef, ModelAnnouncement, Task
+from fedspeech.protocol.weights import Arrays, WeightsError
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class RoundConfig:
+    """How rounds run."""
+
+    rounds: int = 10
+    min_devices: int = 2
+    min_results: int = 2
+    round_timeout_s: float = 120.0
+    epochs: int = 1
+    batch_size: int = 32
+    learning_rate: float = 1e-3
+    seed: int = 0
+
+
+def _optional_float(text: str | None) -> float | None:
+    return None if text is None else float(text)
+
+
+class UpdateRejected(Exception):
+    """An upload the coordinator refuses; status is the HTTP status to answer with."""
+
+    def __init__(self, status: int, reason: str) -> None:
+        super().__init__(reason)
+        self.status, self.reason = status, reason
+
+
+@dataclass
+class OpenRound:
+    """The round being trained: tasks handed out, updates accepted so far, bytes moved."""
+
+    round: int
+    started_at: float
+    deadline: float
+    tasks: dict[str, Task]
+    updates: dict[str, tuple[Arrays, UpdateRecord]] = field(default_factory=dict)
+    bytes_up: int = 0
+    bytes_down: int = 0
+
+
+class Orchestrator:
+    """Runs rounds until the configured number is complete; restarts resume after the last stored round."""
+
+    def __init__(self, config: RoundConfig, store: Store, link: CoordinatorLink, model: GlobalModel) -> None:
+        self.config, self.store, self.link, self.model = config, store, link, model
+        self._lock = threading.Condition()
+        self._open: OpenRound | None = None
+        self._global: Arrays | None = None
+        self.finished = threading.Event()
+
+    # -- called from HTTP handlers -------------------------------------------------------------
+
+    def open_round(self) -> int | None:
+        """The number of the round being trained, if any."""
+        with self._lock:
+            return self._open.round if self._open else None
+
+    def count_download(self, model_round: int, nbytes: int) -> None:
+        """Count a global-model download against the open round it serves."""
+        with self._lock:
+            if self._open is not None and model_round == self._open.round - 1:
+                self._open.bytes_down += nbytes
+
+    def receive_update(self, round: int, token: str, body: bytes, digest: str) -> str:
+        """Check an upload and keep it for aggregation; return the device id or raise UpdateRejected."""
+        device_id = self.store.device_for_token(token)
+        if device_id is None:
+            raise UpdateRejected(401, "unknown bearer token")
+        try:
+            weights.check_digest(body, digest)
+            arrays, meta = weights.decode(body)
+        except WeightsError as exc:
+            raise UpdateRejected(400, str(exc)) from None
+        with self._lock:
+            open_ = self._open
+            if open_ is None or open_.round != round:
+                raise UpdateRejected(409, f"round {round} is not open")
+            task = open_.tasks.get(device_id)
+            if task is None or meta.get("task_id") != task.task_id:
+                raise UpdateRejected(409, f"no open task {meta.get('task_id')!r} for {device_id}")
+            if device_id in open_.updates:
+                raise UpdateRejected(409, f"{device_id} already sent its update for round {round}")
+            global_ = self._global
+        try:
+            weights.check_like(arrays, global_)
+            record = UpdateRecord(
+                device_id=device_id,
+                num_samples=int(meta["num_samples"]),
+                train_loss=_optional_float(meta.get("train_loss")),
+                train_seconds=_optional_float(meta.get("train_seconds")),
+                sha256=digest,
+            )
+        except (KeyError, ValueError) as exc:
+            raise UpdateRejected(400, f"bad update: {exc}") from None
+        if record.num_samples < 1:
+            raise UpdateRejected(400, "num_samples must be at least 1")
+        with self._lock:
+            if self._open is not open_ or device_id in open_.updates:
+                raise UpdateRejected(409, f"round {round} closed while the update was checked")
+            open_.updates[device_id] = (arrays, record)
+            open_.bytes_up += len(body)
+            self._lock.notify_all()
+        log.info("round %d: update from %s accepted (%d samples)", round, device_id, record.num_samples)
+        return device_id
+
+    # -- the loop -------------------------------------------------------------------------------
+
+    def run(self, stop: threading.Event) -> None:
+        """Run rounds until done or stopped."""
+        latest = self._resume()
+        while latest.round < self.config.rounds and not stop.is_set():
+            try:
+                latest = self._run_round(latest.round + 1, stop) or latest
+            except Exception:
+                # A bug or a full disk must not end the service; the round is run again.
+                log.exception("round %d failed", latest.round + 1)
+                stop.wait(5)
+        if latest.round >= self.config.rounds:
+            log.info("all %d rounds complete", self.config.rounds)
+            self.finished.set()
+
+    def _resume(self) -> RoundRecord:
+        latest = self.store.latest_round()
+        if latest is None:
+            arrays = self.model.initial(self.config.seed)
+            now = time.time()
+            latest = self._complete(0, now, 0, arrays, [], 0, 0)
+        else:
+            data = self.store.model_path(latest.round, "weights").read_bytes()
+            self._global = weights.decode(data)[0]
+            log.info("resuming after round %d", latest.round)
+            self._announce(latest)
+        return latest
+
+    def _run_round(self, round: int, stop: threading.Event) -> RoundRecord | None:
+        devices = self._wait_for_devices(stop)
+        if not devices:
+            return None
+        previous = self.store.latest_round()
+        started = time.time()
+        deadline = started + self.config.round_timeout_s
+        ref = BlobRef(
+            path=f"/api/models/{previous.round}/weights",
+            sha256=previous.weights_sha256,
+            size=self.store.model_path(previous.round, "weights").stat().st_size,
+        )
+        tasks = {
+            device: Task(
+                task_id=uuid.uuid4().hex,
+                round=round,
+                spec=self.model.spec,
+                weights=ref,
+                upload_path=f"/api/rounds/{round}/updates",
+                epochs=self.config.epochs,
+                batch_size=self.config.batch_size,
+                learning_rate=self.config.learning_rate,
+                deadline=deadline,
+                seed=self.config.seed * 100_003 + round * 1009 + i,
+            )
+            for i, device in enumerate(devices)
+        }
+        with self._lock:
+            self._open = OpenRound(round, started, deadline, tasks)
+        for device, task in tasks.items():
+            self.link.publish_task(task, device)
+        log.info("round %d: %d devices selected", round, len(tasks))
+
+        with self._lock:
+            while not stop.is_set() and time.time() < deadline and not self._all_in(self._open):
+                self._lock.wait(timeout=0.25)
+            open_, self._open = self._open, None
+        for device in tasks:
+            self.link.clear_task(device)
+        if stop.is_set():
+            return None
+        if len(open_.updates) < self.config.min_results:
+            log.warning(
+                "round %d: %d of %d updates by the deadline, fewer than %d: round is run again",
+                round,
+                len(open_.updates),
+                len(tasks),
+                self.config.min_results,
+            )
+            return None
+        results = sorted(open_.updates.values(), key=lambda u: u[1].device_id)
+        new = fedavg([a for a, _ in results], [r.num_samples for _, r in results])
+        return self._complete(
+            round, started, len(tasks), new, [r for _, r in results], open_.bytes_up, open_.bytes_down
+        )
+
+    def _all_in(self, open_: OpenRound) -> bool:
+        """Whether every selected device that is still online has sent its update."""
+        online = set(self.link.online())
+        return all(d in open_.updates or d not in online for d in open_.tasks)
+
+    def _wait_for_devices(self, stop: threading.Event) -> list[str]:
+        registered = set()
+        while not stop.is_set():
+            registered = {d.device_id for d in self.store.devices()}
+            ready = [d for d in self.link.online() if d in registered]
+            if len(ready) >= self.config.min_devices:
+                return ready
+            stop.wait(0.25)
+        return []
+
+    def _complete(
+        self,
+        round: int,
+        started: float,
+        devices: int,
+        arrays: Arrays,
+        updates: list[UpdateRecord],
+        bytes_up: int,
+        bytes_down: int,
+    ) -> RoundRecord:
+        """Evaluate, export, store and announce a new global model."""
+        blob = weights.encode(arrays, metadata={"round": str(round)})
+        scores = self.model.evaluate(arrays)
+        onnx = self.model.to_onnx(arrays, round)
+        finished = time.time()
+        record = RoundRecord(
+            round=round,
+            started_at=started,
+            finished_at=finished,
+            wall_s=finished - started,
+            devices=devices,
+            results=len(updates),
+            accuracy=scores.accuracy if scores else None,
+            macro_f1=scores.macro_f1 if scores else None,
+            loss=scores.loss if scores else None,
+            bytes_up=bytes_up,
+            bytes_down=bytes_down,
+            weights_sha256=weights.sha256(blob),
+            onnx_sha256=weights.sha256(onnx),
+        )
+        self.store.save_round(record, blob, onnx, updates)
+        self._global = arrays
+        log.info(
+            "round %d complete: %d/%d updates, accuracy %s, %.1f s",
+            round,
+            len(updates),
+            devices,
+            f"{record.accuracy:.4f}" if scores else "n/a",
+            record.wall_s,
+        )
+        self._announce(record)
+        return record
+
+    def _announce(self, record: RoundRecord) -> None:
+        onnx_path = self.store.model_path(record.round, "onnx")
+        metrics = {k: v for k in ("accuracy", "macro_f1", "loss") if (v := getattr(record, k)) is not None}
+        self.link.announce(
+            ModelAnnouncement(
+                round=record.round,
+                spec=self.model.spec,
+                labels=self.model.labels,
+                weights=BlobRef(
+                    f"/api/models/{record.round}/weights",
+                    record.weights_sha256,
+                    self.store.model_path(record.round, "weights").stat().st_size,
+                ),
+                onnx=BlobRef(f"/api/models/{record.round}/onnx", record.onnx_sha256, onnx_path.stat().st_size)
+                if record.onnx_sha256
+                else None,
+                metrics=metrics,
+            )
+        )

@@ -1,0 +1,417 @@
+"""The device daemon: register, listen for tasks over MQTT, train on local data, upload the weights."""
+
+import http.client
+import json
+import logging
+import queue
+import random
+import signal
+import threading
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import paho.mqtt.client as mqtt
+
+from fedspeech.edge_client.profile import measure_profile, measure_rtt_ms
+from fedspeech.protocol import messages, weights
+from fedspeech.protocol.messages import Credentials, DeviceStatus, ModelSpec, Profile, Registration, Task
+from fedspeech.protocol.topics import DEFAULT_ROOT, Topics
+
+log = logging.getLogger(__name__)
+
+DOWNLOAD_ATTEMPTS = 4
+HTTP_TIMEOUT = 60.0
+
+
+@dataclass
+class ClientConfig:
+    """Where the coordinator and broker are, who this device is and which local data it trains on."""
+
+    coordinator_url: str
+    broker_url: str
+    device_id: str
+    corpus: str
+    speaker: str
+    data_dir: Path | None = None
+    topic_root: str = DEFAULT_ROOT
+    max_samples: int | None = None
+    torch_threads: int = 1
+
+
+@dataclass
+class _Reply:
+    status: int
+    body: bytes
+
+
+@dataclass
+class _Daemon:
+    """Everything the daemon keeps between tasks; shared with the MQTT thread only through queue and sets."""
+
+    config: ClientConfig
+    stop: threading.Event
+    topics: Topics
+    clips: list[Any]
+    profile: Profile
+    token: str = ""
+    status: DeviceStatus | None = None
+    client: mqtt.Client | None = None
+    tasks: queue.Queue[Task] = field(default_factory=queue.Queue)
+    seen_tasks: set[str] = field(default_factory=set)
+    waveforms: dict[tuple[int, int], tuple[Any, Any]] = field(default_factory=dict)
+    model: tuple[ModelSpec, Any] | None = None
+    status_lock: threading.Lock = field(default_factory=threading.Lock)
+
+
+class _Drop(Exception):
+    """The current task cannot be done; the text says why."""
+
+
+def run_client(config: ClientConfig, stop: threading.Event | None = None) -> None:
+    """Run the device daemon until stop is set or SIGTERM/SIGINT arrives, then go offline cleanly."""
+    stop = stop or threading.Event()
+    restore = _install_signal_handlers(stop)
+    try:
+        _run(config, stop)
+    finally:
+        restore()
+
+
+def _install_signal_handlers(stop: threading.Event) -> Callable[[], None]:
+    """Turn SIGTERM/SIGINT into stop (main thread only); return a function that restores the old handlers."""
+    if threading.current_thread() is not threading.main_thread():
+        return lambda: None
+    previous = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
+    for sig in previous:
+        signal.signal(sig, lambda signum, frame: stop.set())
+
+    def restore() -> None:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+    return restore
+
+
+def _run(config: ClientConfig, stop: threading.Event) -> None:
+    clips = _train_clips(config)
+    profile = measure_profile(rtt_ms=measure_rtt_ms(config.coordinator_url))
+    daemon = _Daemon(config, stop, Topics(config.topic_root), clips, profile)
+    if not _register(daemon):
+        return
+    daemon.status = DeviceStatus(config.device_id, "online", len(clips), profile)
+    _connect(daemon)
+    try:
+        while not stop.is_set():
+            try:
+                task = daemon.tasks.get(timeout=0.5)
+            except queue.Empty:
+                continue
+            _do_task(daemon, task)
+    finally:
+        _go_offline(daemon)
+
+
+def _train_clips(config: ClientConfig) -> list[Any]:
+    """The speaker's training clips, capped at max_samples."""
+    from fedspeech.models.datasets import client_clips, load_corpus
+
+    corpus = load_corpus(config.corpus, config.data_dir)
+    train, _ = client_clips(corpus, config.speaker)
+    return train[: config.max_samples] if config.max_samples is not None else train
+
+
+# ---- HTTP ----
+
+
+def _http(
+    method: str,
+    url: str,
+    body: bytes | None = None,
+    headers: dict[str, str] | None = None,
+    timeout: float = HTTP_TIMEOUT,
+) -> _Reply:
+    """One HTTP request; any status is a reply, connection problems raise OSError or HTTPException."""
+    request = urllib.request.Request(url, data=body, headers=headers or {}, method=method)
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as response:
+            return _Reply(response.status, response.read())
+    except urllib.error.HTTPError as exc:
+        with exc:
+            return _Reply(exc.code, exc.read())
+
+
+_CONNECTION_ERRORS = (OSError, http.client.HTTPException)
+
+
+def _backoff(first: float = 0.5, maximum: float = 10.0) -> Iterator[float]:
+    """Delays doubling from first up to maximum, each with random jitter so devices do not retry in step."""
+    delay = first
+    while True:
+        yield random.uniform(delay / 2, delay)
+        delay = min(delay * 2, maximum)
+
+
+def _error_reason(reply: _Reply) -> str:
+    try:
+        return str(json.loads(reply.body)["error"])
+    except (ValueError, KeyError, TypeError):
+        return reply.body[:200].decode(errors="replace") or f"HTTP {reply.status}"
+
+
+def _register(daemon: _Daemon) -> bool:
+    """Post the registration until the coordinator answers; False if stopped first, RuntimeError on a 4xx."""
+    config = daemon.config
+    body = messages.encode(Registration(config.device_id, len(daemon.clips), daemon.profile))
+    url = f"{config.coordinator_url.rstrip('/')}/api/devices"
+    for attempt, delay in enumerate(_backoff(), start=1):
+        if daemon.stop.is_set():
+            return False
+        try:
+            reply = _http("POST", url, body, {"Content-Type": "application/json"}, timeout=10.0)
+            if reply.status == 200:
+                daemon.token = messages.decode(reply.body, Credentials).token
+                log.info("registered %s with %s (%d samples)", config.device_id, url, len(daemon.clips))
+                return True
+            if 400 <= reply.status < 500:  # asking again will not change the answer
+                raise RuntimeError(f"the coordinator rejected the registration: {_error_reason(reply)}")
+            reason = f"HTTP {reply.status}: {_error_reason(reply)}"
+        except _CONNECTION_ERRORS as exc:
+            reason = str(exc)
+        except messages.ProtocolError as exc:
+            reason = f"bad credentials: {exc}"
+        log.info("registration attempt %d failed (%s); retrying in %.1f s", attempt, reason, delay)
+        daemon.stop.wait(delay)
+    return False
+
+
+# ---- MQTT ----
+
+
+def parse_broker_url(url: str) -> tuple[str, int]:
+    """(host, port) of an mqtt://host:port URL; the port defaults to 1883."""
+    parts = urllib.parse.urlsplit(url)
+    if parts.scheme != "mqtt" or not parts.hostname:
+        raise ValueError(f"broker URL must look like mqtt://host:port, got {url!r}")
+    return parts.hostname, parts.port or 1883
+
+
+def _connect(daemon: _Daemon) -> None:
+    """An MQTT client that reconnects by itself, subscribes to the task topic and keeps the status current."""
+    config = daemon.config
+    host, port = parse_broker_url(config.broker_url)
+    client = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id=config.device_id)
+    offline = messages.encode(DeviceStatus(config.device_id, "offline"))
+    client.will_set(daemon.topics.status(config.device_id), offline, qos=1, retain=True)
+    client.reconnect_delay_set(min_delay=1, max_delay=30)
+
+    def on_connect(client, userdata, flags, reason_code, properties) -> None:
+        if reason_code.is_failure:
+            log.warning("broker %s refused the connection: %s", config.broker_url, reason_code)
+            return
+        log.info("connected to broker %s", config.broker_url)
+        client.subscribe(daemon.topics.task(config.device_id), qos=1)
+        _publish_status(daemon)
+
+    def on_disconnect(client, userdata, flags, reason_code, properties) -> None:
+        if not daemon.stop.is_set():
+            log.info("disconnected from broker (%s); reconnecting", reason_code)
+
+    client.on_connect = on_connect
+    client.on_disconnect = on_disconnect
+    # Routed by topic, not on_message: some brokers (amqtt 0.12) also send retained messages of topics
+    # this client never subscribed to.
+    client.message_callback_add(
+        daemon.topics.task(config.device_id),
+        lambda client, userdata, message: _on_task_message(daemon, message.payload),
+    )
+    daemon.client = client  # before connecting: on_connect publishes through it
+    client.connect_async(host, port)
+    client.loop_start()
+
+
+def _publish_status(daemon: _Daemon, status: DeviceStatus | None = None) -> mqtt.MQTTMessageInfo | None:
+    """Remember the status (re-sent on every reconnect) and publish it retained."""
+    topic = daemon.topics.status(daemon.config.device_id)
+    with daemon.status_lock:  # the MQTT thread re-publishes on reconnect: keep the newest status last
+        if status is not None:
+            daemon.status = status
+        if daemon.client is None or daemon.status is None:
+            return None
+        return daemon.client.publish(topic, messages.encode(daemon.status), qos=1, retain=True)
+
+
+def _on_task_message(daemon: _Daemon, payload: bytes) -> None:
+    """Queue a valid, new, unexpired task; log and drop anything else (runs on the MQTT thread)."""
+    if not payload:
+        return  # the coordinator cleared the retained task: no work
+    try:
+        task = messages.decode(payload, Task)
+    except messages.ProtocolError as exc:
+        log.warning("dropping malformed task: %s", exc)
+        return
+    except Exception as exc:  # e.g. RecursionError on deeply nested JSON; must not kill the MQTT thread
+        log.warning("dropping undecodable task: %r", exc)
+        return
+    if task.task_id in daemon.seen_tasks:
+        return  # re-delivered after a reconnect
+    if task.deadline < time.time():
+        log.info("ignoring task %s of round %d: its deadline has passed", task.task_id, task.round)
+        return
+    daemon.seen_tasks.add(task.task_id)
+    daemon.tasks.put(task)
+
+
+def _go_offline(daemon: _Daemon) -> None:
+    """Publish the retained offline status, wait for the broker to take it, disconnect."""
+    client = daemon.client
+    if client is None:
+        return
+    info = _publish_status(daemon, DeviceStatus(daemon.config.device_id, "offline"))
+    if info is not None and client.is_connected():
+        try:
+            info.wait_for_publish(timeout=5)
+        except (ValueError, RuntimeError) as exc:
+            log.warning("could not publish the offline status: %s", exc)
+    client.disconnect()
+    client.loop_stop()
+    log.info("%s offline", daemon.config.device_id)
+
+
+# ---- tasks ----
+
+
+def _do_task(daemon: _Daemon, task: Task) -> None:
+    """Download, train and upload one task; whatever happens, report online again afterwards."""
+    config = daemon.config
+    seconds_per_sample = daemon.profile.seconds_per_sample
+    try:
+        if task.deadline < time.time():
+            raise _Drop("its deadline passed while it was queued")
+        training = DeviceStatus(config.device_id, "training", len(daemon.clips), daemon.profile, task.round)
+        _publish_status(daemon, training)
+        data = _download(daemon, task)
+        arrays, _ = weights.decode(data)
+        model = _model(daemon, task.spec)
+        result, upload = _train(daemon, model, arrays, task)
+        _upload(daemon, task, upload)
+        seconds_per_sample = result.seconds_per_sample
+        log.info(
+            "round %d done: %d samples, loss %.4f, %.1f s, %d B down, %d B up",
+            task.round,
+            result.num_samples,
+            result.loss,
+            result.seconds,
+            len(data),
+            len(upload),
+        )
+    except (_Drop, weights.WeightsError) as exc:
+        log.warning("dropping task %s of round %d: %s", task.task_id, task.round, exc)
+    except Exception:
+        log.exception("task %s of round %d failed", task.task_id, task.round)
+    daemon.profile = measure_profile(seconds_per_sample, measure_rtt_ms(config.coordinator_url))
+    _publish_status(daemon, DeviceStatus(config.device_id, "online", len(daemon.clips), daemon.profile))
+
+
+def _download(daemon: _Daemon, task: Task) -> bytes:
+    """The task's starting weights, digest checked; retried a few times on connection errors."""
+    url = f"{daemon.config.coordinator_url.rstrip('/')}{task.weights.path}"
+    for attempt, delay in enumerate(_backoff(), start=1):
+        try:
+            reply = _http("GET", url)
+            break
+        except _CONNECTION_ERRORS as exc:
+            if attempt == DOWNLOAD_ATTEMPTS or daemon.stop.is_set():
+                raise _Drop(f"cannot download {url}: {exc}") from None
+            log.info("download attempt %d of %s failed (%s); retrying in %.1f s", attempt, url, exc, delay)
+            daemon.stop.wait(delay)
+    if reply.status != 200:
+        raise _Drop(f"download of {url} answered HTTP {reply.status}: {_error_reason(reply)}")
+    weights.check_digest(reply.body, task.weights.sha256)
+    return reply.body
+
+
+def _model(daemon: _Daemon, spec: ModelSpec) -> Any:
+    """The model for a spec, built once and reused while the spec stays the same."""
+    if daemon.model is None or daemon.model[0] != spec:
+        import torch
+
+        from fedspeech.models import build_model
+
+        torch.set_num_threads(daemon.config.torch_threads)
+        daemon.model = (spec, build_model(spec))
+    return daemon.model[1]
+
+
+def _train(daemon: _Daemon, model: Any, arrays: weights.Arrays, task: Task) -> tuple[Any, bytes]:
+    """Train from the given weights on local data; return the result and the encoded weights to upload."""
+    from fedspeech.models.datasets import load_waveforms
+    from fedspeech.models.train import get_arrays, set_arrays, train_local
+
+    weights.check_like(arrays, get_arrays(model))
+    key = (task.spec.sample_rate, task.spec.num_samples)
+    if key not in daemon.waveforms:
+        daemon.waveforms[key] = load_waveforms(daemon.clips, *key)
+    waveforms, labels = daemon.waveforms[key]
+    set_arrays(model, arrays)
+    result = train_local(
+        model,
+        waveforms,
+        labels,
+        epochs=task.epochs,
+        batch_size=task.batch_size,
+        learning_rate=task.learning_rate,
+        seed=task.seed,
+    )
+    metadata = {
+        "task_id": task.task_id,
+        "device_id": daemon.config.device_id,
+        "num_samples": str(result.num_samples),
+        "train_loss": str(result.loss),
+        "train_seconds": str(result.seconds),
+        "seconds_per_sample": str(result.seconds_per_sample),
+    }
+    return result, weights.encode(get_arrays(model), metadata=metadata)
+
+
+def _upload(daemon: _Daemon, task: Task, body: bytes) -> None:
+    """Post the trained weights; re-register once on 401, retry connection errors until the deadline."""
+    url = f"{daemon.config.coordinator_url.rstrip('/')}{task.upload_path}"
+    registered_again = False
+    delays = _backoff()
+    while True:
+        if daemon.stop.is_set():
+            raise _Drop("stopping")
+        headers = {
+            "Authorization": f"Bearer {daemon.token}",
+            "Content-Type": "application/octet-stream",
+            "X-Content-SHA256": weights.sha256(body),
+        }
+        try:
+            reply = _http("POST", url, body, headers)
+        except _CONNECTION_ERRORS as exc:
+            reason = str(exc)
+        else:
+            if reply.status == 200:
+                return
+            if reply.status == 401 and not registered_again:
+                log.info("the coordinator does not know our token; registering again")
+                registered_again = True
+                if not _register(daemon):
+                    raise _Drop("stopped while registering again")
+                continue
+            if reply.status == 409:
+                raise _Drop(f"the coordinator no longer wants it: {_error_reason(reply)}")
+            if reply.status < 500:
+                raise _Drop(f"upload rejected with HTTP {reply.status}: {_error_reason(reply)}")
+            reason = f"HTTP {reply.status}: {_error_reason(reply)}"
+        delay = next(delays)
+        if time.time() + delay > task.deadline:
+            raise _Drop(f"upload failed ({reason}) and the deadline is near")
+        log.info("upload to %s failed (%s); retrying in %.1f s", url, reason, delay)
+        daemon.stop.wait(delay)

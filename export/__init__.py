@@ -1,0 +1,1 @@
+"""ONNX export and parity checks (onnx_export, needs torch) and the torch-free inference runtime (runtime)."""

@@ -1,0 +1,175 @@
+"""Export a trained model to ONNX (probabilities out, metadata in), refresh its weights, check parity."""
+
+import json
+import logging
+import os
+import warnings
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnx_ir
+import onnxscript.optimizer
+import torch
+from onnx import numpy_helper
+from torch import nn
+
+from fedspeech.export.runtime import OnnxModel
+from fedspeech.protocol.messages import ModelSpec
+
+# the wrapper holds the model as `.model`, so state-dict tensor "x.y" becomes the initializer "model.x.y"
+PREFIX = "model."
+
+
+class _Probabilities(nn.Module):
+    """The model followed by a softmax: what devices consume."""
+
+    def __init__(self, model: nn.Module):
+        super().__init__()
+        self.model = model
+
+    def forward(self, waveform: torch.Tensor) -> torch.Tensor:
+        return torch.softmax(self.model(waveform), dim=-1)
+
+
+@dataclass
+class Parity:
+    """How closely onnxruntime reproduces torch: largest probability difference and argmax agreement."""
+
+    max_abs_diff: float
+    agreement: float
+
+
+def export_onnx(
+    model: nn.Module,
+    spec: ModelSpec,
+    labels: Sequence[str],
+    path: Path,
+    *,
+    round: int | None = None,
+    task: str = "",
+) -> Path:
+    """Export model to path as ONNX: input 'waveform' (batch, num_samples), output 'probabilities'."""
+    metadata = _metadata(spec, labels, round, task)
+    was_training = model.training
+    model.eval()
+    try:
+        with _quiet_exporter():
+            program = torch.onnx.export(
+                _Probabilities(model),
+                (torch.zeros(2, spec.num_samples),),
+                dynamo=True,
+                input_names=["waveform"],
+                output_names=["probabilities"],
+                dynamic_shapes=({0: torch.export.Dim("batch")},),
+                # the full optimiser folds BatchNorm into the convolutions and merges equal initializers,
+                # breaking the one-to-one weight names update_onnx_weights relies on; onnxruntime fuses BN
+                # itself when it loads the model, so only constants are folded (below)
+                optimize=False,
+                verbose=False,
+            )
+    finally:
+        model.train(was_training)
+    _fold_constants(program.model, {PREFIX + name for name in model.state_dict()})
+    proto = program.model_proto
+    onnx.helper.set_model_props(proto, metadata)
+    return _save_atomically(proto, path)
+
+
+def update_onnx_weights(
+    template: Path,
+    arrays: dict[str, np.ndarray],
+    out: Path,
+    *,
+    round: int | None = None,
+    task: str | None = None,
+) -> Path:
+    """Write to out a copy of an export_onnx file with its weights replaced by arrays (get_arrays names)."""
+    proto = onnx.load_model(template)
+    initializers = {init.name: init for init in proto.graph.initializer}
+    missing = sorted(name for name in arrays if PREFIX + name not in initializers)
+    if missing:
+        raise ValueError(f"{template}: no initializers for {missing}; export the model afresh")
+    for name, value in arrays.items():
+        init = initializers[PREFIX + name]
+        old = numpy_helper.to_array(init)
+        if value.shape != old.shape or value.dtype != old.dtype:
+            raise ValueError(f"{name}: {value.dtype}{value.shape}, the graph has {old.dtype}{old.shape}")
+        init.CopyFrom(numpy_helper.from_array(np.ascontiguousarray(value), init.name))
+    metadata = {prop.key: prop.value for prop in proto.metadata_props}
+    if round is not None:
+        metadata["round"] = str(round)
+    if task is not None:
+        metadata["task"] = task
+    del proto.metadata_props[:]
+    onnx.helper.set_model_props(proto, metadata)
+    return _save_atomically(proto, out)
+
+
+def parity(model: nn.Module, onnx_path: Path, waveforms: np.ndarray) -> Parity:
+    """Compare the model's torch probabilities with onnxruntime's for the exported file on waveforms."""
+    waveforms = np.ascontiguousarray(waveforms, dtype=np.float32)
+    was_training = model.training
+    model.eval()
+    with torch.no_grad():
+        expected = torch.softmax(model(torch.from_numpy(waveforms)), dim=-1).numpy()
+    model.train(was_training)
+    actual = OnnxModel(onnx_path).predict(waveforms)
+    return Parity(
+        max_abs_diff=float(np.max(np.abs(expected - actual))),
+        agreement=float(np.mean(expected.argmax(axis=1) == actual.argmax(axis=1))),
+    )
+
+
+def _metadata(spec: ModelSpec, labels: Sequence[str], round: int | None, task: str) -> dict[str, str]:
+    if len(labels) != spec.num_classes:
+        raise ValueError(f"{len(labels)} labels for a model with {spec.num_classes} classes")
+    metadata = {
+        "model": spec.name,
+        "labels": json.dumps(list(labels)),
+        "sample_rate": str(spec.sample_rate),
+        "num_samples": str(spec.num_samples),
+        "task": task,
+    }
+    if round is not None:
+        metadata["round"] = str(round)
+    return metadata
+
+
+@contextmanager
+def _quiet_exporter() -> Iterator[None]:
+    """Silence the exporter's warnings (deprecations, absent torchvision) for the duration."""
+    logger = logging.getLogger("torch.onnx")
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            yield
+    finally:
+        logger.setLevel(level)
+
+
+def _fold_constants(graph_model: onnx_ir.Model, weight_names: set[str]) -> None:
+    """Precompute constant subgraphs (window padding, casts) but never fold a node that reads a weight."""
+
+    def should_fold(node: onnx_ir.Node) -> bool | None:
+        reads_weight = any(value is not None and value.name in weight_names for value in node.inputs)
+        return False if reads_weight else None  # None: let the folder decide
+
+    onnxscript.optimizer.fold_constants(graph_model, should_fold=should_fold)
+    onnxscript.optimizer.remove_unused_nodes(graph_model)
+
+
+def _save_atomically(proto: onnx.ModelProto, path: Path) -> Path:
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        onnx.save_model(proto, tmp)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return path

@@ -1,0 +1,125 @@
+"""The local training step, evaluation, and moving weights between a model and named numpy arrays."""
+
+import time
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch import nn
+
+
+def _float_names(model: nn.Module) -> list[str]:
+    return [name for name, tensor in model.state_dict().items() if tensor.is_floating_point()]
+
+
+def get_arrays(model: nn.Module) -> dict[str, np.ndarray]:
+    """The state dict's floating-point tensors as numpy copies (integer buffers like BN counters skipped)."""
+    state = model.state_dict()
+    return {name: state[name].detach().cpu().numpy().copy() for name in _float_names(model)}
+
+
+def set_arrays(model: nn.Module, arrays: dict[str, np.ndarray]) -> None:
+    """Load named arrays into the model; the names must be exactly its floating-point tensors."""
+    expected = set(_float_names(model))
+    missing, extra = expected - arrays.keys(), arrays.keys() - expected
+    if missing or extra:
+        raise ValueError(f"tensor names differ: missing {sorted(missing)}, unexpected {sorted(extra)}")
+    state = {name: torch.from_numpy(np.ascontiguousarray(value)) for name, value in arrays.items()}
+    model.load_state_dict(state, strict=False)
+
+
+@dataclass
+class TrainResult:
+    """What a local training run did: samples seen per epoch, last-epoch mean loss and its wall time."""
+
+    num_samples: int
+    loss: float
+    seconds: float
+    seconds_per_sample: float
+
+
+@dataclass
+class EvalResult:
+    """Accuracy, macro-F1 and mean cross-entropy on a labelled set, with the predicted classes."""
+
+    accuracy: float
+    macro_f1: float
+    loss: float
+    predictions: np.ndarray
+
+
+def _time_shift(batch: np.ndarray, rng: np.random.Generator, max_shift: int) -> np.ndarray:
+    """Roll each waveform by its own random offset in [-max_shift, max_shift]."""
+    shifts = rng.integers(-max_shift, max_shift + 1, size=len(batch))
+    return np.stack([np.roll(row, shift) for row, shift in zip(batch, shifts, strict=True)])
+
+
+def train_local(
+    model: nn.Module,
+    waveforms: np.ndarray,
+    labels: np.ndarray,
+    *,
+    epochs: int,
+    batch_size: int,
+    learning_rate: float,
+    seed: int = 0,
+) -> TrainResult:
+    """Train in place: Adam, cosine-decayed lr, shuffled time-shifted minibatches; deterministic per seed."""
+    if len(waveforms) < 2:
+        raise ValueError(f"{len(waveforms)} training samples: BatchNorm needs at least 2")
+    waveforms = np.ascontiguousarray(waveforms, dtype=np.float32)
+    rng = np.random.default_rng(seed)
+    optimizer = torch.optim.Adam(model.parameters(), lr=learning_rate)
+    targets = torch.from_numpy(np.asarray(labels, dtype=np.int64))
+    max_shift = waveforms.shape[1] // 10
+    num_batches = max(1, len(waveforms) // max(batch_size, 2))  # so that every batch has 2 or more samples
+    # decaying to zero at the end of the run settles the weights and BN statistics before they are evaluated
+    schedule = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=epochs * num_batches)
+    model.train()
+    start = time.perf_counter()
+    for _ in range(epochs):
+        total, count = 0.0, 0
+        for batch in np.array_split(rng.permutation(len(waveforms)), num_batches):
+            inputs = torch.from_numpy(_time_shift(waveforms[batch], rng, max_shift))
+            loss = nn.functional.cross_entropy(model(inputs), targets[batch])
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+            schedule.step()
+            total += loss.item() * len(batch)
+            count += len(batch)
+    seconds = time.perf_counter() - start
+    model.eval()
+    return TrainResult(len(waveforms), total / count, seconds, seconds / (epochs * len(waveforms)))
+
+
+def _macro_f1(labels: np.ndarray, predictions: np.ndarray) -> float:
+    """Mean F1 over the classes present in labels or predictions."""
+    scores = []
+    for cls in np.union1d(labels, predictions):
+        true_pos = np.sum((predictions == cls) & (labels == cls))
+        denominator = np.sum(predictions == cls) + np.sum(labels == cls)
+        scores.append(2.0 * true_pos / denominator)
+    return float(np.mean(scores)) if scores else 0.0
+
+
+@torch.no_grad()
+def evaluate(
+    model: nn.Module, waveforms: np.ndarray, labels: np.ndarray, batch_size: int = 256
+) -> EvalResult:
+    """Accuracy, macro-F1 and loss of the model in eval mode."""
+    if len(waveforms) == 0:
+        raise ValueError("no samples to evaluate")
+    waveforms = np.ascontiguousarray(waveforms, dtype=np.float32)
+    labels = np.asarray(labels, dtype=np.int64)
+    model.eval()
+    logits = torch.cat(
+        [model(torch.from_numpy(waveforms[i : i + batch_size])) for i in range(0, len(waveforms), batch_size)]
+    )
+    predictions = logits.argmax(dim=1).numpy()
+    return EvalResult(
+        accuracy=float(np.mean(predictions == labels)),
+        macro_f1=_macro_f1(labels, predictions),
+        loss=float(nn.functional.cross_entropy(logits, torch.from_numpy(labels))),
+        predictions=predictions,
+    )

@@ -1,0 +1,190 @@
+"""Shared fixtures: the machine's Mosquitto, unique topic roots, coordinator and device processes."""
+
+import json
+import os
+import queue
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import paho.mqtt.client as mqtt
+import pytest
+
+from fedspeech.protocol import messages, weights
+from fedspeech.protocol.messages import Credentials, DeviceStatus, Profile, Registration, Task
+from fedspeech.protocol.topics import Topics
+
+MOSQUITTO = ("127.0.0.1", 1883)
+
+
+def free_port() -> int:
+    """A TCP port nothing listens on right now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_for(predicate: Callable[[], object], timeout: float, what: str, interval: float = 0.2):
+    """Poll until predicate returns something truthy; fail the test after timeout seconds."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(interval)
+    pytest.fail(f"timed out after {timeout} s waiting for {what}")
+
+
+def get_json(url: str):
+    """GET a JSON document, or None if the server does not answer."""
+    try:
+        with urllib.request.urlopen(url, timeout=5) as reply:
+            return json.loads(reply.read())
+    except OSError:
+        return None
+
+
+@pytest.fixture(scope="session")
+def mosquitto_url() -> str:
+    """The machine's Mosquitto broker; the suite needs it running."""
+    try:
+        socket.create_connection(MOSQUITTO, timeout=2).close()
+    except OSError:
+        pytest.fail("no MQTT broker on 127.0.0.1:1883: start Mosquitto (`mosquitto -d`)")
+    return f"mqtt://{MOSQUITTO[0]}:{MOSQUITTO[1]}"
+
+
+@pytest.fixture
+def topic_root() -> str:
+    """A topic root of its own, so tests sharing the broker never see each other's messages."""
+    return f"fedspeech-test/{uuid.uuid4().hex[:12]}"
+
+
+class Processes:
+    """Started `fedspeech` subprocesses, logged to files, all stopped when the test ends."""
+
+    def __init__(self, log_dir: Path) -> None:
+        self.log_dir = log_dir
+        self.procs: list[subprocess.Popen] = []
+
+    def start(self, name: str, *args: str) -> subprocess.Popen:
+        """Run `python -m fedspeech ARGS` with its output in LOG_DIR/NAME.log."""
+        log = open(self.log_dir / f"{name}.log", "a")  # noqa: SIM115 - closed with the process
+        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        proc = subprocess.Popen([sys.executable, "-m", "fedspeech", *args], stdout=log, stderr=log, env=env)
+        proc.log_path = self.log_dir / f"{name}.log"
+        self.procs.append(proc)
+        return proc
+
+    def stop_all(self) -> None:
+        """SIGTERM everything still running, then SIGKILL what does not exit."""
+        for p in self.procs:
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+        for p in self.procs:
+            try:
+                p.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+
+
+@pytest.fixture
+def processes(tmp_path) -> Iterator[Processes]:
+    """Start subprocesses that are cleaned up after the test."""
+    procs = Processes(tmp_path)
+    yield procs
+    procs.stop_all()
+
+
+def start_clients(
+    processes: Processes,
+    speakers: list[str],
+    coordinator_url: str,
+    broker_url: str,
+    topic_root: str,
+    max_samples: int,
+) -> list[subprocess.Popen]:
+    """One device daemon per FSDD speaker."""
+    return [
+        processes.start(
+            f"client-{s}",
+            "client",
+            "--speaker", s,
+            "--coordinator", coordinator_url,
+            "--broker", broker_url,
+            "--topic-root", topic_root,
+            "--max-samples", str(max_samples),
+        )
+        for s in speakers
+    ]  # fmt: skip
+
+
+class ScriptedDevice:
+    """A device the test speaks for, step by step: a paho client on the real broker plus plain HTTP."""
+
+    def __init__(self, device_id: str, broker_url: str, topics: Topics) -> None:
+        host, port = broker_url.removeprefix("mqtt://").split(":")
+        self.device_id, self.topics = device_id, topics
+        self.tasks: queue.Queue[Task] = queue.Queue()
+        self.token = ""
+        self.mqtt = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2)
+        self.mqtt.on_connect = lambda c, *_: c.subscribe(topics.task(device_id), qos=1)
+        self.mqtt.message_callback_add(topics.task(device_id), self._on_task)
+        self.mqtt.connect(host, int(port))
+        self.mqtt.loop_start()
+
+    def _on_task(self, client, userdata, msg) -> None:
+        if msg.payload:
+            self.tasks.put(messages.decode(msg.payload, Task))
+
+    def publish(self, topic: str, payload: bytes) -> None:
+        """Publish retained, waiting for the broker to take it."""
+        self.mqtt.publish(topic, payload, qos=1, retain=True).wait_for_publish(5)
+
+    def register(self, coordinator_url: str, num_samples: int) -> str:
+        """Register over HTTP and keep the token."""
+        body = messages.encode(Registration(self.device_id, num_samples, Profile(1, 0.0, 256.0)))
+        request = urllib.request.Request(f"{coordinator_url}/api/devices", data=body, method="POST")
+        with urllib.request.urlopen(request, timeout=10) as reply:
+            self.token = messages.decode(reply.read(), Credentials).token
+        return self.token
+
+    def go_online(self, num_samples: int) -> None:
+        """Announce the device as online."""
+        status = DeviceStatus(self.device_id, "online", num_samples)
+        self.publish(self.topics.status(self.device_id), messages.encode(status))
+
+    def next_task(self, timeout: float) -> Task:
+        """The next task the coordinator hands out."""
+        try:
+            return self.tasks.get(timeout=timeout)
+        except queue.Empty:
+            pytest.fail(f"{self.device_id} got no task within {timeout} s")
+
+    def send_back_unchanged(self, coordinator_url: str, task: Task, num_samples: int) -> int:
+        """Download the task's model and upload it untouched; return the HTTP status."""
+        with urllib.request.urlopen(f"{coordinator_url}{task.weights.path}", timeout=10) as reply:
+            arrays, _ = weights.decode(reply.read())
+        body = weights.encode(arrays, {"task_id": task.task_id, "num_samples": str(num_samples)})
+        headers = {"Authorization": f"Bearer {self.token}", "X-Content-SHA256": weights.sha256(body)}
+        request = urllib.request.Request(f"{coordinator_url}{task.upload_path}", body, headers, method="POST")
+        try:
+            with urllib.request.urlopen(request, timeout=10) as reply:
+                return reply.status
+        except urllib.error.HTTPError as exc:
+            return exc.code
+
+    def close(self) -> None:
+        """Clear this device's retained messages and disconnect."""
+        self.publish(self.topics.status(self.device_id), b"")
+        self.publish(self.topics.task(self.device_id), b"")
+        self.mqtt.loop_stop()
+        self.mqtt.disconnect()

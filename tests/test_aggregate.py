@@ -1,0 +1,31 @@
+"""Aggregation strategies on hand-computed cases, no network."""
+
+import numpy as np
+import pytest
+
+from fedspeech.coordinator.aggregate import fedavg, weighted_average
+
+
+def test_fedavg_weights_by_samples():
+    a = {"w": np.array([0.0, 4.0], np.float32), "b": np.array([1.0], np.float32)}
+    b = {"w": np.array([4.0, 0.0], np.float32), "b": np.array([3.0], np.float32)}
+    out = fedavg([a, b], [1, 3])
+    np.testing.assert_allclose(out["w"], [3.0, 1.0])
+    np.testing.assert_allclose(out["b"], [2.5])
+    assert out["w"].dtype == np.float32
+
+
+def test_equal_weights_give_the_mean_and_one_update_is_itself():
+    rng = np.random.default_rng(0)
+    ups = [{"w": rng.normal(size=(3, 4)).astype(np.float32)} for _ in range(5)]
+    np.testing.assert_allclose(
+        weighted_average(ups, [2.0] * 5)["w"], np.mean([u["w"] for u in ups], 0), rtol=1e-6
+    )
+    np.testing.assert_array_equal(fedavg(ups[:1], [7])["w"], ups[0]["w"])
+
+
+@pytest.mark.parametrize(("n", "weights"), [(0, []), (2, [1.0]), (2, [0.0, 0.0]), (2, [1.0, -1.0])])
+def test_bad_weights_are_refused(n, weights):
+    ups = [{"w": np.zeros(2, np.float32)} for _ in range(n)]
+    with pytest.raises(ValueError):
+        weighted_average(ups, weights)

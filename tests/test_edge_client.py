@@ -1,0 +1,401 @@
+"""The device daemon against the machine's Mosquitto and a small HTTP test double of the coordinator."""
+
+import json
+import logging
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field, replace
+from email.message import Message
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import numpy as np
+import paho.mqtt.client as mqtt
+import pytest
+
+from fedspeech.edge_client import ClientConfig, measure_profile, run_client
+from fedspeech.edge_client.daemon import parse_broker_url
+from fedspeech.protocol import messages, weights
+from fedspeech.protocol.messages import BlobRef, Credentials, DeviceStatus, ModelSpec, Registration, Task
+from fedspeech.protocol.topics import Topics
+
+BROKER_URL = "mqtt://127.0.0.1:1883"
+SPEAKER = "jackson"
+MAX_SAMPLES = 40
+TOKEN = "secret-token"
+BLOB_PATH = "/blobs/global.safetensors"
+SPEC = ModelSpec("cnn", sample_rate=8000, num_samples=8000, num_classes=10)
+
+pytestmark = pytest.mark.timeout(60)
+
+
+@dataclass
+class Upload:
+    """One upload the coordinator double accepted."""
+
+    path: str
+    headers: Message  # case-insensitive, as HTTP header names are
+    body: bytes
+
+
+@dataclass
+class CoordinatorDouble:
+    """Test double for the coordinator's HTTP API: registration, status, one weights blob, uploads."""
+
+    blob: bytes
+    registrations: list[Registration] = field(default_factory=list)
+    downloads: list[str] = field(default_factory=list)
+    uploads: list[Upload] = field(default_factory=list)
+    reject_tokens: int = 0  # answer this many uploads with 401, as a restarted coordinator would
+    server: ThreadingHTTPServer | None = None
+
+    @property
+    def url(self) -> str:
+        host, port = self.server.server_address[:2]
+        return f"http://{host}:{port}"
+
+    def start(self) -> None:
+        double = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, format, *args):
+                pass
+
+            def reply(self, status: int, body: bytes, content_type: str = "application/json") -> None:
+                self.send_response(status)
+                self.send_header("Content-Type", content_type)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def do_GET(self):
+                if self.path == "/api/status":
+                    self.reply(200, b"{}")
+                elif self.path == BLOB_PATH:
+                    double.downloads.append(self.path)
+                    self.reply(200, double.blob, "application/octet-stream")
+                else:
+                    self.reply(404, b'{"error": "not found"}')
+
+            def do_POST(self):
+                body = self.rfile.read(int(self.headers["Content-Length"]))
+                if self.path == "/api/devices":
+                    registration = messages.decode(body, Registration)
+                    double.registrations.append(registration)
+                    self.reply(200, messages.encode(Credentials(registration.device_id, TOKEN)))
+                elif self.path.startswith("/api/uploads/"):
+                    if double.reject_tokens > 0 or self.headers["Authorization"] != f"Bearer {TOKEN}":
+                        double.reject_tokens -= 1
+                        self.reply(401, b'{"error": "unknown token"}')
+                    elif self.headers["X-Content-SHA256"] != weights.sha256(body):
+                        self.reply(400, b'{"error": "digest mismatch"}')
+                    else:
+                        double.uploads.append(Upload(self.path, self.headers, body))
+                        self.reply(200, b"{}")
+                else:
+                    self.reply(404, b'{"error": "not found"}')
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def stop(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@dataclass
+class Fleet:
+    """One test's world: a fresh topic root and device id, the coordinator double, and an MQTT watcher."""
+
+    topics: Topics
+    device_id: str
+    coordinator: CoordinatorDouble
+    watcher: mqtt.Client
+    seen: list[tuple[str, bytes]] = field(default_factory=list)
+
+    def config(self) -> ClientConfig:
+        return ClientConfig(
+            coordinator_url=self.coordinator.url,
+            broker_url=BROKER_URL,
+            device_id=self.device_id,
+            corpus="fsdd",
+            speaker=SPEAKER,
+            topic_root=self.topics.root,
+            max_samples=MAX_SAMPLES,
+        )
+
+    def statuses(self) -> list[DeviceStatus]:
+        topic = self.topics.status(self.device_id)
+        payloads = [payload for t, payload in list(self.seen) if t == topic and payload]
+        return [messages.decode(payload, DeviceStatus) for payload in payloads]
+
+    def publish_task(self, payload: bytes) -> None:
+        topic = self.topics.task(self.device_id)
+        self.watcher.publish(topic, payload, qos=1, retain=True).wait_for_publish(5)
+
+
+def wait_until(predicate: Callable[[], object], timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not met in time")
+        time.sleep(0.05)
+
+
+def retained(topic: str, port: int = 1883, timeout: float = 3.0) -> bytes | None:
+    """The retained payload on a topic, read by a fresh subscriber."""
+    received: list[bytes] = []
+    client = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2)
+    client.on_connect = lambda c, *args: c.subscribe(topic, qos=1)
+    client.on_message = lambda c, userdata, message: received.append(message.payload)
+    client.connect("127.0.0.1", port)
+    client.loop_start()
+    try:
+        wait_until(lambda: received, timeout=timeout)
+    except AssertionError:
+        return None
+    finally:
+        client.disconnect()
+        client.loop_stop()
+    return received[0]
+
+
+def make_task(task_id: str = "task-1", *, blob: bytes, deadline_in: float = 50.0, sha256: str = "") -> Task:
+    return Task(
+        task_id=task_id,
+        round=1,
+        spec=SPEC,
+        weights=BlobRef(BLOB_PATH, sha256 or weights.sha256(blob), len(blob)),
+        upload_path=f"/api/uploads/{task_id}",
+        epochs=1,
+        batch_size=16,
+        learning_rate=1e-3,
+        deadline=time.time() + deadline_in,
+    )
+
+
+@pytest.fixture(scope="module")
+def reference() -> weights.Arrays:
+    from fedspeech.models import build_model
+    from fedspeech.models.train import get_arrays
+
+    return get_arrays(build_model(SPEC))
+
+
+@pytest.fixture
+def fleet(reference: weights.Arrays) -> Iterator[Fleet]:
+    coordinator = CoordinatorDouble(weights.encode(reference))
+    coordinator.start()
+    topics = Topics(f"fedspeech-test/{uuid.uuid4().hex}")
+    watcher = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2)
+    fleet = Fleet(topics, f"dev-{uuid.uuid4().hex[:8]}", coordinator, watcher)
+    connected = threading.Event()
+
+    def on_connect(client, userdata, flags, reason_code, properties):
+        client.subscribe(f"{topics.root}/#", qos=1)
+        connected.set()
+
+    watcher.on_connect = on_connect
+    watcher.on_message = lambda c, userdata, message: fleet.seen.append((message.topic, message.payload))
+    watcher.connect("127.0.0.1", 1883)
+    watcher.loop_start()
+    assert connected.wait(5)
+    yield fleet
+    # leave no retained messages behind on the shared broker
+    for topic in (topics.status(fleet.device_id), topics.task(fleet.device_id)):
+        watcher.publish(topic, b"", qos=1, retain=True).wait_for_publish(5)
+    watcher.disconnect()
+    watcher.loop_stop()
+    coordinator.stop()
+
+
+@contextmanager
+def running_daemon(fleet: Fleet) -> Iterator[tuple[threading.Event, threading.Thread]]:
+    """run_client in a thread, once it is online; stopped and joined on exit."""
+    stop = threading.Event()
+    thread = threading.Thread(target=run_client, args=(fleet.config(), stop), daemon=True)
+    thread.start()
+    try:
+        wait_until(lambda: any(s.state == "online" for s in fleet.statuses()))
+        yield stop, thread
+    finally:
+        stop.set()
+        thread.join(15)
+    assert not thread.is_alive()
+
+
+def warnings_about(caplog: pytest.LogCaptureFixture, text: str) -> list[logging.LogRecord]:
+    return [r for r in list(caplog.records) if r.levelno >= logging.WARNING and text in r.getMessage()]
+
+
+def test_full_task_round_trip(fleet: Fleet, reference: weights.Arrays) -> None:
+    coordinator = fleet.coordinator
+    with running_daemon(fleet) as (stop, thread):
+        assert [r.num_samples for r in coordinator.registrations] == [MAX_SAMPLES]
+        online = messages.decode(retained(fleet.topics.status(fleet.device_id)), DeviceStatus)
+        assert (online.state, online.num_samples) == ("online", MAX_SAMPLES)
+        assert online.profile.cpu_count >= 1 and online.profile.ram_available_mb > 0
+
+        fleet.publish_task(messages.encode(make_task("task-1", blob=coordinator.blob)))
+        wait_until(lambda: coordinator.uploads)
+        upload = coordinator.uploads[0]
+        assert upload.path == "/api/uploads/task-1"
+        assert upload.headers["Content-Type"] == "application/octet-stream"
+        assert upload.headers["X-Content-SHA256"] == weights.sha256(upload.body)
+        arrays, metadata = weights.decode(upload.body)
+        weights.check_like(arrays, reference)
+        assert any(not np.array_equal(arrays[name], reference[name]) for name in reference)
+        assert metadata["task_id"] == "task-1" and metadata["device_id"] == fleet.device_id
+        assert metadata["num_samples"] == str(MAX_SAMPLES)
+        assert np.isfinite(float(metadata["train_loss"])) and float(metadata["seconds_per_sample"]) > 0
+
+        assert any(s.state == "training" and s.round == 1 for s in fleet.statuses())
+        wait_until(lambda: fleet.statuses()[-1].state == "online")
+        assert fleet.statuses()[-1].profile.seconds_per_sample > 0
+        stop.set()
+        thread.join(15)
+    offline = messages.decode(retained(fleet.topics.status(fleet.device_id)), DeviceStatus)
+    assert offline.state == "offline"
+    assert len(coordinator.uploads) == 1  # the retained task re-delivered by the broker is not redone
+
+
+def test_malformed_tasks_are_logged_and_dropped(fleet: Fleet, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger="fedspeech.edge_client")
+    wrong_type = json.loads(messages.encode(make_task("bad", blob=fleet.coordinator.blob)))
+    wrong_type["epochs"] = "one"
+    with running_daemon(fleet) as (_, thread):
+        fleet.publish_task(b"not json")
+        wait_until(lambda: warnings_about(caplog, "not JSON"))
+        fleet.publish_task(b"[" * 60_000)
+        wait_until(lambda: warnings_about(caplog, "RecursionError"))
+        fleet.publish_task(json.dumps(wrong_type).encode())
+        wait_until(lambda: warnings_about(caplog, "epochs"))
+        assert thread.is_alive()
+        fleet.publish_task(messages.encode(make_task("good", blob=fleet.coordinator.blob)))
+        wait_until(lambda: fleet.coordinator.uploads)
+    assert [u.path for u in fleet.coordinator.uploads] == ["/api/uploads/good"]
+
+
+def test_wrong_digest_is_dropped(fleet: Fleet, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger="fedspeech.edge_client")
+    with running_daemon(fleet):
+        fleet.publish_task(messages.encode(make_task(blob=fleet.coordinator.blob, sha256="0" * 64)))
+        wait_until(lambda: warnings_about(caplog, "sha256 mismatch"))
+        wait_until(lambda: fleet.statuses()[-1].state == "online")
+    assert fleet.coordinator.downloads == [BLOB_PATH]
+    assert fleet.coordinator.uploads == []
+
+
+def test_expired_task_is_ignored(fleet: Fleet, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger="fedspeech.edge_client")
+    with running_daemon(fleet):
+        fleet.publish_task(messages.encode(make_task(blob=fleet.coordinator.blob, deadline_in=-5)))
+        wait_until(lambda: any("deadline has passed" in r.getMessage() for r in list(caplog.records)))
+    assert fleet.coordinator.downloads == []
+    assert fleet.coordinator.uploads == []
+
+
+def test_unknown_token_registers_again_and_retries(fleet: Fleet) -> None:
+    fleet.coordinator.reject_tokens = 1
+    with running_daemon(fleet):
+        fleet.publish_task(messages.encode(make_task(blob=fleet.coordinator.blob)))
+        wait_until(lambda: fleet.coordinator.uploads)
+    assert len(fleet.coordinator.registrations) == 2
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def listening(port: int) -> bool:
+    with socket.socket() as sock:
+        return sock.connect_ex(("127.0.0.1", port)) == 0
+
+
+@contextmanager
+def private_broker(port: int) -> Iterator[None]:
+    """A Mosquitto of our own that the test may stop and start (without persistence: it forgets retained)."""
+    process = subprocess.Popen(["mosquitto", "-p", str(port)], stderr=subprocess.DEVNULL)
+    try:
+        wait_until(lambda: listening(port), timeout=5)
+        yield
+    finally:
+        process.terminate()
+        process.wait(5)
+
+
+@pytest.mark.skipif(shutil.which("mosquitto") is None, reason="needs the mosquitto binary")
+def test_reconnects_and_takes_tasks_after_broker_restart(fleet: Fleet) -> None:
+    port = free_port()
+    config = replace(fleet.config(), broker_url=f"mqtt://127.0.0.1:{port}")
+    status_topic, task_topic = fleet.topics.status(fleet.device_id), fleet.topics.task(fleet.device_id)
+
+    def state() -> str | None:
+        payload = retained(status_topic, port, timeout=0.5)
+        return messages.decode(payload, DeviceStatus).state if payload else None
+
+    stop = threading.Event()
+    thread = threading.Thread(target=run_client, args=(config, stop), daemon=True)
+    try:
+        with private_broker(port):
+            thread.start()
+            wait_until(state)
+        with private_broker(port):
+            wait_until(lambda: state() == "online")  # re-published after the automatic reconnect
+            publisher = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2)
+            publisher.connect("127.0.0.1", port)
+            publisher.loop_start()
+            task = messages.encode(make_task(blob=fleet.coordinator.blob))
+            publisher.publish(task_topic, task, qos=1, retain=True).wait_for_publish(5)
+            publisher.disconnect()
+            publisher.loop_stop()
+            wait_until(lambda: fleet.coordinator.uploads)
+            stop.set()
+            thread.join(15)
+            assert state() == "offline"
+    finally:
+        stop.set()
+        thread.join(15)
+
+
+def test_sigterm_goes_offline_and_exits_zero(fleet: Fleet) -> None:
+    config = fleet.config()
+    code = (
+        "from fedspeech.edge_client.daemon import ClientConfig, run_client; "
+        f"run_client(ClientConfig({config.coordinator_url!r}, {BROKER_URL!r}, {config.device_id!r}, 'fsdd', "
+        f"{SPEAKER!r}, topic_root={config.topic_root!r}, max_samples={MAX_SAMPLES}))"
+    )
+    process = subprocess.Popen([sys.executable, "-c", code], env=os.environ.copy())
+    try:
+        wait_until(lambda: any(s.state == "online" for s in fleet.statuses()))
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(15) == 0
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+    status = messages.decode(retained(fleet.topics.status(fleet.device_id)), DeviceStatus)
+    assert status.state == "offline"
+
+
+def test_parse_broker_url() -> None:
+    assert parse_broker_url("mqtt://broker.local:1884") == ("broker.local", 1884)
+    assert parse_broker_url("mqtt://127.0.0.1") == ("127.0.0.1", 1883)
+    with pytest.raises(ValueError):
+        parse_broker_url("http://127.0.0.1:1883")
+
+
+def test_measure_profile_is_basic_and_finite() -> None:
+    profile = measure_profile(last_seconds_per_sample=0.01, rtt_ms=3.0)
+    assert profile.cpu_count >= 1 and profile.cpu_freq_mhz >= 0 and profile.ram_available_mb > 0
+    assert (profile.seconds_per_sample, profile.rtt_ms) == (0.01, 3.0)

@@ -1,0 +1,95 @@
+"""Coordinator and real device processes training FSDD over a real broker, Mosquitto and the embedded one."""
+
+import json
+import threading
+
+import paho.mqtt.client as mqtt
+import pytest
+from conftest import free_port, get_json, start_clients, wait_for
+
+from fedspeech.coordinator.app import create_app, serve
+from fedspeech.protocol import messages, weights
+from fedspeech.protocol.messages import ModelAnnouncement
+from fedspeech.protocol.topics import Topics
+
+SPEAKERS = ["jackson", "nicolas", "theo"]
+ROUNDS = 2
+
+
+def _retained_model(broker_url: str, topic_root: str) -> ModelAnnouncement:
+    host, port = broker_url.removeprefix("mqtt://").split(":")
+    got = threading.Event()
+    box = []
+    client = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2)
+    client.on_connect = lambda c, *_: c.subscribe(Topics(topic_root).model, qos=1)
+    client.message_callback_add(Topics(topic_root).model, lambda c, u, m: (box.append(m), got.set()))
+    client.connect(host, int(port))
+    client.loop_start()
+    try:
+        assert got.wait(10), "no retained model announcement"
+    finally:
+        client.loop_stop()
+        client.disconnect()
+    assert box[0].retain
+    return messages.decode(box[0].payload, ModelAnnouncement)
+
+
+@pytest.mark.parametrize("broker", ["mosquitto", "embedded"])
+def test_rounds_over_a_real_broker(broker, request, tmp_path, topic_root, processes):
+    broker_url = request.getfixturevalue("mosquitto_url") if broker == "mosquitto" else None
+    app = create_app(
+        {
+            "STATE_DIR": str(tmp_path / "state"),
+            "BROKER_URL": broker_url,
+            "EMBEDDED_BROKER_PORT": free_port(),
+            "TOPIC_ROOT": topic_root,
+            "ROUNDS": ROUNDS,
+            "MIN_DEVICES": len(SPEAKERS),
+            "MIN_RESULTS": len(SPEAKERS),
+            "EVAL_LIMIT": 60,
+            "ROUND_TIMEOUT_S": 120,
+        }
+    )
+    service = app.extensions["fedspeech"]
+    service.start()
+    server = serve(app, "127.0.0.1", 0)
+    url = f"http://127.0.0.1:{server.server_port}"
+    try:
+        clients = start_clients(processes, SPEAKERS, url, service.broker_url, topic_root, max_samples=40)
+        finished = service.orchestrator.finished
+        wait_for(lambda: finished.is_set() or any(p.poll() is not None for p in clients), 240, "rounds")
+        assert finished.is_set(), "a device process died"
+        assert all(p.poll() is None for p in clients), "device processes keep running between rounds"
+
+        rounds = service.store.rounds()
+        assert [r.round for r in rounds] == list(range(ROUNDS + 1))
+        assert len({r.weights_sha256 for r in rounds}) == ROUNDS + 1, "the global model changes every round"
+        size = service.store.model_path(0, "weights").stat().st_size
+        for r in rounds[1:]:
+            updates = service.store.updates(r.round)
+            assert r.devices == r.results == len(updates) == len(SPEAKERS)
+            assert sorted(u.device_id for u in updates) == SPEAKERS
+            assert all(u.num_samples == 40 for u in updates)
+            assert 0.0 <= r.accuracy <= 1.0 and 0.0 <= r.macro_f1 <= 1.0 and r.loss > 0
+            assert r.bytes_up >= len(SPEAKERS) * size * 0.9
+            assert r.bytes_down >= len(SPEAKERS) * size
+            stored = service.store.model_path(r.round, "weights").read_bytes()
+            assert weights.sha256(stored) == r.weights_sha256
+            assert service.store.model_path(r.round, "onnx").exists()
+
+        assert [r["round"] for r in get_json(f"{url}/api/rounds")] == list(range(ROUNDS + 1))
+        assert get_json(f"{url}/api/status")["completed_round"] == ROUNDS
+        assert {d["device_id"] for d in get_json(f"{url}/api/devices")} == set(SPEAKERS)
+
+        announced = _retained_model(service.broker_url, topic_root)
+        assert announced.round == ROUNDS
+        assert announced.weights.sha256 == rounds[-1].weights_sha256
+        onnx = service.store.model_path(ROUNDS, "onnx").read_bytes()
+        assert announced.onnx.sha256 == weights.sha256(onnx)
+        assert announced.metrics["accuracy"] == pytest.approx(rounds[-1].accuracy)
+        assert json.loads(json.dumps(announced.labels)) == [str(d) for d in range(10)]
+    finally:
+        processes.stop_all()
+        server.shutdown()
+        service.stop()
+    assert all(p.returncode == 0 for p in clients), "devices shut down cleanly on SIGTERM"

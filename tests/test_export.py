@@ -1,0 +1,131 @@
+"""ONNX export, weight refresh, parity with torch, and the torch-free runtime."""
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import onnx
+import pytest
+import torch
+
+from fedspeech.export.onnx_export import export_onnx, parity, update_onnx_weights
+from fedspeech.export.runtime import OnnxModel
+from fedspeech.models import build_model
+from fedspeech.models.datasets import (
+    client_clips,
+    default_spec,
+    load_corpus,
+    load_waveforms,
+    server_test_clips,
+)
+from fedspeech.models.train import get_arrays, train_local
+
+
+@pytest.fixture(scope="module")
+def fsdd():
+    corpus = load_corpus("fsdd")
+    spec = default_spec(corpus)
+    train = load_waveforms(client_clips(corpus, "jackson")[0][::3], spec.sample_rate, spec.num_samples)
+    test = load_waveforms(server_test_clips(corpus)[::6], spec.sample_rate, spec.num_samples)
+    return corpus, spec, train, test
+
+
+@pytest.fixture(scope="module")
+def exported(fsdd, tmp_path_factory):
+    corpus, spec, (waveforms, labels), _ = fsdd
+    torch.manual_seed(0)
+    model = build_model(spec)
+    train_local(model, waveforms, labels, epochs=2, batch_size=32, learning_rate=2e-3)
+    model.train()  # export must not leave the model in eval mode
+    path = tmp_path_factory.mktemp("onnx") / "model.onnx"
+    path = export_onnx(model, spec, corpus.labels, path, round=3, task="fsdd")
+    assert model.training
+    return model, path
+
+
+def test_parity_with_torch(fsdd, exported):
+    _, _, _, (waveforms, _) = fsdd
+    model, path = exported
+    assert len(waveforms) == 50
+    result = parity(model, path, waveforms)
+    assert result.max_abs_diff < 1e-4
+    assert result.agreement == 1.0
+
+
+def test_metadata_and_file(fsdd, exported):
+    corpus, _, _, _ = fsdd
+    _, path = exported
+    runtime = OnnxModel(path)
+    assert runtime.labels == list(corpus.labels)
+    assert (runtime.sample_rate, runtime.num_samples) == (8000, 8000)
+    assert runtime.metadata["round"] == "3" and runtime.metadata["task"] == "fsdd"
+    assert runtime.metadata["model"] == "cnn"
+    assert json.loads(runtime.metadata["labels"]) == list(corpus.labels)
+    assert os.listdir(path.parent) == ["model.onnx"]  # no temporary file left behind
+    graph = onnx.load(path).graph
+    assert [value.name for value in graph.input] == ["waveform"]
+    assert graph.input[0].type.tensor_type.shape.dim[1].dim_value == 8000
+
+
+def test_dynamic_batch_and_bytes(fsdd, exported):
+    _, _, _, (waveforms, _) = fsdd
+    _, path = exported
+    runtime = OnnxModel(path.read_bytes())
+    single = runtime.predict(waveforms[:1])
+    batch = runtime.predict(waveforms[:7])
+    assert single.shape == (1, 10) and batch.shape == (7, 10)
+    np.testing.assert_allclose(batch.sum(axis=1), 1.0, atol=1e-5)
+    np.testing.assert_allclose(batch[:1], single, atol=1e-6)
+    with pytest.raises(ValueError, match="8000"):
+        runtime.predict(waveforms[:2, :4000])
+
+
+def test_rejects_a_model_without_metadata(exported, tmp_path):
+    _, path = exported
+    proto = onnx.load(path)
+    del proto.metadata_props[:]
+    onnx.save(proto, tmp_path / "bare.onnx")
+    with pytest.raises(ValueError, match="labels"):
+        OnnxModel(tmp_path / "bare.onnx")
+
+
+def test_update_weights_matches_fresh_export(fsdd, exported, tmp_path):
+    corpus, spec, (waveforms, labels), (test_waveforms, _) = fsdd
+    _, template = exported
+    torch.manual_seed(1)
+    other = build_model(spec)
+    train_local(other, waveforms, labels, epochs=1, batch_size=32, learning_rate=2e-3, seed=7)
+    fresh = export_onnx(other, spec, corpus.labels, tmp_path / "fresh.onnx", round=4, task="fsdd")
+    updated = update_onnx_weights(template, get_arrays(other), tmp_path / "updated.onnx", round=4)
+    expected = OnnxModel(fresh).predict(test_waveforms)
+    assert not np.allclose(expected, OnnxModel(template).predict(test_waveforms), atol=1e-3)
+    np.testing.assert_allclose(OnnxModel(updated).predict(test_waveforms), expected, atol=1e-6)
+    assert OnnxModel(updated).metadata == OnnxModel(fresh).metadata
+    assert parity(other, updated, test_waveforms).agreement == 1.0
+
+
+def test_update_weights_rejects_mismatched_arrays(exported, tmp_path):
+    model, template = exported
+    arrays = get_arrays(model)
+    arrays["head.weight"] = arrays["head.weight"][:5]
+    with pytest.raises(ValueError, match="head.weight"):
+        update_onnx_weights(template, arrays, tmp_path / "bad.onnx")
+    with pytest.raises(ValueError, match="no initializers"):
+        update_onnx_weights(template, {"extra.weight": np.zeros(3, np.float32)}, tmp_path / "bad.onnx")
+    assert not (tmp_path / "bad.onnx").exists()
+
+
+def test_runtime_never_imports_torch(exported):
+    _, path = exported
+    code = (
+        "import sys, numpy as np\n"
+        "import fedspeech.export\n"
+        "from fedspeech.export.runtime import OnnxModel\n"
+        f"model = OnnxModel({str(path)!r})\n"
+        "assert model.predict(np.zeros((2, model.num_samples), np.float32)).shape == (2, 10)\n"
+        "assert 'torch' not in sys.modules, 'torch was imported'\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr

@@ -1,0 +1,130 @@
+"""The CNN, its front-end, weight transfer, local training and evaluation."""
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from fedspeech.models import build_model
+from fedspeech.models.datasets import client_clips, default_spec, load_corpus, load_waveforms
+from fedspeech.models.frontend import LogMel
+from fedspeech.models.train import evaluate, get_arrays, set_arrays, train_local
+from fedspeech.protocol.messages import ModelSpec
+
+SPECS = [ModelSpec("cnn", 8000, 8000, 10), ModelSpec("cnn", 16000, 16000, 12)]
+
+
+@pytest.fixture(scope="module")
+def fsdd_batch():
+    """~100 FSDD clips from two speakers, with every digit."""
+    corpus = load_corpus("fsdd")
+    clips = client_clips(corpus, "george")[0][::9] + client_clips(corpus, "lucas")[0][::9]
+    spec = default_spec(corpus)
+    return spec, *load_waveforms(clips, spec.sample_rate, spec.num_samples)
+
+
+@pytest.mark.parametrize("spec", SPECS, ids=["8k", "16k"])
+def test_size_and_output_shape(spec):
+    model = build_model(spec)
+    assert sum(p.numel() for p in model.parameters()) <= 250_000
+    assert model(torch.randn(3, spec.num_samples)).shape == (3, spec.num_classes)
+
+
+def test_unknown_model_name():
+    with pytest.raises(ValueError, match="unknown model"):
+        build_model(ModelSpec("rnn", 8000, 8000, 10))
+
+
+def test_deterministic_given_seed():
+    torch.manual_seed(3)
+    first = get_arrays(build_model(SPECS[0]))
+    torch.manual_seed(3)
+    second = get_arrays(build_model(SPECS[0]))
+    assert all(np.array_equal(first[name], second[name]) for name in first)
+
+
+def test_logmel_buffers_stay_out_of_state_dict():
+    frontend = LogMel(16000)
+    assert frontend.n_fft == 512 and frontend.hop_length == 160
+    assert set(dict(frontend.named_buffers())) == {"window", "mel"}
+    assert frontend.state_dict() == {}
+    assert not any(name.startswith("frontend.") for name in build_model(SPECS[1]).state_dict())
+    features = frontend(torch.randn(2, 16000))
+    assert features.shape == (2, 40, frontend.num_frames(16000))
+    assert features.mean(dim=-1).abs().max() < 1e-4  # per-utterance mean removed
+
+
+def test_get_set_arrays_round_trip():
+    torch.manual_seed(0)
+    source, target = build_model(SPECS[0]), build_model(SPECS[0])
+    source.train()
+    source(torch.randn(8, 8000))  # move the BatchNorm running statistics off their initial values
+    arrays = get_arrays(source)
+    assert not any("num_batches_tracked" in name for name in arrays)
+    assert all(value.dtype == np.float32 for value in arrays.values())
+    set_arrays(target, arrays)
+    source.eval(), target.eval()
+    x = torch.randn(4, 8000)
+    assert torch.equal(source(x), target(x))
+    arrays["head.bias"] += 1.0  # a copy: the model is unchanged
+    assert not np.array_equal(get_arrays(source)["head.bias"], arrays["head.bias"])
+    del arrays["head.bias"]
+    with pytest.raises(ValueError, match="head.bias"):
+        set_arrays(target, arrays)
+
+
+def test_train_local_lowers_loss_deterministically(fsdd_batch):
+    spec, waveforms, labels = fsdd_batch
+    torch.manual_seed(0)
+    model = build_model(spec)
+    initial = get_arrays(model)
+    before = evaluate(model, waveforms, labels).loss
+    result = train_local(model, waveforms, labels, epochs=8, batch_size=16, learning_rate=2e-3, seed=1)
+    after = evaluate(model, waveforms, labels).loss
+    assert after < 0.6 * before
+    assert result.num_samples == len(waveforms)
+    assert result.seconds > 0
+    assert result.seconds_per_sample == pytest.approx(result.seconds / (8 * len(waveforms)))
+    assert not model.training
+    # the same start, data and seed give the same weights
+    again = build_model(spec)
+    set_arrays(again, initial)
+    train_local(again, waveforms, labels, epochs=8, batch_size=16, learning_rate=2e-3, seed=1)
+    assert all(np.array_equal(value, get_arrays(again)[name]) for name, value in get_arrays(model).items())
+
+
+def test_train_local_needs_two_samples_and_tolerates_batch_size_one(fsdd_batch):
+    spec, waveforms, labels = fsdd_batch
+    model = build_model(spec)
+    with pytest.raises(ValueError, match="at least 2"):
+        train_local(model, waveforms[:1], labels[:1], epochs=1, batch_size=8, learning_rate=1e-3)
+    before = get_arrays(model)
+    result = train_local(model, waveforms[:5], labels[:5], epochs=1, batch_size=1, learning_rate=1e-3)
+    assert np.isfinite(result.loss)
+    assert not np.array_equal(before["head.weight"], get_arrays(model)["head.weight"])
+
+
+class _Oracle(nn.Module):
+    """Predicts the class stored in the first sample of each waveform."""
+
+    def forward(self, waveforms: torch.Tensor) -> torch.Tensor:
+        return 5.0 * nn.functional.one_hot(waveforms[:, 0].long(), 3).float()
+
+
+def test_evaluate_metrics():
+    labels = np.array([0, 0, 1, 1, 2, 2])
+    predicted = np.array([0, 0, 1, 2, 2, 2])
+    waveforms = np.zeros((6, 10), dtype=np.float32)
+    waveforms[:, 0] = predicted
+    result = evaluate(_Oracle(), waveforms, labels, batch_size=4)
+    assert result.accuracy == pytest.approx(5 / 6)
+    assert result.macro_f1 == pytest.approx((1.0 + 2 / 3 + 0.8) / 3)
+    assert result.predictions.tolist() == predicted.tolist()
+    assert 0 < result.loss < 5
+
+
+def test_evaluate_real_model_in_range(fsdd_batch):
+    spec, waveforms, labels = fsdd_batch
+    result = evaluate(build_model(spec), waveforms, labels)
+    assert 0.0 <= result.accuracy <= 1.0 and 0.0 <= result.macro_f1 <= 1.0
+    assert result.loss > 0 and result.predictions.shape == labels.shape
