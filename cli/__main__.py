@@ -113,8 +113,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     m = sub.add_parser("demo", help="one coordinator and one device per FSDD speaker, end to end")
     m.add_argument("--out", type=Path, default=Path("fedspeech-demo"), help="where results go")
-    m.add_argument("--rounds", type=int, default=10)
-    m.add_argument("--epochs", type=int, default=2, help="local epochs per round")
+    m.add_argument("--rounds", type=int, default=30)
+    m.add_argument("--epochs", type=int, help="local epochs per round (default 2)")
     m.add_argument("--broker", help="mqtt://host:port of an existing broker (default: embedded broker)")
     m.add_argument("--port", type=int, default=0, help="coordinator HTTP port (default: a free one)")
     m.add_argument("--max-samples", type=int, help="train on at most this many clips per device")

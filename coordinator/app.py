@@ -3,7 +3,7 @@
 import logging
 import threading
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -29,14 +29,8 @@ DEFAULTS: dict[str, Any] = {
     "CORPUS": "fsdd",
     "DATA_DIR": None,  # None: the bundled data/ folder
     "EVAL_LIMIT": None,  # cap on held-out clips, None for all
-    "ROUNDS": 10,
-    "MIN_DEVICES": 2,
-    "MIN_RESULTS": 2,
-    "ROUND_TIMEOUT_S": 120.0,
-    "EPOCHS": 1,
-    "BATCH_SIZE": 32,
-    "LEARNING_RATE": 1e-3,
-    "SEED": 0,
+    # ROUNDS, MIN_DEVICES, MIN_RESULTS, ROUND_TIMEOUT_S, EPOCHS, BATCH_SIZE, LEARNING_RATE, SEED:
+    **{f.name.upper(): f.default for f in fields(RoundConfig)},
 }
 
 
@@ -73,16 +67,7 @@ class Service:
 
 
 def _round_config(config: Mapping[str, Any]) -> RoundConfig:
-    return RoundConfig(
-        rounds=int(config["ROUNDS"]),
-        min_devices=int(config["MIN_DEVICES"]),
-        min_results=int(config["MIN_RESULTS"]),
-        round_timeout_s=float(config["ROUND_TIMEOUT_S"]),
-        epochs=int(config["EPOCHS"]),
-        batch_size=int(config["BATCH_SIZE"]),
-        learning_rate=float(config["LEARNING_RATE"]),
-        seed=int(config["SEED"]),
-    )
+    return RoundConfig(**{f.name: type(f.default)(config[f.name.upper()]) for f in fields(RoundConfig)})
 
 
 def _global_model(config: Mapping[str, Any]) -> GlobalModel:

@@ -22,8 +22,8 @@ class DemoConfig:
     """What the demo runs and where it writes."""
 
     out: Path
-    rounds: int = 10
-    epochs: int = 2
+    rounds: int = 30
+    epochs: int | None = None  # None: the coordinator's default
     broker_url: str | None = None
     port: int = 0
     max_samples: int | None = None
@@ -103,19 +103,19 @@ def run_demo(cfg: DemoConfig) -> dict:
     corpus = load_corpus("fsdd")
     fleet = speakers(corpus)
     t0 = time.time()
-    app = create_app(
-        {
-            "STATE_DIR": str(state),
-            "BROKER_URL": cfg.broker_url,
-            "EMBEDDED_BROKER_PORT": free_port(),
-            "CORPUS": "fsdd",
-            "ROUNDS": cfg.rounds,
-            "EPOCHS": cfg.epochs,
-            "MIN_DEVICES": len(fleet),
-            "MIN_RESULTS": max(1, len(fleet) - 1),
-            "ROUND_TIMEOUT_S": cfg.round_timeout_s,
-        }
-    )
+    config = {
+        "STATE_DIR": str(state),
+        "BROKER_URL": cfg.broker_url,
+        "EMBEDDED_BROKER_PORT": free_port(),
+        "CORPUS": "fsdd",
+        "ROUNDS": cfg.rounds,
+        "MIN_DEVICES": len(fleet),
+        "MIN_RESULTS": max(1, len(fleet) - 1),
+        "ROUND_TIMEOUT_S": cfg.round_timeout_s,
+    }
+    if cfg.epochs is not None:
+        config["EPOCHS"] = cfg.epochs
+    app = create_app(config)
     service = app.extensions["fedspeech"]
     service.start()
     server = serve(app, "127.0.0.1", cfg.port)

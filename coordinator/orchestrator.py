@@ -25,9 +25,9 @@ class RoundConfig:
     min_devices: int = 2
     min_results: int = 2
     round_timeout_s: float = 120.0
-    epochs: int = 1
-    batch_size: int = 32
-    learning_rate: float = 1e-3
+    epochs: int = 2
+    batch_size: int = 16
+    learning_rate: float = 3e-3
     seed: int = 0
 
 

@@ -255,9 +255,6 @@ def _on_task_message(daemon: _Daemon, payload: bytes) -> None:
     except messages.ProtocolError as exc:
         log.warning("dropping malformed task: %s", exc)
         return
-    except Exception as exc:  # e.g. RecursionError on deeply nested JSON; must not kill the MQTT thread
-        log.warning("dropping undecodable task: %r", exc)
-        return
     if task.task_id in daemon.seen_tasks:
         return  # re-delivered after a reconnect
     if task.deadline < time.time():

@@ -65,9 +65,8 @@ def export_onnx(
                 input_names=["waveform"],
                 output_names=["probabilities"],
                 dynamic_shapes=({0: torch.export.Dim("batch")},),
-                # the full optimiser folds BatchNorm into the convolutions and merges equal initializers,
-                # breaking the one-to-one weight names update_onnx_weights relies on; onnxruntime fuses BN
-                # itself when it loads the model, so only constants are folded (below)
+                # the full optimiser fuses layers and merges equal initializers, breaking the one-to-one
+                # weight names update_onnx_weights relies on; only constants are folded (below)
                 optimize=False,
                 verbose=False,
             )

@@ -8,7 +8,7 @@ from fedspeech.models.frontend import LogMel
 def _block(in_channels: int, out_channels: int, kernel_size: int) -> nn.Sequential:
     return nn.Sequential(
         nn.Conv1d(in_channels, out_channels, kernel_size, padding=kernel_size // 2, bias=False),
-        nn.BatchNorm1d(out_channels),
+        nn.GroupNorm(out_channels, out_channels),  # per-channel, per-utterance: no batch statistics
         nn.ReLU(),
     )
 
@@ -20,7 +20,7 @@ class SpeechCNN(nn.Module):
         super().__init__()
         self.frontend = LogMel(sample_rate, n_mels)
         self.features = nn.Sequential(
-            nn.BatchNorm1d(n_mels),
+            nn.GroupNorm(1, n_mels),  # standardises each utterance's log-mel
             _block(n_mels, width, 5),
             nn.MaxPool1d(2),
             _block(width, width + width // 2, 5),

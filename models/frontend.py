@@ -55,6 +55,8 @@ class LogMel(nn.Module):
             return_complex=True,
         )
         power = spec.real.square() + spec.imag.square()
-        logmel = torch.log(torch.matmul(self.mel, power) + 1e-6)
+        # The floor sits below quiet speech (median mel power on FSDD ~3e-3) but keeps the zero padding of
+        # short clips from dominating the features at log(1e-6).
+        logmel = torch.log(torch.matmul(self.mel, power) + 1e-4)
         # per-utterance mean removal: a crude channel/speaker normalisation (like CMN)
         return logmel - logmel.mean(dim=-1, keepdim=True)

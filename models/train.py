@@ -65,15 +65,15 @@ def train_local(
     seed: int = 0,
 ) -> TrainResult:
     """Train in place: Adam, cosine-decayed lr, shuffled time-shifted minibatches; deterministic per seed."""
-    if len(waveforms) < 2:
-        raise ValueError(f"{len(waveforms)} training samples: BatchNorm needs at least 2")
+    if len(waveforms) == 0:
+        raise ValueError("no training samples")
     waveforms = np.ascontiguousarray(waveforms, dtype=np.float32)
     rng = np.random.default_rng(seed)
     optimizer = torch.optim.Adam(model.parameters(), lr=learning_rate)
     targets = torch.from_numpy(np.asarray(labels, dtype=np.int64))
     max_shift = waveforms.shape[1] // 10
-    num_batches = max(1, len(waveforms) // max(batch_size, 2))  # so that every batch has 2 or more samples
-    # decaying to zero at the end of the run settles the weights and BN statistics before they are evaluated
+    num_batches = max(1, len(waveforms) // batch_size)
+    # decaying to zero at the end of the run settles the weights before they are sent
     schedule = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=epochs * num_batches)
     model.train()
     start = time.perf_counter()

@@ -57,10 +57,7 @@ def test_logmel_buffers_stay_out_of_state_dict():
 def test_get_set_arrays_round_trip():
     torch.manual_seed(0)
     source, target = build_model(SPECS[0]), build_model(SPECS[0])
-    source.train()
-    source(torch.randn(8, 8000))  # move the BatchNorm running statistics off their initial values
     arrays = get_arrays(source)
-    assert not any("num_batches_tracked" in name for name in arrays)
     assert all(value.dtype == np.float32 for value in arrays.values())
     set_arrays(target, arrays)
     source.eval(), target.eval()
@@ -78,10 +75,11 @@ def test_train_local_lowers_loss_deterministically(fsdd_batch):
     torch.manual_seed(0)
     model = build_model(spec)
     initial = get_arrays(model)
-    before = evaluate(model, waveforms, labels).loss
-    result = train_local(model, waveforms, labels, epochs=8, batch_size=16, learning_rate=2e-3, seed=1)
-    after = evaluate(model, waveforms, labels).loss
-    assert after < 0.6 * before
+    before = evaluate(model, waveforms, labels)
+    result = train_local(model, waveforms, labels, epochs=8, batch_size=16, learning_rate=3e-3, seed=1)
+    after = evaluate(model, waveforms, labels)
+    assert after.loss < before.loss
+    assert after.accuracy > before.accuracy + 0.3, "well above chance after a few epochs"
     assert result.num_samples == len(waveforms)
     assert result.seconds > 0
     assert result.seconds_per_sample == pytest.approx(result.seconds / (8 * len(waveforms)))
@@ -89,15 +87,15 @@ def test_train_local_lowers_loss_deterministically(fsdd_batch):
     # the same start, data and seed give the same weights
     again = build_model(spec)
     set_arrays(again, initial)
-    train_local(again, waveforms, labels, epochs=8, batch_size=16, learning_rate=2e-3, seed=1)
+    train_local(again, waveforms, labels, epochs=8, batch_size=16, learning_rate=3e-3, seed=1)
     assert all(np.array_equal(value, get_arrays(again)[name]) for name, value in get_arrays(model).items())
 
 
-def test_train_local_needs_two_samples_and_tolerates_batch_size_one(fsdd_batch):
+def test_train_local_needs_samples_and_tolerates_batch_size_one(fsdd_batch):
     spec, waveforms, labels = fsdd_batch
     model = build_model(spec)
-    with pytest.raises(ValueError, match="at least 2"):
-        train_local(model, waveforms[:1], labels[:1], epochs=1, batch_size=8, learning_rate=1e-3)
+    with pytest.raises(ValueError, match="no training samples"):
+        train_local(model, waveforms[:0], labels[:0], epochs=1, batch_size=8, learning_rate=1e-3)
     before = get_arrays(model)
     result = train_local(model, waveforms[:5], labels[:5], epochs=1, batch_size=1, learning_rate=1e-3)
     assert np.isfinite(result.loss)
