@@ -122,14 +122,16 @@ def run_demo(cfg: DemoConfig) -> dict:
     url = f"http://127.0.0.1:{server.server_port}"
     print(f"coordinator on {url}, broker {service.broker_url}, {len(fleet)} devices: {', '.join(fleet)}")
     procs = _spawn_clients(fleet, url, service.broker_url, cfg)
-    printed = 0
+    printed, progress_at = 0, time.time()
     try:
         while not service.orchestrator.finished.is_set():
             if any(p.poll() is not None for p in procs):
                 raise RuntimeError(f"a device process exited early; see {out / 'logs'}")
+            if time.time() - progress_at > cfg.round_timeout_s + 60:
+                raise RuntimeError(f"no round completed in {cfg.round_timeout_s + 60:.0f} s; see {out / 'logs'}")
             for r in service.store.rounds()[printed:]:
                 print(_line(r, t0), flush=True)
-                printed += 1
+                printed, progress_at = printed + 1, time.time()
             time.sleep(0.5)
         for r in service.store.rounds()[printed:]:
             print(_line(r, t0), flush=True)

@@ -102,7 +102,7 @@ class Store:
     """Devices, rounds and model files under one state directory; safe to share across threads."""
 
     def __init__(self, state_dir: Path) -> None:
-        self.dir = Path(state_dir)
+        self.dir = Path(state_dir).resolve()  # Flask serves files relative to the package, not the cwd
         self.models_dir = self.dir / "models"
         self.models_dir.mkdir(parents=True, exist_ok=True)
         self._db = self.dir / "state.sqlite3"

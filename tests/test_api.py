@@ -1,0 +1,33 @@
+"""The HTTP API through Flask's test client: model files, rounds and status from the state directory."""
+
+import pytest
+
+from fedspeech.coordinator.app import create_app
+from fedspeech.coordinator.store import RoundRecord
+from fedspeech.protocol import weights
+
+
+@pytest.fixture
+def app(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # a relative state directory, as `fedspeech demo` uses by default
+    return create_app({"STATE_DIR": "state", "BROKER_URL": "mqtt://127.0.0.1:1883", "EVAL_LIMIT": 10})
+
+
+def test_serves_stored_models_and_rounds(app):
+    store = app.extensions["fedspeech"].store
+    blob = b"weights of round 0"
+    record = RoundRecord(0, 1.0, 2.0, 1.0, 0, 0, 0.1, 0.1, 2.3, 0, 0, weights.sha256(blob), None)
+    store.save_round(record, blob, b"onnx of round 0", [])
+    http = app.test_client()
+
+    reply = http.get("/api/models/0/weights")
+    assert reply.status_code == 200 and reply.data == blob
+    assert http.get("/api/models/0/onnx").data == b"onnx of round 0"
+    missing = http.get("/api/models/5/weights")
+    assert missing.status_code == 404 and "round 5" in missing.get_json()["error"]
+    assert http.get("/api/models/0/pickle").status_code == 404
+    assert http.get("/api/rounds").get_json()[0]["weights_sha256"] == weights.sha256(blob)
+    assert http.get("/api/rounds/0").get_json()["updates"] == []
+    assert http.get("/api/rounds/1").status_code == 404
+    status = http.get("/api/status").get_json()
+    assert status["completed_round"] == 0 and status["open_round"] is None and not status["finished"]
