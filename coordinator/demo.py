@@ -128,7 +128,9 @@ def run_demo(cfg: DemoConfig) -> dict:
             if any(p.poll() is not None for p in procs):
                 raise RuntimeError(f"a device process exited early; see {out / 'logs'}")
             if time.time() - progress_at > cfg.round_timeout_s + 60:
-                raise RuntimeError(f"no round completed in {cfg.round_timeout_s + 60:.0f} s; see {out / 'logs'}")
+                raise RuntimeError(
+                    f"no round completed in {cfg.round_timeout_s + 60:.0f} s; see {out / 'logs'}"
+                )
             for r in service.store.rounds()[printed:]:
                 print(_line(r, t0), flush=True)
                 printed, progress_at = printed + 1, time.time()
