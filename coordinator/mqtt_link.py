@@ -3,23 +3,14 @@
 import logging
 import threading
 import uuid
-from urllib.parse import urlparse
 
 import paho.mqtt.client as mqtt
 
 from fedspeech.protocol import messages
 from fedspeech.protocol.messages import DeviceStatus, ModelAnnouncement, ProtocolError, Task
-from fedspeech.protocol.topics import Topics
+from fedspeech.protocol.topics import Topics, parse_broker_url
 
 log = logging.getLogger(__name__)
-
-
-def parse_broker_url(url: str) -> tuple[str, int]:
-    """Host and port of an mqtt://host:port URL."""
-    parsed = urlparse(url)
-    if parsed.scheme != "mqtt" or not parsed.hostname:
-        raise ValueError(f"broker URL must look like mqtt://host:port, got {url!r}")
-    return parsed.hostname, parsed.port or 1883
 
 
 class CoordinatorLink:

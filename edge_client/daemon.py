@@ -9,7 +9,6 @@ import signal
 import threading
 import time
 import urllib.error
-import urllib.parse
 import urllib.request
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -21,7 +20,7 @@ import paho.mqtt.client as mqtt
 from fedspeech.edge_client.profile import measure_profile, measure_rtt_ms
 from fedspeech.protocol import messages, weights
 from fedspeech.protocol.messages import Credentials, DeviceStatus, ModelSpec, Profile, Registration, Task
-from fedspeech.protocol.topics import DEFAULT_ROOT, Topics
+from fedspeech.protocol.topics import DEFAULT_ROOT, Topics, parse_broker_url
 
 log = logging.getLogger(__name__)
 
@@ -191,14 +190,6 @@ def _register(daemon: _Daemon) -> bool:
 
 
 # ---- MQTT ----
-
-
-def parse_broker_url(url: str) -> tuple[str, int]:
-    """(host, port) of an mqtt://host:port URL; the port defaults to 1883."""
-    parts = urllib.parse.urlsplit(url)
-    if parts.scheme != "mqtt" or not parts.hostname:
-        raise ValueError(f"broker URL must look like mqtt://host:port, got {url!r}")
-    return parts.hostname, parts.port or 1883
 
 
 def _connect(daemon: _Daemon) -> None:

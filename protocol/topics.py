@@ -1,8 +1,17 @@
-"""MQTT topic names of the control plane."""
+"""MQTT addressing of the control plane: broker URLs and topic names."""
 
 from dataclasses import dataclass
+from urllib.parse import urlsplit
 
 DEFAULT_ROOT = "fedspeech/v1"
+
+
+def parse_broker_url(url: str) -> tuple[str, int]:
+    """(host, port) of an mqtt://host[:port] URL; the port defaults to 1883."""
+    parts = urlsplit(url)
+    if parts.scheme != "mqtt" or not parts.hostname:
+        raise ValueError(f"broker URL must look like mqtt://host:port, got {url!r}")
+    return parts.hostname, parts.port or 1883
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,7 @@ import pytest
 
 from fedspeech.protocol import messages, weights
 from fedspeech.protocol.messages import Credentials, DeviceStatus, Profile, Registration, Task
-from fedspeech.protocol.topics import Topics
+from fedspeech.protocol.topics import Topics, parse_broker_url
 
 MOSQUITTO = ("127.0.0.1", 1883)
 
@@ -131,14 +131,14 @@ class ScriptedDevice:
     """A device the test speaks for, step by step: a paho client on the real broker plus plain HTTP."""
 
     def __init__(self, device_id: str, broker_url: str, topics: Topics) -> None:
-        host, port = broker_url.removeprefix("mqtt://").split(":")
+        host, port = parse_broker_url(broker_url)
         self.device_id, self.topics = device_id, topics
         self.tasks: queue.Queue[Task] = queue.Queue()
         self.token = ""
         self.mqtt = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2)
         self.mqtt.on_connect = lambda c, *_: c.subscribe(topics.task(device_id), qos=1)
         self.mqtt.message_callback_add(topics.task(device_id), self._on_task)
-        self.mqtt.connect(host, int(port))
+        self.mqtt.connect(host, port)
         self.mqtt.loop_start()
 
     def _on_task(self, client, userdata, msg) -> None:

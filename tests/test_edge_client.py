@@ -22,7 +22,6 @@ import paho.mqtt.client as mqtt
 import pytest
 
 from fedspeech.edge_client import ClientConfig, measure_profile, run_client
-from fedspeech.edge_client.daemon import parse_broker_url
 from fedspeech.protocol import messages, weights
 from fedspeech.protocol.messages import BlobRef, Credentials, DeviceStatus, ModelSpec, Registration, Task
 from fedspeech.protocol.topics import Topics
@@ -386,13 +385,6 @@ def test_sigterm_goes_offline_and_exits_zero(fleet: Fleet) -> None:
             process.wait()
     status = messages.decode(retained(fleet.topics.status(fleet.device_id)), DeviceStatus)
     assert status.state == "offline"
-
-
-def test_parse_broker_url() -> None:
-    assert parse_broker_url("mqtt://broker.local:1884") == ("broker.local", 1884)
-    assert parse_broker_url("mqtt://127.0.0.1") == ("127.0.0.1", 1883)
-    with pytest.raises(ValueError):
-        parse_broker_url("http://127.0.0.1:1883")
 
 
 def test_measure_profile_is_basic_and_finite() -> None:

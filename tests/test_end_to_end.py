@@ -10,20 +10,20 @@ from conftest import free_port, get_json, start_clients, wait_for
 from fedspeech.coordinator.app import create_app, serve
 from fedspeech.protocol import messages, weights
 from fedspeech.protocol.messages import ModelAnnouncement
-from fedspeech.protocol.topics import Topics
+from fedspeech.protocol.topics import Topics, parse_broker_url
 
 SPEAKERS = ["jackson", "nicolas", "theo"]
 ROUNDS = 2
 
 
 def _retained_model(broker_url: str, topic_root: str) -> ModelAnnouncement:
-    host, port = broker_url.removeprefix("mqtt://").split(":")
+    host, port = parse_broker_url(broker_url)
     got = threading.Event()
     box = []
     client = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2)
     client.on_connect = lambda c, *_: c.subscribe(Topics(topic_root).model, qos=1)
     client.message_callback_add(Topics(topic_root).model, lambda c, u, m: (box.append(m), got.set()))
-    client.connect(host, int(port))
+    client.connect(host, port)
     client.loop_start()
     try:
         assert got.wait(10), "no retained model announcement"

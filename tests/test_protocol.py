@@ -16,7 +16,7 @@ from fedspeech.protocol.messages import (
     Registration,
     Task,
 )
-from fedspeech.protocol.topics import Topics
+from fedspeech.protocol.topics import Topics, parse_broker_url
 
 SPEC = ModelSpec("cnn", 8000, 8000, 10)
 TASK = Task(
@@ -122,3 +122,10 @@ def test_check_like_rejects_names_shapes_dtypes_and_non_finite():
     for arrays, reason in cases:
         with pytest.raises(weights.WeightsError, match=reason):
             weights.check_like(arrays, ref)
+
+
+def test_parse_broker_url() -> None:
+    assert parse_broker_url("mqtt://broker.local:1884") == ("broker.local", 1884)
+    assert parse_broker_url("mqtt://127.0.0.1") == ("127.0.0.1", 1883)
+    with pytest.raises(ValueError):
+        parse_broker_url("http://127.0.0.1:1883")
