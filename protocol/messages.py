@@ -39,13 +39,14 @@ class ModelSpec:
 
 @dataclass(frozen=True)
 class Profile:
-    """A device's hardware as it measures it."""
+    """A device's hardware as it measures it now: H_i = (CPU_i, RAM_i, T_i, L_i) and context."""
 
     cpu_count: int
     cpu_freq_mhz: float
     ram_available_mb: float
-    seconds_per_sample: float | None = None
-    rtt_ms: float | None = None
+    cpu_gflops: float | None = None  # CPU_i: measured throughput of a short fixed benchmark
+    seconds_per_sample: float | None = None  # T_i: from the last local training
+    rtt_ms: float | None = None  # L_i: round trip to the coordinator
 
 
 @dataclass(frozen=True)

@@ -38,7 +38,7 @@ TASK = Task(
         TASK,
         DeviceStatus("dev-1", "online", 450, Profile(4, 1800.0, 900.5)),
         DeviceStatus("dev-1", "offline"),
-        Registration("dev-1", 450, Profile(4, 0.0, 100.0, 0.002, 12.5)),
+        Registration("dev-1", 450, Profile(4, 0.0, 100.0, 3.5, 0.002, 12.5)),
         ModelAnnouncement(4, SPEC, ["zero", "one"], TASK.weights, None, {"accuracy": 0.9}),
     ],
 )
