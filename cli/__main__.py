@@ -7,6 +7,7 @@ import sys
 import threading
 from pathlib import Path
 
+from fedspeech.coordinator.strategy import STRATEGIES
 from fedspeech.protocol.topics import DEFAULT_ROOT
 
 
@@ -28,6 +29,8 @@ def _coordinator(args: argparse.Namespace) -> None:
         "EPOCHS": args.epochs,
         "BATCH_SIZE": args.batch_size,
         "LEARNING_RATE": args.lr,
+        "STRATEGY": args.strategy,
+        "K": args.k,
     }
     app = create_app({k: v for k, v in config.items() if v is not None})
     service = app.extensions["fedspeech"]
@@ -60,16 +63,36 @@ def _client(args: argparse.Namespace) -> None:
 
 
 def _demo(args: argparse.Namespace) -> None:
-    from fedspeech.coordinator.demo import DemoConfig, run_demo
+    from fedspeech.demo import DemoConfig, run_demo
+    from fedspeech.fleet import DEFAULT_FLEETS
 
     run_demo(
         DemoConfig(
             out=args.out,
+            fleet=args.fleet or DEFAULT_FLEETS["fsdd"],
+            strategy=args.strategy,
             rounds=args.rounds,
             epochs=args.epochs,
             broker_url=args.broker,
             port=args.port,
             max_samples=args.max_samples,
+        )
+    )
+
+
+def _bench_strategies(args: argparse.Namespace) -> None:
+    from fedspeech.bench import BenchConfig, run_bench
+
+    corpora = args.corpus or (["fsdd", "emodb"] if args.data_dir else ["fsdd"])
+    run_bench(
+        BenchConfig(
+            out=args.out,
+            corpora=corpora,
+            strategies=args.strategy or list(STRATEGIES),
+            seeds=args.seeds,
+            rounds=args.rounds,
+            k=args.k,
+            data_dir=args.data_dir,
         )
     )
 
@@ -97,6 +120,8 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--epochs", type=int, help="local epochs per round")
     c.add_argument("--batch-size", type=int)
     c.add_argument("--lr", type=float, help="local learning rate")
+    c.add_argument("--strategy", choices=list(STRATEGIES), help="how devices are picked and weighted")
+    c.add_argument("--k", type=int, help="devices aggregated per round by top-K and random-K strategies")
     c.set_defaults(run=_coordinator)
 
     d = sub.add_parser("client", help="run the device daemon")
@@ -113,20 +138,34 @@ def build_parser() -> argparse.ArgumentParser:
 
     m = sub.add_parser("demo", help="one coordinator and one device per FSDD speaker, end to end")
     m.add_argument("--out", type=Path, default=Path("fedspeech-demo"), help="where results go")
+    m.add_argument("--fleet", type=Path, help="fleet file (TOML; default deploy/fleets/pi-mix.toml)")
+    m.add_argument("--strategy", choices=list(STRATEGIES), default="hardware")
     m.add_argument("--rounds", type=int, default=30)
     m.add_argument("--epochs", type=int, help="local epochs per round (default 2)")
     m.add_argument("--broker", help="mqtt://host:port of an existing broker (default: embedded broker)")
     m.add_argument("--port", type=int, default=0, help="coordinator HTTP port (default: a free one)")
     m.add_argument("--max-samples", type=int, help="train on at most this many clips per device")
     m.set_defaults(run=_demo)
+
+    b = sub.add_parser("bench", help="benchmarks").add_subparsers(dest="bench", required=True)
+    bs = b.add_parser("strategies", help="every strategy on the same emulated Pi fleet, data and seeds")
+    bs.add_argument("--out", type=Path, default=Path("fedspeech-bench"), help="where results go")
+    bs.add_argument("--corpus", action="append", choices=["fsdd", "emodb"], help="repeatable")
+    bs.add_argument("--data-dir", type=Path, help="folder holding the corpora (needed for emodb)")
+    bs.add_argument("--strategy", action="append", choices=list(STRATEGIES), help="repeatable (default all)")
+    bs.add_argument("--seeds", type=int, default=3)
+    bs.add_argument("--rounds", type=int, default=20)
+    bs.add_argument("--k", type=int, default=3, help="devices aggregated per round by top-K strategies")
+    bs.set_defaults(run=_bench_strategies)
     return parser
 
 
 def main(argv: list[str] | None = None) -> None:
     """Entry point of the `fedspeech` command."""
     args = build_parser().parse_args(argv)
+    quiet = args.command in ("demo", "bench")  # they print their own progress lines
     logging.basicConfig(
-        level=logging.DEBUG if args.verbose else logging.INFO,
+        level=logging.DEBUG if args.verbose else logging.WARNING if quiet else logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
     args.run(args)

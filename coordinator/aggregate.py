@@ -26,3 +26,12 @@ def weighted_average(updates: Sequence[Arrays], weights: Sequence[float]) -> Arr
 def fedavg(updates: Sequence[Arrays], num_samples: Sequence[int]) -> Arrays:
     """FedAvg (McMahan et al. 2017): the average weighted by each client's number of samples."""
     return weighted_average(updates, [float(n) for n in num_samples])
+
+
+def hardware_weighted(
+    updates: Sequence[Arrays], num_samples: Sequence[int], scores: Sequence[float]
+) -> Arrays:
+    """Hardware-aware aggregation (seed paper): the average weighted by n_i * S_i, samples times score."""
+    if len(num_samples) != len(scores):
+        raise ValueError("need one hardware score per sample count")
+    return weighted_average(updates, [float(n) * float(s) for n, s in zip(num_samples, scores, strict=True)])

@@ -21,7 +21,9 @@ def _service():
 
 
 def _error(status: int, reason: str) -> tuple[Response, int]:
-    log.warning("%s %s rejected (%d): %s", request.method, request.path, status, reason)
+    # 409 is routine: an over-selected device's update arriving after its round took the first K
+    level = logging.INFO if status == 409 else logging.WARNING
+    log.log(level, "%s %s rejected (%d): %s", request.method, request.path, status, reason)
     return jsonify(error=reason), status
 
 

@@ -6,15 +6,20 @@ import time
 import uuid
 from dataclasses import dataclass, field
 
-from fedspeech.coordinator.aggregate import fedavg
+import numpy as np
+
 from fedspeech.coordinator.global_model import GlobalModel
 from fedspeech.coordinator.mqtt_link import CoordinatorLink
+from fedspeech.coordinator.selection import update_penalties
 from fedspeech.coordinator.store import RoundRecord, Store, UpdateRecord
+from fedspeech.coordinator.strategy import STRATEGIES, aggregate, plan_round
 from fedspeech.protocol import weights
-from fedspeech.protocol.messages import BlobRef, ModelAnnouncement, Task
+from fedspeech.protocol.messages import BlobRef, ModelAnnouncement, Profile, Task
 from fedspeech.protocol.weights import Arrays, WeightsError
 
 log = logging.getLogger(__name__)
+
+UNMEASURED = Profile(cpu_count=1, cpu_freq_mhz=0.0, ram_available_mb=0.0)  # a device that sent no profile
 
 
 @dataclass(frozen=True)
@@ -29,6 +34,8 @@ class RoundConfig:
     batch_size: int = 16
     learning_rate: float = 3e-3
     seed: int = 0
+    strategy: str = "fedavg"  # a name in coordinator.strategy.STRATEGIES
+    k: int = 3  # devices aggregated per round by the top-K and random-K strategies
 
 
 def _optional_float(text: str | None) -> float | None:
@@ -51,6 +58,7 @@ class OpenRound:
     started_at: float
     deadline: float
     tasks: dict[str, Task]
+    needed: int
     updates: dict[str, tuple[Arrays, UpdateRecord]] = field(default_factory=dict)
     bytes_up: int = 0
     bytes_down: int = 0
@@ -62,8 +70,10 @@ class Orchestrator:
     def __init__(self, config: RoundConfig, store: Store, link: CoordinatorLink, model: GlobalModel) -> None:
         self.config, self.store, self.link, self.model = config, store, link, model
         self._lock = threading.Condition()
+        self.strategy = STRATEGIES[config.strategy]
         self._open: OpenRound | None = None
         self._global: Arrays | None = None
+        self._penalties: dict[str, float] = {}  # deadline misses score a device down
         self.finished = threading.Event()
 
     # -- called from HTTP handlers -------------------------------------------------------------
@@ -98,6 +108,8 @@ class Orchestrator:
                 raise UpdateRejected(409, f"no open task {meta.get('task_id')!r} for {device_id}")
             if device_id in open_.updates:
                 raise UpdateRejected(409, f"{device_id} already sent its update for round {round}")
+            if len(open_.updates) >= open_.needed:
+                raise UpdateRejected(409, f"round {round} already has the {open_.needed} results it needs")
             global_ = self._global
         try:
             weights.check_like(arrays, global_)
@@ -154,6 +166,16 @@ class Orchestrator:
         devices = self._wait_for_devices(stop)
         if not devices:
             return None
+        statuses = self.link.statuses()
+        profiles = {d: statuses[d].profile or UNMEASURED for d in devices if d in statuses}
+        plan = plan_round(
+            self.strategy,
+            profiles,
+            k=self.config.k,
+            e_max=self.config.epochs,
+            rng=np.random.default_rng([self.config.seed, round]),
+            penalties=self._penalties,
+        )
         previous = self.store.latest_round()
         started = time.time()
         deadline = started + self.config.round_timeout_s
@@ -169,19 +191,23 @@ class Orchestrator:
                 spec=self.model.spec,
                 weights=ref,
                 upload_path=f"/api/rounds/{round}/updates",
-                epochs=self.config.epochs,
+                epochs=plan.epochs[device],
                 batch_size=self.config.batch_size,
                 learning_rate=self.config.learning_rate,
                 deadline=deadline,
                 seed=self.config.seed * 100_003 + round * 1009 + i,
+                proximal_mu=self.strategy.proximal_mu,
             )
-            for i, device in enumerate(devices)
+            for i, device in enumerate(plan.selected)
         }
         with self._lock:
-            self._open = OpenRound(round, started, deadline, tasks)
+            self._open = OpenRound(round, started, deadline, tasks, plan.needed)
         for device, task in tasks.items():
             self.link.publish_task(task, device)
-        log.info("round %d: %d devices selected", round, len(tasks))
+        log.info(
+            "round %d: %s selected %d of %d devices, aggregating the first %d",
+            round, self.strategy.name, len(tasks), len(devices), plan.needed,
+        )  # fmt: skip
 
         with self._lock:
             while not stop.is_set() and time.time() < deadline and not self._all_in(self._open):
@@ -191,23 +217,32 @@ class Orchestrator:
             self.link.clear_task(device)
         if stop.is_set():
             return None
-        if len(open_.updates) < self.config.min_results:
+        on_time = set(open_.updates)
+        # Only a device that let the round run into its deadline is scored down; one merely beaten to
+        # the first K results by faster devices is not.
+        missed = time.time() >= deadline and len(on_time) < plan.needed
+        self._penalties = update_penalties(self._penalties, plan.selected if missed else on_time, on_time)
+        if len(open_.updates) < min(self.config.min_results, plan.needed):
             log.warning(
                 "round %d: %d of %d updates by the deadline, fewer than %d: round is run again",
-                round,
-                len(open_.updates),
-                len(tasks),
-                self.config.min_results,
-            )
+                round, len(open_.updates), len(tasks), self.config.min_results,
+            )  # fmt: skip
             return None
         results = sorted(open_.updates.values(), key=lambda u: u[1].device_id)
-        new = fedavg([a for a, _ in results], [r.num_samples for _, r in results])
+        new = aggregate(
+            self.strategy,
+            [a for a, _ in results],
+            [r.num_samples for _, r in results],
+            [plan.scores[r.device_id] for _, r in results],
+        )
         return self._complete(
             round, started, len(tasks), new, [r for _, r in results], open_.bytes_up, open_.bytes_down
         )
 
     def _all_in(self, open_: OpenRound) -> bool:
-        """Whether every selected device that is still online has sent its update."""
+        """Whether the round has the results it needs, or every selected device still online has answered."""
+        if len(open_.updates) >= open_.needed:
+            return True
         online = set(self.link.online())
         return all(d in open_.updates or d not in online for d in open_.tasks)
 
@@ -233,7 +268,7 @@ class Orchestrator:
     ) -> RoundRecord:
         """Evaluate, export, store and announce a new global model."""
         blob = weights.encode(arrays, metadata={"round": str(round)})
-        scores = self.model.evaluate(arrays)
+        evaluation = self.model.evaluate(arrays)
         onnx = self.model.to_onnx(arrays, round)
         finished = time.time()
         record = RoundRecord(
@@ -243,9 +278,9 @@ class Orchestrator:
             wall_s=finished - started,
             devices=devices,
             results=len(updates),
-            accuracy=scores.accuracy if scores else None,
-            macro_f1=scores.macro_f1 if scores else None,
-            loss=scores.loss if scores else None,
+            accuracy=evaluation.accuracy if evaluation else None,
+            macro_f1=evaluation.macro_f1 if evaluation else None,
+            loss=evaluation.loss if evaluation else None,
             bytes_up=bytes_up,
             bytes_down=bytes_down,
             weights_sha256=weights.sha256(blob),
@@ -258,7 +293,7 @@ class Orchestrator:
             round,
             len(updates),
             devices,
-            f"{record.accuracy:.4f}" if scores else "n/a",
+            f"{record.accuracy:.4f}" if evaluation else "n/a",
             record.wall_s,
         )
         self._announce(record)

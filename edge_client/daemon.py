@@ -355,6 +355,7 @@ def _train(daemon: _Daemon, model: Any, arrays: weights.Arrays, task: Task) -> t
         batch_size=task.batch_size,
         learning_rate=task.learning_rate,
         seed=task.seed,
+        proximal_mu=task.proximal_mu,
     )
     metadata = {
         "task_id": task.task_id,

@@ -63,8 +63,12 @@ def train_local(
     batch_size: int,
     learning_rate: float,
     seed: int = 0,
+    proximal_mu: float = 0.0,
 ) -> TrainResult:
-    """Train in place: Adam, cosine-decayed lr, shuffled time-shifted minibatches; deterministic per seed."""
+    """Train in place: Adam, cosine-decayed lr, shuffled time-shifted minibatches; deterministic per seed.
+
+    proximal_mu > 0 adds FedProx's term mu/2 * ||w - w_start||^2, keeping the model near where it started.
+    """
     if len(waveforms) == 0:
         raise ValueError("no training samples")
     waveforms = np.ascontiguousarray(waveforms, dtype=np.float32)
@@ -75,6 +79,7 @@ def train_local(
     num_batches = max(1, len(waveforms) // batch_size)
     # decaying to zero at the end of the run settles the weights before they are sent
     schedule = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=epochs * num_batches)
+    anchor = [p.detach().clone() for p in model.parameters()] if proximal_mu > 0 else []
     model.train()
     start = time.perf_counter()
     for _ in range(epochs):
@@ -82,12 +87,15 @@ def train_local(
         for batch in np.array_split(rng.permutation(len(waveforms)), num_batches):
             inputs = torch.from_numpy(_time_shift(waveforms[batch], rng, max_shift))
             loss = nn.functional.cross_entropy(model(inputs), targets[batch])
+            total += loss.item() * len(batch)
+            count += len(batch)
+            if anchor:
+                drift = sum((p - a).square().sum() for p, a in zip(model.parameters(), anchor, strict=True))
+                loss = loss + proximal_mu / 2 * drift
             optimizer.zero_grad()
             loss.backward()
             optimizer.step()
             schedule.step()
-            total += loss.item() * len(batch)
-            count += len(batch)
     seconds = time.perf_counter() - start
     model.eval()
     return TrainResult(len(waveforms), total / count, seconds, seconds / (epochs * len(waveforms)))

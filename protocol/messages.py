@@ -91,6 +91,7 @@ class Task:
     learning_rate: float
     deadline: float
     seed: int = 0
+    proximal_mu: float = 0.0  # FedProx: > 0 keeps local training near the global model
 
 
 @dataclass(frozen=True)
@@ -172,3 +173,5 @@ def _check_values(message: Any) -> None:
         raise ProtocolError("epochs and batch_size must be at least 1")
     if isinstance(message, Task) and not (math.isfinite(message.learning_rate) and message.learning_rate > 0):
         raise ProtocolError("learning_rate must be positive")
+    if isinstance(message, Task) and not (math.isfinite(message.proximal_mu) and message.proximal_mu >= 0):
+        raise ProtocolError("proximal_mu must not be negative")

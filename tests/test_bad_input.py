@@ -47,7 +47,7 @@ def _upload(http, task: Task, token: str, body: bytes, digest: str | None = None
 
 def test_bad_uploads_and_messages_never_touch_the_global_model(coordinator, caplog):
     app, service, device = coordinator
-    caplog.set_level(logging.WARNING)
+    caplog.set_level(logging.INFO)
     http = app.test_client()
     wait_for(lambda: service.store.latest_round(), 60, "round 0")
 

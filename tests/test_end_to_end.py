@@ -2,6 +2,7 @@
 
 import json
 import threading
+from contextlib import contextmanager
 
 import paho.mqtt.client as mqtt
 import pytest
@@ -34,32 +35,42 @@ def _retained_model(broker_url: str, topic_root: str) -> ModelAnnouncement:
     return messages.decode(box[0].payload, ModelAnnouncement)
 
 
-@pytest.mark.parametrize("broker", ["mosquitto", "embedded"])
-def test_rounds_over_a_real_broker(broker, request, tmp_path, topic_root, processes):
-    broker_url = request.getfixturevalue("mosquitto_url") if broker == "mosquitto" else None
-    app = create_app(
-        {
-            "STATE_DIR": str(tmp_path / "state"),
-            "BROKER_URL": broker_url,
-            "EMBEDDED_BROKER_PORT": free_port(),
-            "TOPIC_ROOT": topic_root,
-            "ROUNDS": ROUNDS,
-            "MIN_DEVICES": len(SPEAKERS),
-            "MIN_RESULTS": len(SPEAKERS),
-            "EVAL_LIMIT": 60,
-            "ROUND_TIMEOUT_S": 120,
-        }
-    )
+@contextmanager
+def running_coordinator(tmp_path, **config):
+    """An in-process coordinator serving HTTP on a free port; yields (service, base URL)."""
+    defaults = {"STATE_DIR": str(tmp_path / "state"), "EVAL_LIMIT": 60, "ROUND_TIMEOUT_S": 120}
+    app = create_app({**defaults, **config})
     service = app.extensions["fedspeech"]
     service.start()
     server = serve(app, "127.0.0.1", 0)
-    url = f"http://127.0.0.1:{server.server_port}"
     try:
+        yield service, f"http://127.0.0.1:{server.server_port}"
+    finally:
+        server.shutdown()
+        service.stop()
+
+
+def wait_until_finished(service, clients) -> None:
+    finished = service.orchestrator.finished
+    wait_for(lambda: finished.is_set() or any(p.poll() is not None for p in clients), 240, "rounds")
+    assert finished.is_set(), "a device process died"
+    assert all(p.poll() is None for p in clients), "device processes keep running between rounds"
+
+
+@pytest.mark.parametrize("broker", ["mosquitto", "embedded"])
+def test_rounds_over_a_real_broker(broker, request, tmp_path, topic_root, processes):
+    broker_url = request.getfixturevalue("mosquitto_url") if broker == "mosquitto" else None
+    config = {
+        "BROKER_URL": broker_url,
+        "EMBEDDED_BROKER_PORT": free_port(),
+        "TOPIC_ROOT": topic_root,
+        "ROUNDS": ROUNDS,
+        "MIN_DEVICES": len(SPEAKERS),
+        "MIN_RESULTS": len(SPEAKERS),
+    }
+    with running_coordinator(tmp_path, **config) as (service, url):
         clients = start_clients(processes, SPEAKERS, url, service.broker_url, topic_root, max_samples=40)
-        finished = service.orchestrator.finished
-        wait_for(lambda: finished.is_set() or any(p.poll() is not None for p in clients), 240, "rounds")
-        assert finished.is_set(), "a device process died"
-        assert all(p.poll() is None for p in clients), "device processes keep running between rounds"
+        wait_until_finished(service, clients)
 
         rounds = service.store.rounds()
         assert [r.round for r in rounds] == list(range(ROUNDS + 1))
@@ -88,8 +99,23 @@ def test_rounds_over_a_real_broker(broker, request, tmp_path, topic_root, proces
         assert announced.onnx.sha256 == weights.sha256(onnx)
         assert announced.metrics["accuracy"] == pytest.approx(rounds[-1].accuracy)
         assert json.loads(json.dumps(announced.labels)) == [str(d) for d in range(10)]
-    finally:
         processes.stop_all()
-        server.shutdown()
-        service.stop()
     assert all(p.returncode == 0 for p in clients), "devices shut down cleanly on SIGTERM"
+
+
+def test_hardware_aware_rounds_aggregate_the_first_k(tmp_path, mosquitto_url, topic_root, processes):
+    config = {
+        "BROKER_URL": mosquitto_url,
+        "TOPIC_ROOT": topic_root,
+        "ROUNDS": ROUNDS,
+        "MIN_DEVICES": len(SPEAKERS),
+        "MIN_RESULTS": 1,
+        "STRATEGY": "hardware",
+        "K": 2,
+    }
+    with running_coordinator(tmp_path, **config) as (service, url):
+        clients = start_clients(processes, SPEAKERS, url, mosquitto_url, topic_root, max_samples=40)
+        wait_until_finished(service, clients)
+        for r in service.store.rounds()[1:]:
+            assert r.devices == len(SPEAKERS), "ceil(1.3 x 2) = 3 devices over-selected"
+            assert r.results == len(service.store.updates(r.round)) == 2, "the first K results are aggregated"

@@ -126,3 +126,17 @@ def test_evaluate_real_model_in_range(fsdd_batch):
     result = evaluate(build_model(spec), waveforms, labels)
     assert 0.0 <= result.accuracy <= 1.0 and 0.0 <= result.macro_f1 <= 1.0
     assert result.loss > 0 and result.predictions.shape == labels.shape
+
+
+def test_proximal_term_keeps_weights_near_the_start(fsdd_batch):
+    spec, waveforms, labels = fsdd_batch
+    torch.manual_seed(0)
+    start = get_arrays(build_model(spec))
+
+    def drift(mu: float) -> float:
+        model = build_model(spec)
+        set_arrays(model, start)
+        train_local(model, waveforms, labels, epochs=2, batch_size=16, learning_rate=3e-3, proximal_mu=mu)
+        return sum(float(np.sum((get_arrays(model)[k] - v) ** 2)) for k, v in start.items())
+
+    assert drift(10.0) < 0.8 * drift(0.0)

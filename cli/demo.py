@@ -1,18 +1,15 @@
-"""`fedspeech demo`: a coordinator and one device process per FSDD speaker, end to end on one machine."""
+"""`fedspeech demo`: a coordinator and an emulated Pi fleet, one device per FSDD speaker, on one machine."""
 
 import json
 import logging
 import shutil
-import signal
-import socket
-import subprocess
-import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from fedspeech.coordinator.app import create_app, serve
 from fedspeech.coordinator.store import RoundRecord
+from fedspeech.fleet import DEFAULT_FLEETS, load_fleet
+from fedspeech.fleet_run import fleet_run
 
 log = logging.getLogger(__name__)
 
@@ -22,43 +19,14 @@ class DemoConfig:
     """What the demo runs and where it writes."""
 
     out: Path
+    fleet: Path = DEFAULT_FLEETS["fsdd"]
+    strategy: str = "hardware"
     rounds: int = 30
     epochs: int | None = None  # None: the coordinator's default
     broker_url: str | None = None
     port: int = 0
     max_samples: int | None = None
     round_timeout_s: float = 300.0
-
-
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that nothing listens on right now."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _spawn_clients(speakers: list[str], coordinator_url: str, broker_url: str, cfg: DemoConfig) -> list:
-    logs = cfg.out / "logs"
-    logs.mkdir(parents=True, exist_ok=True)
-    procs = []
-    for speaker in speakers:
-        cmd = [sys.executable, "-m", "fedspeech", "client", "--speaker", speaker]
-        cmd += ["--coordinator", coordinator_url, "--broker", broker_url]
-        if cfg.max_samples:
-            cmd += ["--max-samples", str(cfg.max_samples)]
-        with open(logs / f"client-{speaker}.log", "w") as f:
-            procs.append(subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT))
-    return procs
-
-
-def _stop_clients(procs: list) -> None:
-    for p in procs:
-        p.send_signal(signal.SIGTERM)
-    for p in procs:
-        try:
-            p.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            p.kill()
 
 
 def _line(r: RoundRecord, t0: float) -> str:
@@ -93,55 +61,23 @@ def write_plot(records: list[dict], path: Path) -> None:
 
 
 def run_demo(cfg: DemoConfig) -> dict:
-    """Train FedAvg across the FSDD speakers, then write model.onnx, metrics.json and accuracy.png."""
-    from fedspeech.models.datasets import load_corpus, speakers
-
-    out = cfg.out
-    state = out / "state"
-    shutil.rmtree(state, ignore_errors=True)
-    out.mkdir(parents=True, exist_ok=True)
-    corpus = load_corpus("fsdd")
-    fleet = speakers(corpus)
-    t0 = time.time()
-    config = {
-        "STATE_DIR": str(state),
-        "BROKER_URL": cfg.broker_url,
-        "EMBEDDED_BROKER_PORT": free_port(),
-        "CORPUS": "fsdd",
-        "ROUNDS": cfg.rounds,
-        "MIN_DEVICES": len(fleet),
-        "MIN_RESULTS": max(1, len(fleet) - 1),
-        "ROUND_TIMEOUT_S": cfg.round_timeout_s,
-    }
+    """Train on the emulated fleet; write model.onnx, metrics.json and accuracy.png."""
+    fleet = load_fleet(cfg.fleet)
+    shutil.rmtree(cfg.out / "state", ignore_errors=True)
+    cfg.out.mkdir(parents=True, exist_ok=True)
+    config = {"ROUNDS": cfg.rounds, "ROUND_TIMEOUT_S": cfg.round_timeout_s, "STRATEGY": cfg.strategy}
     if cfg.epochs is not None:
         config["EPOCHS"] = cfg.epochs
-    app = create_app(config)
-    service = app.extensions["fedspeech"]
-    service.start()
-    server = serve(app, "127.0.0.1", cfg.port)
-    url = f"http://127.0.0.1:{server.server_port}"
-    print(f"coordinator on {url}, broker {service.broker_url}, {len(fleet)} devices: {', '.join(fleet)}")
-    procs = _spawn_clients(fleet, url, service.broker_url, cfg)
-    printed, progress_at = 0, time.time()
-    try:
-        while not service.orchestrator.finished.is_set():
-            if any(p.poll() is not None for p in procs):
-                raise RuntimeError(f"a device process exited early; see {out / 'logs'}")
-            if time.time() - progress_at > cfg.round_timeout_s + 60:
-                raise RuntimeError(
-                    f"no round completed in {cfg.round_timeout_s + 60:.0f} s; see {out / 'logs'}"
-                )
-            for r in service.store.rounds()[printed:]:
-                print(_line(r, t0), flush=True)
-                printed, progress_at = printed + 1, time.time()
-            time.sleep(0.5)
-        for r in service.store.rounds()[printed:]:
-            print(_line(r, t0), flush=True)
-    finally:
-        _stop_clients(procs)
-        server.shutdown()
-        service.stop()
-    return _write_results(service.store, service.orchestrator.model, out, t0)
+    device_args = ["--max-samples", str(cfg.max_samples)] if cfg.max_samples else []
+    t0 = time.time()
+    with fleet_run(
+        fleet, "fsdd", cfg.out, broker_url=cfg.broker_url, port=cfg.port, device_args=device_args, **config
+    ) as run:
+        names = ", ".join(f"{d.name} ({d.cpu_share:g} core, +{d.delay_ms:g} ms)" for d in fleet)
+        print(f"coordinator on {run.url}, broker {run.service.broker_url}, strategy {cfg.strategy}")
+        print(f"{len(fleet)} devices from {cfg.fleet.name}: {names}")
+        run.wait(cfg.round_timeout_s + 60, lambda r: print(_line(r, t0), flush=True))
+    return _write_results(run.service.store, run.service.orchestrator.model, cfg.out, t0)
 
 
 def _write_results(store, model, out: Path, t0: float) -> dict:

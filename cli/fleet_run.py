@@ -1,0 +1,86 @@
+"""One training run on one machine: a coordinator with an embedded broker and an emulated device fleet."""
+
+import socket
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from fedspeech.coordinator.app import Service, create_app, serve
+from fedspeech.coordinator.store import RoundRecord
+from fedspeech.fleet import DeviceProcess, DeviceSpec, launch_fleet, stop_fleet
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on right now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@dataclass
+class FleetRun:
+    """A running coordinator, its HTTP URL and its device processes."""
+
+    service: Service
+    url: str
+    devices: list[DeviceProcess]
+    log_dir: Path
+
+    def wait(self, stall_s: float, on_round: Callable[[RoundRecord], None] = lambda r: None) -> None:
+        """Wait for all rounds, calling on_round for each; fail if a device dies or rounds stall."""
+        store, finished = self.service.store, self.service.orchestrator.finished
+        seen, progress_at = 0, time.time()
+        while True:
+            done = finished.is_set()
+            for record in store.rounds()[seen:]:
+                on_round(record)
+                seen, progress_at = seen + 1, time.time()
+            if done:
+                return
+            if any(d.proc.poll() is not None for d in self.devices):
+                raise RuntimeError(f"a device process exited early; see {self.log_dir}")
+            if time.time() - progress_at > stall_s:
+                raise RuntimeError(f"no round completed for {stall_s:.0f} s; see {self.log_dir}")
+            finished.wait(0.5)
+
+
+@contextmanager
+def fleet_run(
+    fleet: list[DeviceSpec],
+    corpus: str,
+    run_dir: Path,
+    *,
+    data_dir: Path | None = None,
+    broker_url: str | None = None,
+    port: int = 0,
+    device_args: list[str] | None = None,
+    **config: Any,
+) -> Iterator[FleetRun]:
+    """Start a coordinator (config: its upper-case settings) and the fleet's devices; stop all at exit."""
+    app = create_app(
+        {
+            "STATE_DIR": str(run_dir / "state"),
+            "BROKER_URL": broker_url,
+            "EMBEDDED_BROKER_PORT": free_port(),
+            "CORPUS": corpus,
+            "DATA_DIR": str(data_dir) if data_dir else None,
+            "MIN_DEVICES": len(fleet),
+            **config,
+        }
+    )
+    service = app.extensions["fedspeech"]
+    service.start()
+    server = serve(app, "127.0.0.1", port)
+    url = f"http://127.0.0.1:{server.server_port}"
+    devices: list[DeviceProcess] = []
+    try:
+        log_dir = run_dir / "logs"
+        devices = launch_fleet(fleet, url, service.broker_url, corpus, data_dir, log_dir, device_args)
+        yield FleetRun(service, url, devices, log_dir)
+    finally:
+        stop_fleet(devices)
+        server.shutdown()
+        service.stop()

@@ -1,0 +1,278 @@
+"""Selection, scheduling and hardware-aware aggregation on hand-computed cases, no network."""
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+from fedspeech.coordinator.aggregate import fedavg, hardware_weighted
+from fedspeech.coordinator.scheduling import adaptive_epochs, fixed_epochs
+from fedspeech.coordinator.selection import (
+    ScoreWeights,
+    hardware_scores,
+    select_all,
+    select_random,
+    select_top_k,
+    update_penalties,
+)
+from fedspeech.coordinator.strategy import STRATEGIES, RoundPlan, Strategy, aggregate, plan_round
+from fedspeech.protocol.messages import Profile
+
+ONLY_CPU = ScoreWeights(cpu=1.0, ram=0.0, speed=0.0, latency=0.0)
+
+
+def profile(gflops=None, ram=1000.0, seconds=None, rtt=None) -> Profile:
+    return Profile(
+        cpu_count=4,
+        cpu_freq_mhz=1500.0,
+        ram_available_mb=ram,
+        cpu_gflops=gflops,
+        seconds_per_sample=seconds,
+        rtt_ms=rtt,
+    )
+
+
+def floored(linear: float) -> float:
+    """The score floor: 0.05 + 0.95 * the weighted mean of the normalised metrics."""
+    return 0.05 + 0.95 * linear
+
+
+THREE = {
+    "a": profile(gflops=1.0, seconds=0.01, rtt=10.0),
+    "b": profile(gflops=2.0, seconds=0.02, rtt=20.0),
+    "c": profile(gflops=3.0, seconds=0.04, rtt=30.0),
+}
+
+
+def test_scores_of_a_three_device_pool():
+    # cpu:     1, 2, 3 gflops          -> 0, 0.5, 1
+    # ram:     equal                   -> 1, 1, 1
+    # speed:   1/T = 100, 50, 25       -> (v - 25) / 75 = 1, 1/3, 0
+    # latency: 10, 20, 30 ms           -> 1, 0.5, 0
+    # weights 0.3 / 0.1 / 0.4 / 0.2 (sum 1)
+    a = 0.3 * 0 + 0.1 * 1 + 0.4 * 1 + 0.2 * 1  # 0.7
+    b = 0.3 * 0.5 + 0.1 * 1 + 0.4 / 3 + 0.2 * 0.5  # 0.48333
+    c = 0.3 * 1 + 0.1 * 1 + 0.4 * 0 + 0.2 * 0  # 0.4
+    scores = hardware_scores(THREE)
+    assert scores == pytest.approx({"a": floored(a), "b": floored(b), "c": floored(c)})
+    assert scores["a"] == pytest.approx(0.715)
+
+
+def test_weights_are_divided_by_their_sum():
+    # Equal weights of 2: the plain mean of the four normalised metrics.
+    scores = hardware_scores(THREE, ScoreWeights(cpu=2.0, ram=2.0, speed=2.0, latency=2.0))
+    expected = {"a": (0 + 1 + 1 + 1) / 4, "b": (0.5 + 1 + 1 / 3 + 0.5) / 4, "c": (1 + 1 + 0 + 0) / 4}
+    assert scores == pytest.approx({d: floored(s) for d, s in expected.items()})
+
+
+def test_unmeasured_metric_counts_as_the_pool_median():
+    pool = {
+        "a": profile(gflops=1.0),
+        "b": profile(gflops=2.0),
+        "c": profile(gflops=4.0),
+        "d": profile(gflops=None),
+    }
+    # a, b, c normalise to 0, 1/3, 1; d gets their median 1/3.
+    scores = hardware_scores(pool, ONLY_CPU)
+    assert scores == pytest.approx(
+        {"a": floored(0.0), "b": floored(1 / 3), "c": floored(1.0), "d": floored(1 / 3)}
+    )
+
+
+def test_metric_unmeasured_or_equal_everywhere_gives_everyone_full_marks():
+    pool = {"a": profile(), "b": profile(), "c": profile()}
+    assert hardware_scores(pool) == pytest.approx({"a": 1.0, "b": 1.0, "c": 1.0})
+    assert hardware_scores({"solo": THREE["c"]}) == pytest.approx({"solo": 1.0})
+
+
+def test_scores_are_relative_to_the_pool_given():
+    # Without c, b is the weakest CPU of the pool and scores 0 on it.
+    scores = hardware_scores({"a": THREE["a"], "b": THREE["b"]}, ONLY_CPU)
+    assert scores == pytest.approx({"a": floored(0.0), "b": floored(1.0)})
+
+
+def test_no_score_is_zero_and_penalties_multiply():
+    scores = hardware_scores(THREE, ONLY_CPU, penalties={"a": 0.5, "c": 0.25, "gone": 0.1})
+    assert scores == pytest.approx({"a": 0.05 * 0.5, "b": floored(0.5), "c": 1.0 * 0.25})
+    assert min(hardware_scores(THREE, ONLY_CPU).values()) == pytest.approx(0.05)
+
+
+def test_bad_score_weights_are_refused():
+    with pytest.raises(ValueError):
+        ScoreWeights(cpu=0.0, ram=0.0, speed=0.0, latency=0.0)
+    with pytest.raises(ValueError):
+        ScoreWeights(cpu=-1.0)
+
+
+def test_select_all_and_random():
+    assert select_all(["c", "a", "b"]) == ["a", "b", "c"]
+    devices = [f"d{i}" for i in range(10)]
+    picked = select_random(devices, 3, np.random.default_rng(0))
+    assert len(picked) == 3 and set(picked) <= set(devices)
+    assert picked == select_random(devices, 3, np.random.default_rng(0))
+    assert select_random(devices[:2], 5, np.random.default_rng(0)) == ["d0", "d1"]
+
+
+def test_top_k_without_exploration_takes_the_best_ties_by_id():
+    scores = {"b": 0.5, "a": 0.5, "c": 0.9, "d": 0.1}
+    rng = np.random.default_rng(0)
+    assert select_top_k(scores, 2, over_select=1.0, explore=0.0, rng=rng) == ["c", "a"]
+    assert select_top_k(scores, 3, over_select=1.0, explore=0.0, rng=rng) == ["c", "a", "b"]
+
+
+def test_top_k_over_selects_and_clamps():
+    scores = {f"d{i}": 1.0 - i / 20 for i in range(20)}
+    rng = np.random.default_rng(0)
+    assert len(select_top_k(scores, 3, explore=0.0, rng=rng)) == 4  # ceil(1.3 * 3)
+    assert len(select_top_k(scores, 10, explore=0.0, rng=rng)) == 13  # not 14 from 13.000000000000002
+    assert select_top_k(scores, 3, explore=0.0, rng=rng) == ["d0", "d1", "d2", "d3"]
+    few = {"x": 0.2, "y": 0.9}
+    assert select_top_k(few, 5, rng=rng) in (["y", "x"], ["x", "y"])
+    assert select_top_k(few, 0, rng=rng) == []
+
+
+def test_exploration_sometimes_picks_the_weakest_device():
+    scores = {f"d{i}": 1.0 - i / 10 for i in range(10)}  # d9 is the weakest
+    rng = np.random.default_rng(1)
+    rounds = [select_top_k(scores, 1, over_select=1.0, explore=0.1, rng=rng) for _ in range(1000)]
+    # Each round d9 is picked with probability 0.1 * 1/10; never in 1000 rounds has chance 4e-5.
+    assert sum(r == ["d9"] for r in rounds) > 0
+    assert sum(r == ["d0"] for r in rounds) > 850  # exploit with 0.9, plus 0.1 * 1/10 by exploring
+    rng = np.random.default_rng(1)
+    assert all(select_top_k(scores, 1, over_select=1.0, explore=0.0, rng=rng) == ["d0"] for _ in range(1000))
+
+
+def test_top_k_is_deterministic_given_the_rng():
+    scores = {f"d{i}": 1.0 - i / 10 for i in range(10)}
+    runs = [select_top_k(scores, 4, explore=0.5, rng=np.random.default_rng(7)) for _ in range(2)]
+    assert runs[0] == runs[1] and len(set(runs[0])) == 6
+
+
+def test_update_penalties():
+    before = {"a": 1.0, "b": 0.5, "c": 0.25, "e": 0.95}
+    after = update_penalties(before, selected=["a", "b", "d", "e"], on_time=["b", "e", "c"])
+    # a, d missed: x0.5 (d starts from 1); b, e delivered: +0.1 capped at 1; c was not selected.
+    assert after == pytest.approx({"a": 0.5, "b": 0.6, "c": 0.25, "d": 0.5, "e": 1.0})
+    assert before == {"a": 1.0, "b": 0.5, "c": 0.25, "e": 0.95}
+    low = {"x": 0.015}
+    assert update_penalties(low, ["x"], [])["x"] == pytest.approx(0.01)  # floored, never 0
+    assert update_penalties({}, ["x"], [], factor=0.25)["x"] == pytest.approx(0.25)
+
+
+def test_adaptive_epochs_scale_with_the_score():
+    assert adaptive_epochs({"a": 1.0, "b": 0.7, "c": 0.1}, 10) == {"a": 10, "b": 7, "c": 1}
+    assert adaptive_epochs({"a": 0.8, "b": 0.6, "c": 0.1}, 4) == {"a": 4, "b": 3, "c": 1}  # 3.0, 0.5->1
+    # Halves round up: 5 * 0.5 = 2.5 -> 3 (Python's round would give 2).
+    assert adaptive_epochs({"a": 1.0, "b": 0.5}, 5) == {"a": 5, "b": 3}
+    assert adaptive_epochs({}, 5) == {}
+    assert fixed_epochs(["a", "b"], 3) == {"a": 3, "b": 3}
+    with pytest.raises(ValueError):
+        adaptive_epochs({"a": 1.0}, 0)
+
+
+def test_hardware_weighted_multiplies_samples_by_score():
+    a = {"w": np.array([0.0, 4.0], np.float32)}
+    b = {"w": np.array([4.0, 0.0], np.float32)}
+    # n = 1, 3 and S = 1, 1/3: both weigh 1, the plain mean; FedAvg would give [3, 1].
+    out = hardware_weighted([a, b], [1, 3], [1.0, 1 / 3])
+    np.testing.assert_allclose(out["w"], [2.0, 2.0], rtol=1e-6)
+    assert out["w"].dtype == np.float32
+    # n = 1, 1 and S = 0.25, 0.75: weights 1/4, 3/4.
+    np.testing.assert_allclose(hardware_weighted([a, b], [1, 1], [0.25, 0.75])["w"], [3.0, 1.0])
+    with pytest.raises(ValueError):
+        hardware_weighted([a, b], [1, 1], [1.0])
+
+
+def test_aggregate_dispatches_on_the_strategy():
+    a = {"w": np.array([0.0, 4.0], np.float32)}
+    b = {"w": np.array([4.0, 0.0], np.float32)}
+    args = ([a, b], [1, 3], [1.0, 1 / 3])
+    for name in ("fedavg", "fedprox", "random_k", "topk_only", "epochs_only"):
+        np.testing.assert_allclose(aggregate(STRATEGIES[name], *args)["w"], fedavg(*args[:2])["w"])
+    np.testing.assert_allclose(aggregate(STRATEGIES["hardware"], *args)["w"], [2.0, 2.0], rtol=1e-6)
+    with pytest.raises(ValueError):
+        aggregate(STRATEGIES["hardware"], *args[:2])
+
+
+def test_presets():
+    assert set(STRATEGIES) == {"fedavg", "fedprox", "random_k", "hardware", "topk_only", "epochs_only"}
+    assert all(name == s.name for name, s in STRATEGIES.items())
+    assert STRATEGIES["fedprox"].proximal_mu == 0.01
+    assert all(s.proximal_mu == 0.0 for n, s in STRATEGIES.items() if n != "fedprox")
+    hw = STRATEGIES["hardware"]
+    assert (hw.selection, hw.epochs, hw.aggregation) == ("top_k", "adaptive", "hardware")
+    with pytest.raises(ValueError):
+        Strategy("bad", "best", "fixed", "fedavg")
+
+
+# d0 is the most capable, d4 the least: gflops 5..1, equal RAM, T 0.01..0.05 s, rtt 10..50 ms.
+POOL = {f"d{i}": profile(gflops=5.0 - i, seconds=0.01 * (i + 1), rtt=10.0 * (i + 1)) for i in (3, 1, 4, 0, 2)}
+# cpu 1, .75, .5, .25, 0; ram 1; speed (1/T - 20) / 80 = 1, .375, 1/6, .0625, 0; latency 1, .75, .5, .25, 0
+POOL_SCORES = {
+    "d0": floored(0.3 + 0.1 + 0.4 + 0.2),  # 1.0
+    "d1": floored(0.3 * 0.75 + 0.1 + 0.4 * 0.375 + 0.2 * 0.75),  # 0.64375
+    "d2": floored(0.3 * 0.5 + 0.1 + 0.4 / 6 + 0.2 * 0.5),  # 0.44583
+    "d3": floored(0.3 * 0.25 + 0.1 + 0.4 * 0.0625 + 0.2 * 0.25),  # 0.2875
+    "d4": floored(0.1),  # 0.145
+}
+ALL = ["d0", "d1", "d2", "d3", "d4"]
+
+
+def plan(name: str, k: int = 2, seed: int = 0, **changes) -> RoundPlan:
+    strategy = dataclasses.replace(STRATEGIES[name], **changes)
+    return plan_round(strategy, POOL, k=k, e_max=4, rng=np.random.default_rng(seed))
+
+
+def test_pool_scores():
+    assert hardware_scores(POOL) == pytest.approx(POOL_SCORES)
+    assert plan("fedavg").scores == pytest.approx(POOL_SCORES)
+
+
+@pytest.mark.parametrize("name", ["fedavg", "fedprox"])
+def test_plan_all_fixed(name):
+    p = plan(name)
+    assert p.selected == ALL and p.epochs == dict.fromkeys(ALL, 4) and p.needed == 5
+
+
+def test_plan_random_k():
+    p = plan("random_k")
+    assert len(p.selected) == 2 and set(p.selected) <= set(ALL) and p.needed == 2
+    assert p.epochs == dict.fromkeys(p.selected, 4)
+    assert plan("random_k", seed=3) == plan("random_k", seed=3)
+    clamped = plan("random_k", k=9)
+    assert clamped.selected == ALL and clamped.needed == 5
+
+
+def test_plan_hardware():
+    # Top ceil(1.3 * 2) = 3; epochs 4 * S_i / S_max = 4, 2.575 -> 3, 1.78 -> 2.
+    p = plan("hardware", explore=0.0)
+    assert p.selected == ["d0", "d1", "d2"] and p.epochs == {"d0": 4, "d1": 3, "d2": 2} and p.needed == 2
+    explored = plan("hardware", seed=5)  # the preset itself, exploring at 0.1
+    assert len(explored.selected) == 3 and explored.needed == 2
+    assert max(explored.epochs.values()) == 4  # the best device of the round trains e_max epochs
+    clamped = plan("hardware", k=9)
+    assert sorted(clamped.selected) == ALL and clamped.needed == 5
+
+
+def test_plan_hardware_uses_penalties():
+    strategy = dataclasses.replace(STRATEGIES["hardware"], explore=0.0)
+    p = plan_round(strategy, POOL, k=2, e_max=4, rng=np.random.default_rng(0), penalties={"d0": 0.25})
+    # d0 falls to 0.25, below d3's 0.2875; the best selected is now d1 with 4 epochs.
+    assert p.selected == ["d1", "d2", "d3"] and p.needed == 2
+    assert p.epochs == {"d1": 4, "d2": 3, "d3": 2}  # 4 * .44583/.64375 = 2.77, 4 * .2875/.64375 = 1.79
+
+
+def test_plan_ablations():
+    top = plan("topk_only", explore=0.0)
+    assert top.selected == ["d0", "d1", "d2"] and top.epochs == dict.fromkeys(top.selected, 4)
+    assert top.needed == 2
+    # epochs 4 * S_i: 4, 2.575, 1.78, 1.15, 0.58 -> 4, 3, 2, 1, 1
+    p = plan("epochs_only")
+    assert p.selected == ALL and p.epochs == {"d0": 4, "d1": 3, "d2": 2, "d3": 1, "d4": 1} and p.needed == 5
+
+
+def test_plan_refuses_bad_arguments():
+    with pytest.raises(ValueError):
+        plan("fedavg", k=0)
+    with pytest.raises(ValueError):
+        plan_round(STRATEGIES["fedavg"], POOL, k=2, e_max=0, rng=np.random.default_rng(0))
