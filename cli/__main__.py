@@ -64,12 +64,11 @@ def _client(args: argparse.Namespace) -> None:
 
 def _demo(args: argparse.Namespace) -> None:
     from fedspeech.demo import DemoConfig, run_demo
-    from fedspeech.fleet import DEFAULT_FLEETS
 
     run_demo(
         DemoConfig(
             out=args.out,
-            fleet=args.fleet or DEFAULT_FLEETS["fsdd"],
+            fleet=args.fleet,
             strategy=args.strategy,
             rounds=args.rounds,
             epochs=args.epochs,
@@ -138,8 +137,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     m = sub.add_parser("demo", help="one coordinator and one device per FSDD speaker, end to end")
     m.add_argument("--out", type=Path, default=Path("fedspeech-demo"), help="where results go")
-    m.add_argument("--fleet", type=Path, help="fleet file (TOML; default deploy/fleets/pi-mix.toml)")
-    m.add_argument("--strategy", choices=list(STRATEGIES), default="hardware")
+    m.add_argument("--fleet", type=Path, help="emulated fleet file, e.g. deploy/fleets/pi-mix.toml")
+    m.add_argument("--strategy", choices=list(STRATEGIES), default="fedavg")
     m.add_argument("--rounds", type=int, default=30)
     m.add_argument("--epochs", type=int, help="local epochs per round (default 2)")
     m.add_argument("--broker", help="mqtt://host:port of an existing broker (default: embedded broker)")

@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 
 from fedspeech.coordinator.store import RoundRecord
-from fedspeech.fleet import DEFAULT_FLEETS, load_fleet
+from fedspeech.fleet import DEFAULT_FLEETS, check_fleet, load_fleet
 from fedspeech.fleet_run import fleet_run
 
 log = logging.getLogger(__name__)
@@ -36,7 +36,7 @@ class BenchConfig:
 
 @dataclass(frozen=True)
 class Run:
-    """One training run: its rounds as stored, seconds counted from the moment devices were started."""
+    """One training run: its rounds as stored, times counted from t0, the start of its first round."""
 
     corpus: str
     strategy: str
@@ -89,42 +89,60 @@ def _welch(a: Sequence[float], b: Sequence[float]) -> tuple[float, float]:
     return p, d
 
 
-def summarize(runs: Sequence[Run], target: float) -> list[dict]:
-    """One row per strategy: accuracy mean/std, time to target, wall time, bytes, p and d against FedAvg."""
+@dataclass(frozen=True)
+class Summary:
+    """One strategy's runs condensed: accuracy, time to target, wall time, bytes, p and d against FedAvg."""
+
+    strategy: str
+    runs: int
+    accuracy_mean: float
+    accuracy_std: float
+    time_to_target_s: float | None  # mean over the runs that reached it
+    reached_target: int
+    wall_s: float
+    bytes_up: float
+    bytes_down: float
+    p_vs_fedavg: float
+    d_vs_fedavg: float
+
+    @property
+    def bytes_total(self) -> float:
+        """Mean bytes up plus down per run."""
+        return self.bytes_up + self.bytes_down
+
+
+def summarize(runs: Sequence[Run], target: float) -> list[Summary]:
+    """One summary per strategy, in the order the strategies first appear."""
     by_strategy: dict[str, list[Run]] = {}
     for run in runs:
         by_strategy.setdefault(run.strategy, []).append(run)
     baseline = [r.final_accuracy for r in by_strategy.get("fedavg", [])]
-    rows = []
+    summaries = []
     for strategy, group in by_strategy.items():
         acc = [r.final_accuracy for r in group]
         reached = [t for r in group if (t := r.time_to(target)) is not None]
         p, d = _welch(acc, baseline) if strategy != "fedavg" else (float("nan"), float("nan"))
-        rows.append(
-            {
-                "strategy": strategy,
-                "runs": len(group),
-                "accuracy_mean": float(np.mean(acc)),
-                "accuracy_std": float(np.std(acc, ddof=1)) if len(acc) > 1 else 0.0,
-                "time_to_target_s": float(np.mean(reached)) if reached else None,
-                "reached_target": len(reached),
-                "wall_s": float(np.mean([r.wall_s for r in group])),
-                "bytes_up": float(np.mean([sum(x.bytes_up for x in r.rounds) for r in group])),
-                "bytes_down": float(np.mean([sum(x.bytes_down for x in r.rounds) for r in group])),
-                "p_vs_fedavg": p,
-                "d_vs_fedavg": d,
-            }
+        summaries.append(
+            Summary(
+                strategy=strategy,
+                runs=len(group),
+                accuracy_mean=float(np.mean(acc)),
+                accuracy_std=float(np.std(acc, ddof=1)) if len(acc) > 1 else 0.0,
+                time_to_target_s=float(np.mean(reached)) if reached else None,
+                reached_target=len(reached),
+                wall_s=float(np.mean([r.wall_s for r in group])),
+                bytes_up=float(np.mean([sum(x.bytes_up for x in r.rounds) for r in group])),
+                bytes_down=float(np.mean([sum(x.bytes_down for x in r.rounds) for r in group])),
+                p_vs_fedavg=p,
+                d_vs_fedavg=d,
+            )
         )
-    return rows
+    return summaries
 
 
-def markdown_table(corpus: str, rows: list[dict], target: float, fleet: Path) -> str:
-    """The rows as a markdown table, ratios against FedAvg included."""
-    base = next((r for r in rows if r["strategy"] == "fedavg"), None)
-
-    def ratio(row: dict, key: str) -> str:
-        return f"{row[key] / base[key]:.2f}x" if base and base[key] else "-"
-
+def markdown_table(corpus: str, rows: list[Summary], target: float, fleet: Path) -> str:
+    """The summaries as a markdown table, with wall time and bytes as ratios to FedAvg."""
+    base = next((r for r in rows if r.strategy == "fedavg"), None)
     lines = [
         f"### {corpus} on {fleet.name} (target accuracy {target:.2f})",
         "",
@@ -134,29 +152,28 @@ def markdown_table(corpus: str, rows: list[dict], target: float, fleet: Path) ->
     ]
     for row in rows:
         ttt = (
-            f"{row['time_to_target_s']:.1f} ({row['reached_target']}/{row['runs']})"
-            if row["time_to_target_s"] is not None
-            else f"not reached (0/{row['runs']})"
+            f"{row.time_to_target_s:.1f} ({row.reached_target}/{row.runs})"
+            if row.time_to_target_s is not None
+            else f"not reached (0/{row.runs})"
         )
-        total = row["bytes_up"] + row["bytes_down"]
-        base_total = base["bytes_up"] + base["bytes_down"] if base else 0
+        wall_ratio = f"{row.wall_s / base.wall_s:.2f}x" if base else "-"
+        bytes_ratio = f"{row.bytes_total / base.bytes_total:.2f}x" if base and base.bytes_total else "-"
         lines.append(
-            f"| {row['strategy']} | {row['runs']} | {row['accuracy_mean']:.4f} ± {row['accuracy_std']:.4f} "
-            f"| {ttt} | {row['wall_s']:.1f} | {ratio(row, 'wall_s')} | {row['bytes_up'] / 1e6:.2f} "
-            f"| {row['bytes_down'] / 1e6:.2f} | {f'{total / base_total:.2f}x' if base_total else '-'} "
-            f"| {row['p_vs_fedavg']:.3f} | {row['d_vs_fedavg']:.2f} |"
+            f"| {row.strategy} | {row.runs} | {row.accuracy_mean:.4f} ± {row.accuracy_std:.4f} | {ttt} "
+            f"| {row.wall_s:.1f} | {wall_ratio} | {row.bytes_up / 1e6:.2f} | {row.bytes_down / 1e6:.2f} "
+            f"| {bytes_ratio} | {row.p_vs_fedavg:.3f} | {row.d_vs_fedavg:.2f} |"
         )
     return "\n".join(lines) + "\n"
 
 
-def write_plots(corpus: str, runs: Sequence[Run], rows: list[dict], out: Path) -> list[Path]:
+def write_plots(corpus: str, runs: Sequence[Run], rows: list[Summary], out: Path) -> list[Path]:
     """Accuracy against wall time (one line per run) and bytes per strategy, as PNGs."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    strategies = [r["strategy"] for r in rows]
+    strategies = [r.strategy for r in rows]
     colors = {s: plt.cm.tab10(i) for i, s in enumerate(strategies)}
     fig, ax = plt.subplots(figsize=(8, 5))
     for run in runs:
@@ -172,8 +189,8 @@ def write_plots(corpus: str, runs: Sequence[Run], rows: list[dict], out: Path) -
 
     fig, ax = plt.subplots(figsize=(8, 4))
     x = np.arange(len(rows))
-    ax.bar(x - 0.2, [r["bytes_up"] / 1e6 for r in rows], 0.4, label="up")
-    ax.bar(x + 0.2, [r["bytes_down"] / 1e6 for r in rows], 0.4, label="down")
+    ax.bar(x - 0.2, [r.bytes_up / 1e6 for r in rows], 0.4, label="up")
+    ax.bar(x + 0.2, [r.bytes_down / 1e6 for r in rows], 0.4, label="down")
     ax.set_xticks(x, strategies)
     ax.set(ylabel="MB per run", title=f"{corpus}: bytes moved")
     ax.legend()
@@ -185,6 +202,8 @@ def write_plots(corpus: str, runs: Sequence[Run], rows: list[dict], out: Path) -
 
 def run_bench(cfg: BenchConfig) -> Path:
     """Run every strategy and seed on every corpus; write results.md, results.json and plots."""
+    for corpus in cfg.corpora:  # timings only mean something if devices never slow each other down
+        check_fleet(load_fleet(cfg.fleets[corpus]))
     cfg.out.mkdir(parents=True, exist_ok=True)
     report = ["# fedspeech strategy benchmark", ""]
     results = {}
@@ -201,7 +220,7 @@ def run_bench(cfg: BenchConfig) -> Path:
                 )
         target = cfg.targets[corpus]
         rows = summarize(runs, target)
-        results[corpus] = {"rows": rows, "runs": [asdict(r) for r in runs]}
+        results[corpus] = {"summaries": [asdict(r) for r in rows], "runs": [asdict(r) for r in runs]}
         report.append(markdown_table(corpus, rows, target, cfg.fleets[corpus]))
         report += [f"![{p.stem}]({p.name})" for p in write_plots(corpus, runs, rows, cfg.out)] + [""]
     (cfg.out / "results.json").write_text(json.dumps(results, indent=2))

@@ -8,8 +8,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from fedspeech.coordinator.store import RoundRecord
-from fedspeech.fleet import DEFAULT_FLEETS, load_fleet
+from fedspeech.fleet import DeviceSpec, check_fleet, load_fleet
 from fedspeech.fleet_run import fleet_run
+from fedspeech.models.datasets import load_corpus, speakers
 
 log = logging.getLogger(__name__)
 
@@ -19,8 +20,8 @@ class DemoConfig:
     """What the demo runs and where it writes."""
 
     out: Path
-    fleet: Path = DEFAULT_FLEETS["fsdd"]
-    strategy: str = "hardware"
+    fleet: Path | None = None  # None: one full-speed device per FSDD speaker
+    strategy: str = "fedavg"
     rounds: int = 30
     epochs: int | None = None  # None: the coordinator's default
     broker_url: str | None = None
@@ -61,8 +62,12 @@ def write_plot(records: list[dict], path: Path) -> None:
 
 
 def run_demo(cfg: DemoConfig) -> dict:
-    """Train on the emulated fleet; write model.onnx, metrics.json and accuracy.png."""
-    fleet = load_fleet(cfg.fleet)
+    """Train on a fleet of FSDD speaker devices; write model.onnx, metrics.json and accuracy.png."""
+    if cfg.fleet is None:
+        fleet = [DeviceSpec(s, s, cpu_share=1.0) for s in speakers(load_corpus("fsdd"))]
+    else:
+        fleet = load_fleet(cfg.fleet)
+        check_fleet(fleet)
     shutil.rmtree(cfg.out / "state", ignore_errors=True)
     cfg.out.mkdir(parents=True, exist_ok=True)
     config = {"ROUNDS": cfg.rounds, "ROUND_TIMEOUT_S": cfg.round_timeout_s, "STRATEGY": cfg.strategy}
@@ -75,7 +80,7 @@ def run_demo(cfg: DemoConfig) -> dict:
     ) as run:
         names = ", ".join(f"{d.name} ({d.cpu_share:g} core, +{d.delay_ms:g} ms)" for d in fleet)
         print(f"coordinator on {run.url}, broker {run.service.broker_url}, strategy {cfg.strategy}")
-        print(f"{len(fleet)} devices from {cfg.fleet.name}: {names}")
+        print(f"{len(fleet)} devices: {names}")
         run.wait(cfg.round_timeout_s + 60, lambda r: print(_line(r, t0), flush=True))
     return _write_results(run.service.store, run.service.orchestrator.model, cfg.out, t0)
 

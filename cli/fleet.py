@@ -459,12 +459,12 @@ def launch_fleet(
     extra_args: list[str] | None = None,
     env: dict[str, str] | None = None,
 ) -> list[DeviceProcess]:
-    """check_fleet, then one device daemon per spec behind its own proxies, logged to LOG_DIR/NAME.log.
+    """One device daemon per spec behind its own proxies, logged to LOG_DIR/NAME.log.
 
     Each device runs `fedspeech client --corpus C [--data-dir D] --speaker S --device-id NAME` plus
     extra_args (topic root, max samples, ...). If one fails to start, those already started are stopped.
+    Callers that compare timings run check_fleet first.
     """
-    check_fleet(fleet)
     devices: list[DeviceProcess] = []
     try:
         for spec in fleet:
