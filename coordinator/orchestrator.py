@@ -42,6 +42,11 @@ def _optional_float(text: str | None) -> float | None:
     return None if text is None else float(text)
 
 
+def _optional_count(open_: "OpenRound") -> int:
+    """Results received from devices that were not required."""
+    return sum(d not in open_.required for d in open_.updates)
+
+
 class UpdateRejected(Exception):
     """An upload the coordinator refuses; status is the HTTP status to answer with."""
 
@@ -58,7 +63,8 @@ class OpenRound:
     started_at: float
     deadline: float
     tasks: dict[str, Task]
-    needed: int
+    needed: int  # results to aggregate from devices not required
+    required: frozenset[str]  # stale devices waited for on top of the needed results
     updates: dict[str, tuple[Arrays, UpdateRecord]] = field(default_factory=dict)
     bytes_up: int = 0
     bytes_down: int = 0
@@ -74,6 +80,7 @@ class Orchestrator:
         self._open: OpenRound | None = None
         self._global: Arrays | None = None
         self._penalties: dict[str, float] = {}  # deadline misses score a device down
+        self._last_aggregated: dict[str, int] = {}  # round each device's update was last aggregated
         self.finished = threading.Event()
 
     # -- called from HTTP handlers -------------------------------------------------------------
@@ -108,7 +115,7 @@ class Orchestrator:
                 raise UpdateRejected(409, f"no open task {meta.get('task_id')!r} for {device_id}")
             if device_id in open_.updates:
                 raise UpdateRejected(409, f"{device_id} already sent its update for round {round}")
-            if len(open_.updates) >= open_.needed:
+            if device_id not in open_.required and _optional_count(open_) >= open_.needed:
                 raise UpdateRejected(409, f"round {round} already has the {open_.needed} results it needs")
             global_ = self._global
         try:
@@ -175,6 +182,7 @@ class Orchestrator:
             e_max=self.config.epochs,
             rng=np.random.default_rng([self.config.seed, round]),
             penalties=self._penalties,
+            staleness={d: round - self._last_aggregated.get(d, 0) for d in profiles},
         )
         previous = self.store.latest_round()
         started = time.time()
@@ -201,12 +209,12 @@ class Orchestrator:
             for i, device in enumerate(plan.selected)
         }
         with self._lock:
-            self._open = OpenRound(round, started, deadline, tasks, plan.needed)
+            self._open = OpenRound(round, started, deadline, tasks, plan.needed, frozenset(plan.required))
         for device, task in tasks.items():
             self.link.publish_task(task, device)
         log.info(
-            "round %d: %s selected %d of %d devices, aggregating the first %d",
-            round, self.strategy.name, len(tasks), len(devices), plan.needed,
+            "round %d: %s selected %d of %d devices, aggregating the first %d and waiting for %s",
+            round, self.strategy.name, len(tasks), len(devices), plan.needed, plan.required or "no other",
         )  # fmt: skip
 
         with self._lock:
@@ -220,7 +228,7 @@ class Orchestrator:
         on_time = set(open_.updates)
         # Only a device that let the round run into its deadline is scored down; one merely beaten to
         # the first K results by faster devices is not.
-        missed = time.time() >= deadline and len(on_time) < plan.needed
+        missed = time.time() >= deadline and not self._all_in(open_)
         self._penalties = update_penalties(self._penalties, plan.selected if missed else on_time, on_time)
         if len(open_.updates) < min(self.config.min_results, plan.needed):
             log.warning(
@@ -229,6 +237,7 @@ class Orchestrator:
             )  # fmt: skip
             return None
         results = sorted(open_.updates.values(), key=lambda u: u[1].device_id)
+        self._last_aggregated.update({r.device_id: round for _, r in results})
         new = aggregate(
             self.strategy,
             [a for a, _ in results],
@@ -240,11 +249,11 @@ class Orchestrator:
         )
 
     def _all_in(self, open_: OpenRound) -> bool:
-        """Whether the round has the results it needs, or every selected device still online has answered."""
-        if len(open_.updates) >= open_.needed:
-            return True
+        """Whether the round has its needed results and its required devices, or all devices still online."""
         online = set(self.link.online())
-        return all(d in open_.updates or d not in online for d in open_.tasks)
+        answered = [d in open_.updates or d not in online for d in open_.tasks]
+        required_in = all(d in open_.updates or d not in online for d in open_.required)
+        return all(answered) or (required_in and _optional_count(open_) >= open_.needed)
 
     def _wait_for_devices(self, stop: threading.Event) -> list[str]:
         registered = set()

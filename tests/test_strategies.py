@@ -276,3 +276,23 @@ def test_plan_refuses_bad_arguments():
         plan("fedavg", k=0)
     with pytest.raises(ValueError):
         plan_round(STRATEGIES["fedavg"], POOL, k=2, e_max=0, rng=np.random.default_rng(0))
+
+
+def test_stale_devices_are_required_on_top_of_the_first_k():
+    strategy = dataclasses.replace(STRATEGIES["hardware"], explore=0.0)
+    assert strategy.max_staleness == 5
+
+    def stale_plan(staleness: dict[str, int]) -> RoundPlan:
+        return plan_round(strategy, POOL, k=2, e_max=4, rng=np.random.default_rng(0), staleness=staleness)
+
+    fresh = stale_plan({"d3": 4, "d4": 4})
+    assert fresh.selected == ["d0", "d1", "d2"] and fresh.required == [] and fresh.needed == 2
+    stale = stale_plan({"d1": 9, "d3": 5, "d4": 4})
+    # d3 (5 rounds) is waited for; d1, stale too, is among the best K anyway; d4 (4 rounds) is not asked
+    assert stale.selected == ["d0", "d1", "d2", "d3"] and stale.required == ["d3"] and stale.needed == 2
+    assert stale.epochs["d3"] == 1  # 4 * .2875 / 1.0 = 1.15
+    off = plan_round(
+        dataclasses.replace(strategy, max_staleness=0), POOL, k=2, e_max=4,
+        rng=np.random.default_rng(0), staleness={"d4": 99},
+    )  # fmt: skip
+    assert off.required == [] and "d4" not in off.selected
