@@ -17,18 +17,12 @@ from pathlib import Path
 import paho.mqtt.client as mqtt
 import pytest
 
+from fedspeech.fleet_run import free_port  # noqa: F401 - the tests import it from here
 from fedspeech.protocol import messages, weights
 from fedspeech.protocol.messages import Credentials, DeviceStatus, Profile, Registration, Task
 from fedspeech.protocol.topics import Topics, parse_broker_url
 
 MOSQUITTO = ("127.0.0.1", 1883)
-
-
-def free_port() -> int:
-    """A TCP port nothing listens on right now."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def wait_for(predicate: Callable[[], object], timeout: float, what: str, interval: float = 0.2):

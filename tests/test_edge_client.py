@@ -20,6 +20,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import numpy as np
 import paho.mqtt.client as mqtt
 import pytest
+from conftest import free_port
 
 from fedspeech.edge_client import ClientConfig, measure_profile, run_client
 from fedspeech.protocol import messages, weights
@@ -308,12 +309,6 @@ def test_unknown_token_registers_again_and_retries(fleet: Fleet) -> None:
         fleet.publish_task(messages.encode(make_task(blob=fleet.coordinator.blob)))
         wait_until(lambda: fleet.coordinator.uploads)
     assert len(fleet.coordinator.registrations) == 2
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def listening(port: int) -> bool:
