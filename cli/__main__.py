@@ -163,10 +163,9 @@ def main(argv: list[str] | None = None) -> None:
     """Entry point of the `fedspeech` command."""
     args = build_parser().parse_args(argv)
     quiet = args.command in ("demo", "bench")  # they print their own progress lines
-    logging.basicConfig(
-        level=logging.DEBUG if args.verbose else logging.WARNING if quiet else logging.INFO,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
+    level = logging.DEBUG if args.verbose else logging.WARNING if quiet else logging.INFO
+    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("werkzeug").setLevel(max(level, logging.INFO))  # it would log every request
     args.run(args)
 
 

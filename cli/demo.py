@@ -78,7 +78,10 @@ def run_demo(cfg: DemoConfig) -> dict:
     with fleet_run(
         fleet, "fsdd", cfg.out, broker_url=cfg.broker_url, port=cfg.port, device_args=device_args, **config
     ) as run:
-        names = ", ".join(f"{d.name} ({d.cpu_share:g} core, +{d.delay_ms:g} ms)" for d in fleet)
+        names = ", ".join(
+            d.name if cfg.fleet is None else f"{d.name} ({d.cpu_share:g} core, +{d.delay_ms:g} ms)"
+            for d in fleet
+        )
         print(f"coordinator on {run.url}, broker {run.service.broker_url}, strategy {cfg.strategy}")
         print(f"{len(fleet)} devices: {names}")
         run.wait(cfg.round_timeout_s + 60, lambda r: print(_line(r, t0), flush=True))
