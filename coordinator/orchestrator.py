@@ -98,6 +98,9 @@ class Orchestrator:
 
     def receive_update(self, round: int, token: str, body: bytes, digest: str) -> str:
         """Check an upload and keep it for aggregation; return the device id or raise UpdateRejected."""
+        with self._lock:  # every body received counts as traffic, late or rejected ones too
+            if self._open is not None:
+                self._open.bytes_up += len(body)
         device_id = self.store.device_for_token(token)
         if device_id is None:
             raise UpdateRejected(401, "unknown bearer token")
@@ -135,7 +138,6 @@ class Orchestrator:
             if self._open is not open_ or device_id in open_.updates:
                 raise UpdateRejected(409, f"round {round} closed while the update was checked")
             open_.updates[device_id] = (arrays, record)
-            open_.bytes_up += len(body)
             self._lock.notify_all()
         log.info("round %d: update from %s accepted (%d samples)", round, device_id, record.num_samples)
         return device_id

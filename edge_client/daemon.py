@@ -26,6 +26,8 @@ log = logging.getLogger(__name__)
 
 DOWNLOAD_ATTEMPTS = 4
 HTTP_TIMEOUT = 60.0
+WARM_UP_SAMPLES = 32
+WARM_UP_BATCH = 16  # the coordinator's default, so the first seconds per sample is comparable
 
 
 @dataclass
@@ -63,6 +65,7 @@ class _Daemon:
     client: mqtt.Client | None = None
     tasks: queue.Queue[Task] = field(default_factory=queue.Queue)
     seen_tasks: set[str] = field(default_factory=set)
+    withdrawn: set[str] = field(default_factory=set)  # tasks whose round closed before they were done
     waveforms: dict[tuple[int, int], tuple[Any, Any]] = field(default_factory=dict)
     model: tuple[ModelSpec, Any] | None = None
     status_lock: threading.Lock = field(default_factory=threading.Lock)
@@ -98,12 +101,13 @@ def _install_signal_handlers(stop: threading.Event) -> Callable[[], None]:
 
 
 def _run(config: ClientConfig, stop: threading.Event) -> None:
-    clips = _train_clips(config)
-    profile = measure_profile(rtt_ms=measure_rtt_ms(config.coordinator_url))
-    daemon = _Daemon(config, stop, Topics(config.topic_root), clips, profile)
+    corpus, clips = _train_clips(config)
+    daemon = _Daemon(config, stop, Topics(config.topic_root), clips, measure_profile())
+    seconds_per_sample = _warm_up(daemon, corpus)
+    daemon.profile = measure_profile(seconds_per_sample, measure_rtt_ms(config.coordinator_url))
     if not _register(daemon):
         return
-    daemon.status = DeviceStatus(config.device_id, "online", len(clips), profile)
+    daemon.status = DeviceStatus(config.device_id, "online", len(clips), daemon.profile)
     _connect(daemon)
     try:
         while not stop.is_set():
@@ -116,13 +120,37 @@ def _run(config: ClientConfig, stop: threading.Event) -> None:
         _go_offline(daemon)
 
 
-def _train_clips(config: ClientConfig) -> list[Any]:
-    """The speaker's training clips, capped at max_samples."""
+def _train_clips(config: ClientConfig) -> tuple[Any, list[Any]]:
+    """The corpus and the speaker's training clips, capped at max_samples."""
     from fedspeech.models.datasets import client_clips, load_corpus
 
     corpus = load_corpus(config.corpus, config.data_dir)
     train, _ = client_clips(corpus, config.speaker)
-    return train[: config.max_samples] if config.max_samples is not None else train
+    return corpus, train[: config.max_samples] if config.max_samples is not None else train
+
+
+def _warm_up(daemon: _Daemon, corpus: Any) -> float | None:
+    """Load torch, the model and the local audio before going online; return a first seconds per sample.
+
+    A slow device spends a minute here; done before registering, it is not charged to its first round.
+    The figure comes from training the real model briefly on a few local clips (the second of two passes,
+    so one-off allocation is not counted); the first real task replaces it.
+    """
+    from fedspeech.models.datasets import default_spec
+    from fedspeech.models.train import train_local
+
+    if not daemon.clips:
+        return None
+    spec = default_spec(corpus)
+    model = _model(daemon, spec)
+    waveforms, labels = _waveforms(daemon, spec)
+    few = slice(0, WARM_UP_SAMPLES)
+    for _ in range(2):
+        result = train_local(
+            model, waveforms[few], labels[few], epochs=1, batch_size=WARM_UP_BATCH, learning_rate=0.0
+        )
+    log.info("warmed up: %d clips loaded, %.4f s per training sample", len(labels), result.seconds_per_sample)
+    return result.seconds_per_sample
 
 
 # ---- HTTP ----
@@ -240,7 +268,10 @@ def _publish_status(daemon: _Daemon, status: DeviceStatus | None = None) -> mqtt
 def _on_task_message(daemon: _Daemon, payload: bytes) -> None:
     """Queue a valid, new, unexpired task; log and drop anything else (runs on the MQTT thread)."""
     if not payload:
-        return  # the coordinator cleared the retained task: no work
+        # The coordinator clears the task when its round closes: whatever is not done yet is not wanted,
+        # and uploading it would only cost the device's bandwidth.
+        daemon.withdrawn.update(daemon.seen_tasks)
+        return
     try:
         task = messages.decode(payload, Task)
     except messages.ProtocolError as exc:
@@ -281,12 +312,14 @@ def _do_task(daemon: _Daemon, task: Task) -> None:
     try:
         if task.deadline < time.time():
             raise _Drop("its deadline passed while it was queued")
+        _check_wanted(daemon, task)
         training = DeviceStatus(config.device_id, "training", len(daemon.clips), daemon.profile, task.round)
         _publish_status(daemon, training)
         data = _download(daemon, task)
         arrays, _ = weights.decode(data)
         model = _model(daemon, task.spec)
         result, upload = _train(daemon, model, arrays, task)
+        _check_wanted(daemon, task)
         _upload(daemon, task, upload)
         seconds_per_sample = result.seconds_per_sample
         log.info(
@@ -304,6 +337,12 @@ def _do_task(daemon: _Daemon, task: Task) -> None:
         log.exception("task %s of round %d failed", task.task_id, task.round)
     daemon.profile = measure_profile(seconds_per_sample, measure_rtt_ms(config.coordinator_url))
     _publish_status(daemon, DeviceStatus(config.device_id, "online", len(daemon.clips), daemon.profile))
+
+
+def _check_wanted(daemon: _Daemon, task: Task) -> None:
+    """Raise _Drop if the coordinator withdrew the task (its round took the results it needed)."""
+    if task.task_id in daemon.withdrawn:
+        raise _Drop("the coordinator withdrew it: its round closed")
 
 
 def _download(daemon: _Daemon, task: Task) -> bytes:
@@ -338,14 +377,10 @@ def _model(daemon: _Daemon, spec: ModelSpec) -> Any:
 
 def _train(daemon: _Daemon, model: Any, arrays: weights.Arrays, task: Task) -> tuple[Any, bytes]:
     """Train from the given weights on local data; return the result and the encoded weights to upload."""
-    from fedspeech.models.datasets import load_waveforms
     from fedspeech.models.train import get_arrays, set_arrays, train_local
 
     weights.check_like(arrays, get_arrays(model))
-    key = (task.spec.sample_rate, task.spec.num_samples)
-    if key not in daemon.waveforms:
-        daemon.waveforms[key] = load_waveforms(daemon.clips, *key)
-    waveforms, labels = daemon.waveforms[key]
+    waveforms, labels = _waveforms(daemon, task.spec)
     set_arrays(model, arrays)
     result = train_local(
         model,
@@ -366,6 +401,16 @@ def _train(daemon: _Daemon, model: Any, arrays: weights.Arrays, task: Task) -> t
         "seconds_per_sample": str(result.seconds_per_sample),
     }
     return result, weights.encode(get_arrays(model), metadata=metadata)
+
+
+def _waveforms(daemon: _Daemon, spec: ModelSpec) -> tuple[Any, Any]:
+    """The local clips as waveforms and labels at the spec's rate and length, loaded once per shape."""
+    from fedspeech.models.datasets import load_waveforms
+
+    key = (spec.sample_rate, spec.num_samples)
+    if key not in daemon.waveforms:
+        daemon.waveforms[key] = load_waveforms(daemon.clips, *key)
+    return daemon.waveforms[key]
 
 
 def _upload(daemon: _Daemon, task: Task, body: bytes) -> None:

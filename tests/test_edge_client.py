@@ -55,6 +55,7 @@ class CoordinatorDouble:
     downloads: list[str] = field(default_factory=list)
     uploads: list[Upload] = field(default_factory=list)
     reject_tokens: int = 0  # answer this many uploads with 401, as a restarted coordinator would
+    download_delay_s: float = 0.0  # a slow link: the weights arrive this long after they are asked for
     server: ThreadingHTTPServer | None = None
 
     @property
@@ -81,6 +82,7 @@ class CoordinatorDouble:
                     self.reply(200, b"{}")
                 elif self.path == BLOB_PATH:
                     double.downloads.append(self.path)
+                    time.sleep(double.download_delay_s)
                     self.reply(200, double.blob, "application/octet-stream")
                 else:
                     self.reply(404, b'{"error": "not found"}')
@@ -243,6 +245,7 @@ def test_full_task_round_trip(fleet: Fleet, reference: weights.Arrays) -> None:
         online = messages.decode(retained(fleet.topics.status(fleet.device_id)), DeviceStatus)
         assert (online.state, online.num_samples) == ("online", MAX_SAMPLES)
         assert online.profile.cpu_count >= 1 and online.profile.ram_available_mb > 0
+        assert online.profile.seconds_per_sample > 0  # measured while warming up, before the first task
 
         fleet.publish_task(messages.encode(make_task("task-1", blob=coordinator.blob)))
         wait_until(lambda: coordinator.uploads)
@@ -265,6 +268,23 @@ def test_full_task_round_trip(fleet: Fleet, reference: weights.Arrays) -> None:
     offline = messages.decode(retained(fleet.topics.status(fleet.device_id)), DeviceStatus)
     assert offline.state == "offline"
     assert len(coordinator.uploads) == 1  # the retained task re-delivered by the broker is not redone
+
+
+def test_task_withdrawn_before_upload_is_not_uploaded(fleet: Fleet, caplog: pytest.LogCaptureFixture) -> None:
+    coordinator = fleet.coordinator
+    coordinator.download_delay_s = 2.0
+    with running_daemon(fleet):
+        fleet.publish_task(messages.encode(make_task("task-1", blob=coordinator.blob)))
+        wait_until(lambda: coordinator.downloads)
+        fleet.publish_task(b"")  # the round closed with other devices' results
+        wait_until(lambda: warnings_about(caplog, "withdrew it"))
+        assert coordinator.uploads == []
+        wait_until(lambda: fleet.statuses()[-1].state == "online")
+
+        coordinator.download_delay_s = 0.0
+        fleet.publish_task(messages.encode(make_task("task-2", blob=coordinator.blob)))
+        wait_until(lambda: coordinator.uploads)  # the next round's task is done as usual
+        assert [u.path for u in coordinator.uploads] == ["/api/uploads/task-2"]
 
 
 def test_malformed_tasks_are_logged_and_dropped(fleet: Fleet, caplog: pytest.LogCaptureFixture) -> None:
