@@ -8,6 +8,7 @@ import threading
 from pathlib import Path
 
 from fedspeech.coordinator.strategy import STRATEGIES
+from fedspeech.models import MODELS
 from fedspeech.protocol.topics import DEFAULT_ROOT
 
 
@@ -31,6 +32,10 @@ def _coordinator(args: argparse.Namespace) -> None:
         "LEARNING_RATE": args.lr,
         "STRATEGY": args.strategy,
         "K": args.k,
+        "MODEL": args.model,
+        "MODEL_DEPTH": args.depth,
+        "DEPTH_SCHEDULE": args.depth_schedule,
+        "DEPTH_STAGES": args.depth_stages,
     }
     app = create_app({k: v for k, v in config.items() if v is not None})
     service = app.extensions["fedspeech"]
@@ -45,21 +50,28 @@ def _coordinator(args: argparse.Namespace) -> None:
 
 
 def _client(args: argparse.Namespace) -> None:
-    from fedspeech.edge_client.daemon import ClientConfig, run_client
+    from fedspeech.edge_client.daemon import ClientConfig, run_client, run_clients
 
-    run_client(
+    if len(args.speaker) > 1 and args.device_id:
+        raise SystemExit("--device-id names one device; with several --speaker each is named by its speaker")
+    configs = [
         ClientConfig(
             coordinator_url=args.coordinator,
             broker_url=args.broker,
-            device_id=args.device_id or args.speaker,
+            device_id=args.device_id or speaker,
             corpus=args.corpus,
-            speaker=args.speaker,
+            speaker=speaker,
             data_dir=args.data_dir,
             topic_root=args.topic_root,
             max_samples=args.max_samples,
             torch_threads=args.threads,
         )
-    )
+        for speaker in args.speaker
+    ]
+    if len(configs) == 1:
+        run_client(configs[0])
+    else:
+        run_clients(configs)
 
 
 def _demo(args: argparse.Namespace) -> None:
@@ -80,20 +92,31 @@ def _demo(args: argparse.Namespace) -> None:
 
 
 def _bench_strategies(args: argparse.Namespace) -> None:
-    from fedspeech.bench import BenchConfig, run_bench
+    from fedspeech.bench import run_bench, strategies_config
 
     corpora = args.corpus or (["fsdd", "emodb"] if args.data_dir else ["fsdd"])
     run_bench(
-        BenchConfig(
-            out=args.out,
+        strategies_config(
+            args.out,
+            args.strategy or list(STRATEGIES),
+            args.k,
             corpora=corpora,
-            strategies=args.strategy or list(STRATEGIES),
             seeds=args.seeds,
             rounds=args.rounds,
-            k=args.k,
             data_dir=args.data_dir,
         )
     )
+
+
+def _bench_growing(args: argparse.Namespace) -> None:
+    from dataclasses import replace
+
+    from fedspeech.bench import DEFAULT_TARGETS, growing_config, run_bench
+
+    cfg = growing_config(args.out, args.data_dir, seeds=args.seeds, rounds=args.rounds)
+    targets = dict(DEFAULT_TARGETS) | dict(target.split("=") for target in args.target or [])
+    cfg = replace(cfg, corpora=args.corpus or cfg.corpora, targets={k: float(v) for k, v in targets.items()})
+    run_bench(cfg)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -121,6 +144,10 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--lr", type=float, help="local learning rate")
     c.add_argument("--strategy", choices=list(STRATEGIES), help="how devices are picked and weighted")
     c.add_argument("--k", type=int, help="devices aggregated per round by top-K and random-K strategies")
+    c.add_argument("--model", choices=MODELS, help="architecture (default cnn)")
+    c.add_argument("--depth", type=int, help="a transformer's full-grown number of encoder blocks")
+    c.add_argument("--depth-schedule", help="constant, linear (default) or depths per stage, e.g. 1,2,4")
+    c.add_argument("--depth-stages", type=int, help="stages of the linear schedule (default: one per block)")
     c.set_defaults(run=_coordinator)
 
     d = sub.add_parser("client", help="run the device daemon")
@@ -128,7 +155,12 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--broker", default="mqtt://127.0.0.1:1883", help="mqtt://host:port")
     d.add_argument("--device-id", help="device id (default: the speaker)")
     d.add_argument("--corpus", default="fsdd")
-    d.add_argument("--speaker", required=True, help="whose recordings are this device's local data")
+    d.add_argument(
+        "--speaker",
+        action="append",
+        required=True,
+        help="whose recordings are this device's local data (repeat it to host a device per speaker)",
+    )
     d.add_argument("--data-dir", type=Path, help="folder holding the corpora (default: bundled data/)")
     d.add_argument("--topic-root", default=DEFAULT_ROOT)
     d.add_argument("--max-samples", type=int, help="train on at most this many local clips")
@@ -156,6 +188,14 @@ def build_parser() -> argparse.ArgumentParser:
     bs.add_argument("--rounds", type=int, default=20)
     bs.add_argument("--k", type=int, default=3, help="devices aggregated per round by top-K strategies")
     bs.set_defaults(run=_bench_strategies)
+    bg = b.add_parser("growing", help="fixed-depth against growing transformers, and the growth ablations")
+    bg.add_argument("--out", type=Path, default=Path("fedspeech-bench-growing"), help="where results go")
+    bg.add_argument("--corpus", action="append", choices=["fsdd", "speech_commands"], help="repeatable")
+    bg.add_argument("--data-dir", type=Path, help="folder holding the corpora (needed for speech_commands)")
+    bg.add_argument("--seeds", type=int, default=3)
+    bg.add_argument("--rounds", type=int, default=20)
+    bg.add_argument("--target", action="append", help="CORPUS=ACCURACY for time to target, repeatable")
+    bg.set_defaults(run=_bench_growing)
     return parser
 
 

@@ -1,21 +1,50 @@
-"""`fedspeech bench strategies`: every strategy on the same emulated fleet, data split and seeds, compared."""
+"""Benchmarks that train for real: `fedspeech bench strategies` and `fedspeech bench growing`.
+
+Each compares arms (coordinator settings: a strategy, a model and its depth schedule) on the same
+emulated fleet, data split and seeds, and reports them against a baseline arm.
+"""
 
 import json
 import logging
 import shutil
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from fedspeech.coordinator.store import RoundRecord
-from fedspeech.fleet import DEFAULT_FLEETS, check_fleet, load_fleet
+from fedspeech.coordinator.strategy import STRATEGIES
+from fedspeech.fleet import DEFAULT_FLEETS, FLEETS_DIR, DeviceSpec, check_fleet, hosted_fleet, load_fleet
 from fedspeech.fleet_run import fleet_run
 
 log = logging.getLogger(__name__)
 
-DEFAULT_TARGETS = {"fsdd": 0.95, "emodb": 0.5}
+DEFAULT_TARGETS = {"fsdd": 0.95, "emodb": 0.5, "speech_commands": 0.5}
+
+
+@dataclass(frozen=True)
+class Arm:
+    """One contender: a name and the coordinator settings that make it."""
+
+    name: str
+    settings: Mapping[str, Any]
+
+
+def strategy_arms(names: Sequence[str], k: int) -> list[Arm]:
+    """One arm per strategy, each aggregating k devices where it selects."""
+    return [Arm(name, {"STRATEGY": name, "K": k}) for name in names]
+
+
+# seed 003: the full-depth transformer from round 1 against the one growing a block per stage, and the
+# growing one without each of its stabilisers
+GROWING_ARMS = [
+    Arm("fixed", {"MODEL": "transformer", "DEPTH_SCHEDULE": "constant"}),
+    Arm("growing", {"MODEL": "transformer", "DEPTH_SCHEDULE": "linear"}),
+    Arm("growing_post_ln", {"MODEL": "transformer_post_ln", "DEPTH_SCHEDULE": "linear"}),
+    Arm("growing_unscaled", {"MODEL": "transformer_unscaled", "DEPTH_SCHEDULE": "linear"}),
+]
 
 
 @dataclass(frozen=True)
@@ -23,15 +52,54 @@ class BenchConfig:
     """What to compare, on what, how often."""
 
     out: Path
+    arms: Sequence[Arm]
+    baseline: str  # the arm the others are measured against
+    title: str = "fedspeech benchmark"
     corpora: Sequence[str] = ("fsdd", "emodb")
-    strategies: Sequence[str] = ("fedavg", "fedprox", "random_k", "hardware", "topk_only", "epochs_only")
     seeds: int = 3
     rounds: int = 20
-    k: int = 3
     data_dir: Path | None = None
-    fleets: dict[str, Path] = field(default_factory=lambda: dict(DEFAULT_FLEETS))
-    targets: dict[str, float] = field(default_factory=lambda: dict(DEFAULT_TARGETS))
+    fleets: Mapping[str, list[DeviceSpec]] = field(default_factory=dict)  # default: load DEFAULT_FLEETS
+    corpus_settings: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)  # per-corpus extras
+    targets: Mapping[str, float] = field(default_factory=lambda: dict(DEFAULT_TARGETS))
     round_timeout_s: float = 120.0
+
+    def fleet(self, corpus: str) -> list[DeviceSpec]:
+        """The corpus' emulated fleet."""
+        return self.fleets[corpus] if corpus in self.fleets else load_fleet(DEFAULT_FLEETS[corpus])
+
+
+def strategies_config(
+    out: Path, strategies: Sequence[str] = tuple(STRATEGIES), k: int = 3, **kw: Any
+) -> BenchConfig:
+    """`bench strategies`: every strategy on the Pi-mix fleets, against FedAvg."""
+    return BenchConfig(out, strategy_arms(strategies, k), "fedavg", "fedspeech strategy benchmark", **kw)
+
+
+def growing_config(out: Path, data_dir: Path | None = None, hosts: int = 6, **kw: Any) -> BenchConfig:
+    """`bench growing`: fixed-depth against growing transformers, FSDD on pi4-wifi and Speech Commands.
+
+    Speech Commands has a device per speaker with training clips (over 200), hosted `hosts` to a
+    process at a Pi 4's 0.25 core each; every round samples 30 of them at random, as the seed does.
+    """
+    from fedspeech.models.datasets import client_clips, load_corpus, speakers
+
+    fleets = {"fsdd": load_fleet(FLEETS_DIR / "pi4-wifi.toml")}
+    if data_dir is not None:
+        corpus = load_corpus("speech_commands", data_dir)
+        trainers = [s for s in speakers(corpus) if client_clips(corpus, s)[0]]
+        fleets["speech_commands"] = hosted_fleet(trainers, hosts, cpu_share=0.25)
+    return BenchConfig(
+        out,
+        GROWING_ARMS,
+        "fixed",
+        "fedspeech growing-transformer benchmark",
+        corpora=list(fleets),
+        data_dir=data_dir,
+        fleets=fleets,
+        corpus_settings={"speech_commands": {"STRATEGY": "random_k", "K": 30}},
+        **kw,
+    )
 
 
 @dataclass(frozen=True)
@@ -39,7 +107,7 @@ class Run:
     """One training run: its rounds as stored, times counted from t0, the start of its first round."""
 
     corpus: str
-    strategy: str
+    arm: str
     seed: int
     rounds: list[RoundRecord]
     t0: float
@@ -63,18 +131,22 @@ class Run:
         """Seconds until the global model first reached the target accuracy, or None."""
         return next((r.finished_at - self.t0 for r in self.rounds if r.accuracy >= target), None)
 
+    def rounds_to(self, target: float) -> int | None:
+        """The first round whose global model reached the target accuracy, or None."""
+        return next((r.round for r in self.rounds if r.accuracy >= target), None)
 
-def run_once(cfg: BenchConfig, corpus: str, strategy: str, seed: int) -> Run:
-    """Train one strategy once on the corpus' fleet, with an embedded broker and throttled devices."""
-    run_dir = cfg.out / "runs" / f"{corpus}-{strategy}-{seed}"
+
+def run_once(cfg: BenchConfig, corpus: str, arm: Arm, seed: int) -> Run:
+    """Train one arm once on the corpus' fleet, with an embedded broker and throttled devices."""
+    run_dir = cfg.out / "runs" / f"{corpus}-{arm.name}-{seed}"
     shutil.rmtree(run_dir, ignore_errors=True)
-    settings = {"ROUNDS": cfg.rounds, "ROUND_TIMEOUT_S": cfg.round_timeout_s, "MIN_RESULTS": 1}
-    settings |= {"STRATEGY": strategy, "K": cfg.k, "SEED": seed}
-    with fleet_run(load_fleet(cfg.fleets[corpus]), corpus, run_dir, data_dir=cfg.data_dir, **settings) as run:
+    settings = {"ROUNDS": cfg.rounds, "ROUND_TIMEOUT_S": cfg.round_timeout_s, "MIN_RESULTS": 1, "SEED": seed}
+    settings |= {**cfg.corpus_settings.get(corpus, {}), **arm.settings}
+    with fleet_run(cfg.fleet(corpus), corpus, run_dir, data_dir=cfg.data_dir, **settings) as run:
         run.wait(cfg.round_timeout_s + 60)
     rounds = run.service.store.rounds()[1:]
-    # Timed from the first round: device start-up (imports, loading data) is the same for every strategy.
-    return Run(corpus, strategy, seed, rounds, rounds[0].started_at)
+    # Timed from the first round: device start-up (imports, loading data) is the same for every arm.
+    return Run(corpus, arm.name, seed, rounds, rounds[0].started_at)
 
 
 def _welch(a: Sequence[float], b: Sequence[float]) -> tuple[float, float]:
@@ -91,19 +163,20 @@ def _welch(a: Sequence[float], b: Sequence[float]) -> tuple[float, float]:
 
 @dataclass(frozen=True)
 class Summary:
-    """One strategy's runs condensed: accuracy, time to target, wall time, bytes, p and d against FedAvg."""
+    """One arm's runs condensed: accuracy, time and rounds to target, wall time, bytes, p and d."""
 
-    strategy: str
+    arm: str
     runs: int
     accuracy_mean: float
     accuracy_std: float
     time_to_target_s: float | None  # mean over the runs that reached it
+    rounds_to_target: float | None  # likewise
     reached_target: int
     wall_s: float
     bytes_up: float
     bytes_down: float
-    p_vs_fedavg: float
-    d_vs_fedavg: float
+    p_vs_baseline: float  # Welch's t-test on final accuracy
+    d_vs_baseline: float  # Cohen's d on final accuracy
 
     @property
     def bytes_total(self) -> float:
@@ -111,75 +184,80 @@ class Summary:
         return self.bytes_up + self.bytes_down
 
 
-def summarize(runs: Sequence[Run], target: float) -> list[Summary]:
-    """One summary per strategy, in the order the strategies first appear."""
-    by_strategy: dict[str, list[Run]] = {}
+def summarize(runs: Sequence[Run], target: float, baseline: str) -> list[Summary]:
+    """One summary per arm, in the order the arms first appear."""
+    by_arm: dict[str, list[Run]] = {}
     for run in runs:
-        by_strategy.setdefault(run.strategy, []).append(run)
-    baseline = [r.final_accuracy for r in by_strategy.get("fedavg", [])]
+        by_arm.setdefault(run.arm, []).append(run)
+    reference = [r.final_accuracy for r in by_arm.get(baseline, [])]
     summaries = []
-    for strategy, group in by_strategy.items():
+    for arm, group in by_arm.items():
         acc = [r.final_accuracy for r in group]
-        reached = [t for r in group if (t := r.time_to(target)) is not None]
-        p, d = _welch(acc, baseline) if strategy != "fedavg" else (float("nan"), float("nan"))
+        times = [t for r in group if (t := r.time_to(target)) is not None]
+        rounds = [n for r in group if (n := r.rounds_to(target)) is not None]
+        p, d = _welch(acc, reference) if arm != baseline else (float("nan"), float("nan"))
         summaries.append(
             Summary(
-                strategy=strategy,
+                arm=arm,
                 runs=len(group),
                 accuracy_mean=float(np.mean(acc)),
                 accuracy_std=float(np.std(acc, ddof=1)) if len(acc) > 1 else 0.0,
-                time_to_target_s=float(np.mean(reached)) if reached else None,
-                reached_target=len(reached),
+                time_to_target_s=float(np.mean(times)) if times else None,
+                rounds_to_target=float(np.mean(rounds)) if rounds else None,
+                reached_target=len(times),
                 wall_s=float(np.mean([r.wall_s for r in group])),
                 bytes_up=float(np.mean([sum(x.bytes_up for x in r.rounds) for r in group])),
                 bytes_down=float(np.mean([sum(x.bytes_down for x in r.rounds) for r in group])),
-                p_vs_fedavg=p,
-                d_vs_fedavg=d,
+                p_vs_baseline=p,
+                d_vs_baseline=d,
             )
         )
     return summaries
 
 
-def markdown_table(corpus: str, rows: list[Summary], target: float, fleet: Path) -> str:
-    """The summaries as a markdown table, with wall time and bytes as ratios to FedAvg."""
-    base = next((r for r in rows if r.strategy == "fedavg"), None)
+def markdown_table(corpus: str, rows: list[Summary], target: float, fleet: str, baseline: str) -> str:
+    """The summaries as a markdown table, with time and bytes also as ratios to the baseline."""
+    base = next((r for r in rows if r.arm == baseline), None)
+
+    def ratio(value: float | None, of: float | None) -> str:
+        return f"{value / of:.2f}x" if value is not None and of else "-"
+
     lines = [
-        f"### {corpus} on {fleet.name} (target accuracy {target:.2f})",
+        f"### {corpus} on {fleet} (target accuracy {target:.2f})",
         "",
-        "| strategy | runs | final accuracy | time to target (s) | wall (s) | wall vs FedAvg "
-        "| MB up | MB down | bytes vs FedAvg | p vs FedAvg | d vs FedAvg |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        f"| arm | runs | final accuracy | rounds to target | time to target (s) | vs {baseline} | wall (s) "
+        f"| vs {baseline} | MB up | MB down | bytes vs {baseline} | p vs {baseline} | d vs {baseline} |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for row in rows:
-        ttt = (
-            f"{row.time_to_target_s:.1f} ({row.reached_target}/{row.runs})"
-            if row.time_to_target_s is not None
-            else f"not reached (0/{row.runs})"
-        )
-        wall_ratio = f"{row.wall_s / base.wall_s:.2f}x" if base else "-"
-        bytes_ratio = f"{row.bytes_total / base.bytes_total:.2f}x" if base and base.bytes_total else "-"
+        reached = f"({row.reached_target}/{row.runs})"
+        rounds = f"{row.rounds_to_target:.1f} {reached}" if row.rounds_to_target is not None else "-"
+        time = f"{row.time_to_target_s:.1f} {reached}" if row.time_to_target_s is not None else "not reached"
+        accuracy = f"{row.accuracy_mean:.4f} ± {row.accuracy_std:.4f}"
         lines.append(
-            f"| {row.strategy} | {row.runs} | {row.accuracy_mean:.4f} ± {row.accuracy_std:.4f} | {ttt} "
-            f"| {row.wall_s:.1f} | {wall_ratio} | {row.bytes_up / 1e6:.2f} | {row.bytes_down / 1e6:.2f} "
-            f"| {bytes_ratio} | {row.p_vs_fedavg:.3f} | {row.d_vs_fedavg:.2f} |"
+            f"| {row.arm} | {row.runs} | {accuracy} | {rounds} | {time} "
+            f"| {ratio(row.time_to_target_s, base and base.time_to_target_s)} | {row.wall_s:.1f} "
+            f"| {ratio(row.wall_s, base and base.wall_s)} | {row.bytes_up / 1e6:.2f} "
+            f"| {row.bytes_down / 1e6:.2f} | {ratio(row.bytes_total, base and base.bytes_total)} "
+            f"| {row.p_vs_baseline:.3f} | {row.d_vs_baseline:.2f} |"
         )
     return "\n".join(lines) + "\n"
 
 
 def write_plots(corpus: str, runs: Sequence[Run], rows: list[Summary], out: Path) -> list[Path]:
-    """Accuracy against wall time (one line per run) and bytes per strategy, as PNGs."""
+    """Accuracy against wall time (one line per run) and bytes per arm, as PNGs."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    strategies = [r.strategy for r in rows]
-    colors = {s: plt.cm.tab10(i) for i, s in enumerate(strategies)}
+    arms = [r.arm for r in rows]
+    colors = {s: plt.cm.tab10(i) for i, s in enumerate(arms)}
     fig, ax = plt.subplots(figsize=(8, 5))
     for run in runs:
-        label = run.strategy if run.seed == min(r.seed for r in runs if r.strategy == run.strategy) else None
+        label = run.arm if run.seed == min(r.seed for r in runs if r.arm == run.arm) else None
         elapsed = [r.finished_at - run.t0 for r in run.rounds]
-        ax.plot(elapsed, [r.accuracy for r in run.rounds], color=colors[run.strategy], alpha=0.7, label=label)
+        ax.plot(elapsed, [r.accuracy for r in run.rounds], color=colors[run.arm], alpha=0.7, label=label)
     ax.set(xlabel="wall time (s)", ylabel="held-out accuracy", title=f"{corpus}: accuracy over time")
     ax.grid(alpha=0.3)
     ax.legend()
@@ -191,7 +269,7 @@ def write_plots(corpus: str, runs: Sequence[Run], rows: list[Summary], out: Path
     x = np.arange(len(rows))
     ax.bar(x - 0.2, [r.bytes_up / 1e6 for r in rows], 0.4, label="up")
     ax.bar(x + 0.2, [r.bytes_down / 1e6 for r in rows], 0.4, label="down")
-    ax.set_xticks(x, strategies)
+    ax.set_xticks(x, arms)
     ax.set(ylabel="MB per run", title=f"{corpus}: bytes moved")
     ax.legend()
     bytes_png = out / f"{corpus}-bytes.png"
@@ -201,27 +279,29 @@ def write_plots(corpus: str, runs: Sequence[Run], rows: list[Summary], out: Path
 
 
 def run_bench(cfg: BenchConfig) -> Path:
-    """Run every strategy and seed on every corpus; write results.md, results.json and plots."""
+    """Run every arm and seed on every corpus; write results.md, results.json and plots."""
     for corpus in cfg.corpora:  # timings only mean something if devices never slow each other down
-        check_fleet(load_fleet(cfg.fleets[corpus]))
+        check_fleet(cfg.fleet(corpus))
     cfg.out.mkdir(parents=True, exist_ok=True)
-    report = ["# fedspeech strategy benchmark", ""]
+    report = [f"# {cfg.title}", ""]
     results = {}
     for corpus in cfg.corpora:
         runs = []
         for seed in range(cfg.seeds):
-            for strategy in cfg.strategies:
-                run = run_once(cfg, corpus, strategy, seed)
+            for arm in cfg.arms:
+                run = run_once(cfg, corpus, arm, seed)
                 runs.append(run)
                 print(
-                    f"{corpus} {strategy:12s} seed {seed}: accuracy {run.final_accuracy:.4f}, "
+                    f"{corpus} {arm.name:16s} seed {seed}: accuracy {run.final_accuracy:.4f}, "
                     f"{run.wall_s:.1f} s, {run.bytes_total / 1e6:.1f} MB",
                     flush=True,
                 )
         target = cfg.targets[corpus]
-        rows = summarize(runs, target)
+        rows = summarize(runs, target, cfg.baseline)
         results[corpus] = {"summaries": [asdict(r) for r in rows], "runs": [asdict(r) for r in runs]}
-        report.append(markdown_table(corpus, rows, target, cfg.fleets[corpus]))
+        fleet = cfg.fleet(corpus)
+        fleet_name = f"{len(fleet)} processes, {sum(len(d.device_ids) for d in fleet)} devices"
+        report.append(markdown_table(corpus, rows, target, fleet_name, cfg.baseline))
         report += [f"![{p.stem}]({p.name})" for p in write_plots(corpus, runs, rows, cfg.out)] + [""]
     (cfg.out / "results.json").write_text(json.dumps(results, indent=2))
     path = cfg.out / "results.md"

@@ -52,6 +52,22 @@ class DeviceSpec:
     cpu_share: float  # fraction of one core, in (0, 1]
     delay_ms: float = 0.0  # added round-trip latency to coordinator and broker
     bandwidth_kbps: float | None = None  # None: not limited
+    # set instead of speaker: the process hosts one device per speaker, named by it, all sharing its
+    # CPU share and network (a fleet of hundreds does not fit in a process each)
+    speakers: tuple[str, ...] = ()
+
+    @property
+    def device_ids(self) -> list[str]:
+        """The ids of the devices this process runs."""
+        return list(self.speakers) or [self.name]
+
+
+def hosted_fleet(speakers: list[str], hosts: int, cpu_share: float) -> list[DeviceSpec]:
+    """Many speaker devices spread round-robin over `hosts` processes of cpu_share each."""
+    return [
+        DeviceSpec(f"host-{i + 1}", "", cpu_share, speakers=tuple(speakers[i::hosts]))
+        for i in range(min(hosts, len(speakers)))
+    ]
 
 
 # ---- fleet files ----
@@ -469,7 +485,11 @@ def launch_fleet(
     try:
         for spec in fleet:
             coordinator, broker, proxies = proxied_urls(spec, coordinator_url, broker_url)
-            args = ["--corpus", corpus, "--speaker", spec.speaker, "--device-id", spec.name]
+            args = ["--corpus", corpus]
+            if spec.speakers:
+                args += [arg for speaker in spec.speakers for arg in ("--speaker", speaker)]
+            else:
+                args += ["--speaker", spec.speaker, "--device-id", spec.name]
             args += ["--data-dir", str(data_dir)] if data_dir is not None else []
             args += ["--coordinator", coordinator, "--broker", broker, *(extra_args or [])]
             devices.append(start_device(spec, args, Path(log_dir) / f"{spec.name}.log", env, proxies=proxies))

@@ -67,7 +67,7 @@ def fleet_run(
             "EMBEDDED_BROKER_PORT": free_port(),
             "CORPUS": corpus,
             "DATA_DIR": str(data_dir) if data_dir else None,
-            "MIN_DEVICES": len(fleet),
+            "MIN_DEVICES": sum(len(spec.device_ids) for spec in fleet),
             **config,
         }
     )

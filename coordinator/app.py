@@ -29,7 +29,9 @@ DEFAULTS: dict[str, Any] = {
     "CORPUS": "fsdd",
     "DATA_DIR": None,  # None: the bundled data/ folder
     "EVAL_LIMIT": None,  # cap on held-out clips, None for all
-    # ROUNDS, MIN_DEVICES, MIN_RESULTS, ROUND_TIMEOUT_S, EPOCHS, BATCH_SIZE, LEARNING_RATE, SEED:
+    "MODEL": "cnn",  # an architecture in fedspeech.models.MODELS
+    "MODEL_DEPTH": None,  # a transformer's full-grown depth, None for models.MAX_DEPTH
+    # every RoundConfig field, upper-cased: ROUNDS, MIN_DEVICES, ..., STRATEGY, K, DEPTH_SCHEDULE:
     **{f.name.upper(): f.default for f in fields(RoundConfig)},
 }
 
@@ -75,7 +77,7 @@ def _global_model(config: Mapping[str, Any]) -> GlobalModel:
 
     data_dir = Path(config["DATA_DIR"]) if config["DATA_DIR"] else None
     corpus = load_corpus(config["CORPUS"], data_dir)
-    spec = default_spec(corpus)
+    spec = default_spec(corpus, name=config["MODEL"], depth=config["MODEL_DEPTH"])
     clips = server_test_clips(corpus)[: config["EVAL_LIMIT"]]
     heldout = load_waveforms(clips, spec.sample_rate, spec.num_samples)
     log.info("held-out set: %d clips of %s", len(clips), corpus.name)

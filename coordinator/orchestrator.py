@@ -10,9 +10,11 @@ import numpy as np
 
 from fedspeech.coordinator.global_model import GlobalModel
 from fedspeech.coordinator.mqtt_link import CoordinatorLink
+from fedspeech.coordinator.scheduling import depth_for_round
 from fedspeech.coordinator.selection import update_penalties
 from fedspeech.coordinator.store import RoundRecord, Store, UpdateRecord
 from fedspeech.coordinator.strategy import STRATEGIES, aggregate, plan_round
+from fedspeech.models import depth_of
 from fedspeech.protocol import weights
 from fedspeech.protocol.messages import BlobRef, ModelAnnouncement, Profile, Task
 from fedspeech.protocol.weights import Arrays, WeightsError
@@ -36,6 +38,10 @@ class RoundConfig:
     seed: int = 0
     strategy: str = "fedavg"  # a name in coordinator.strategy.STRATEGIES
     k: int = 3  # devices aggregated per round by the top-K and random-K strategies
+    # a transformer's depth by round: constant, linear (in depth_stages stages, 0: one block per stage)
+    # or a list of depths such as "1,2,4"; see scheduling.depth_for_round
+    depth_schedule: str = "linear"
+    depth_stages: int = 0
 
 
 def _optional_float(text: str | None) -> float | None:
@@ -82,6 +88,7 @@ class Orchestrator:
         self._penalties: dict[str, float] = {}  # deadline misses score a device down
         self._last_aggregated: dict[str, int] = {}  # round each device's update was last aggregated
         self.finished = threading.Event()
+        self._depth(1)  # a bad depth schedule fails here, at start-up
 
     # -- called from HTTP handlers -------------------------------------------------------------
 
@@ -161,7 +168,7 @@ class Orchestrator:
     def _resume(self) -> RoundRecord:
         latest = self.store.latest_round()
         if latest is None:
-            arrays = self.model.initial(self.config.seed)
+            arrays = self.model.initial(self.config.seed, self._depth(1))
             now = time.time()
             latest = self._complete(0, now, 0, arrays, [], 0, 0)
         else:
@@ -198,7 +205,7 @@ class Orchestrator:
             device: Task(
                 task_id=uuid.uuid4().hex,
                 round=round,
-                spec=self.model.spec,
+                spec=self.model.spec_of(self._global),
                 weights=ref,
                 upload_path=f"/api/rounds/{round}/updates",
                 epochs=plan.epochs[device],
@@ -277,7 +284,8 @@ class Orchestrator:
         bytes_up: int,
         bytes_down: int,
     ) -> RoundRecord:
-        """Evaluate, export, store and announce a new global model."""
+        """Grow if the next round is deeper, then evaluate, export, store and announce a new global model."""
+        arrays = self._grown_for(round + 1, arrays)
         blob = weights.encode(arrays, metadata={"round": str(round)})
         evaluation = self.model.evaluate(arrays)
         onnx = self.model.to_onnx(arrays, round)
@@ -310,13 +318,29 @@ class Orchestrator:
         self._announce(record)
         return record
 
+    def _depth(self, round: int) -> int | None:
+        """The depth the schedule gives a round, None for a model that does not grow."""
+        full = self.model.spec.depth
+        if full is None:
+            return None
+        stages = self.config.depth_stages or full
+        return depth_for_round(round, self.config.rounds, full, self.config.depth_schedule, stages)
+
+    def _grown_for(self, round: int, arrays: Arrays) -> Arrays:
+        """The arrays with the blocks the round adds (zero-initialised outputs), or as they are."""
+        depth = self._depth(round) if round <= self.config.rounds else None
+        if depth is None or depth <= depth_of(arrays):
+            return arrays
+        log.info("round %d: growing the model from %d to %d blocks", round, depth_of(arrays), depth)
+        return self.model.grow(arrays, depth, seed=self.config.seed * 100_003 + round)
+
     def _announce(self, record: RoundRecord) -> None:
         onnx_path = self.store.model_path(record.round, "onnx")
         metrics = {k: v for k in ("accuracy", "macro_f1", "loss") if (v := getattr(record, k)) is not None}
         self.link.announce(
             ModelAnnouncement(
                 round=record.round,
-                spec=self.model.spec,
+                spec=self.model.spec_of(self._global),
                 labels=self.model.labels,
                 weights=BlobRef(
                     f"/api/models/{record.round}/weights",

@@ -1,4 +1,4 @@
-"""Scheduling: how many local epochs each selected device trains in a round."""
+"""Scheduling: how many local epochs each selected device trains in a round, and how deep the model is."""
 
 import math
 from collections.abc import Iterable, Mapping
@@ -22,3 +22,29 @@ def adaptive_epochs(scores: Mapping[str, float], e_max: int) -> dict[str, int]:
         raise ValueError("scores must be non-negative with a positive maximum")
     # Halves round up (2.5 -> 3), the usual reading of the equation, not Python's round-half-to-even.
     return {d: max(1, math.floor(e_max * s / s_max + 0.5)) for d, s in scores.items()}
+
+
+def depth_for_round(round: int, rounds: int, max_depth: int, schedule: str, stages: int) -> int:
+    """Encoder depth l_t trained in a round (1-based) of `rounds` (seed 003's growing schedule).
+
+    schedule "constant": max_depth from the start. "linear": `stages` equal spans of rounds, the depth
+    growing by max_depth / stages blocks at each (rounded up). Otherwise a comma-separated list of depths,
+    one per equal span, e.g. "1,2,4".
+    """
+    if not 1 <= round <= rounds or max_depth < 1:
+        raise ValueError("need 1 <= round <= rounds and max_depth >= 1")
+    if schedule == "constant":
+        return max_depth
+    if schedule == "linear":
+        if not 1 <= stages <= max_depth:
+            raise ValueError(f"stages must be between 1 and the depth {max_depth}")
+        depths = [math.ceil(max_depth * (s + 1) / stages) for s in range(stages)]
+    else:
+        try:
+            depths = [int(part) for part in schedule.split(",")]
+        except ValueError:
+            raise ValueError(f"depth schedule {schedule!r}: expected constant, linear or depths") from None
+        if any(not 1 <= d <= max_depth for d in depths) or depths != sorted(depths):
+            raise ValueError(f"depths must grow, each between 1 and {max_depth}: {schedule!r}")
+    # the rounds split into len(depths) spans as equal as they can be, earlier spans no longer
+    return depths[(round - 1) * len(depths) // rounds]

@@ -85,6 +85,27 @@ def run_client(config: ClientConfig, stop: threading.Event | None = None) -> Non
         restore()
 
 
+def run_clients(configs: list[ClientConfig]) -> None:
+    """Run several devices in this process, one thread each, until SIGTERM/SIGINT; all go offline cleanly.
+
+    For emulating fleets larger than the machine has room for processes: the devices share the
+    process' CPU and its torch import, and each is otherwise a device of its own.
+    """
+    stop = threading.Event()
+    restore = _install_signal_handlers(stop)
+    threads = [threading.Thread(target=_run, args=(c, stop), name=c.device_id) for c in configs]
+    try:
+        for thread in threads:
+            thread.start()
+        while any(t.is_alive() for t in threads):
+            stop.wait(0.5)
+    finally:
+        stop.set()
+        for thread in threads:
+            thread.join()
+        restore()
+
+
 def _install_signal_handlers(stop: threading.Event) -> Callable[[], None]:
     """Turn SIGTERM/SIGINT into stop (main thread only); return a function that restores the old handlers."""
     if threading.current_thread() is not threading.main_thread():

@@ -133,6 +133,8 @@ def _metadata(spec: ModelSpec, labels: Sequence[str], round: int | None, task: s
         "num_samples": str(spec.num_samples),
         "task": task,
     }
+    if spec.depth is not None:
+        metadata["depth"] = str(spec.depth)
     if round is not None:
         metadata["round"] = str(round)
     return metadata

@@ -1,5 +1,7 @@
 """PyTorch side of fedspeech: architectures, audio front-end, datasets and the local training step."""
 
+import re
+from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
 from fedspeech.protocol.messages import ModelSpec
@@ -8,10 +10,36 @@ if TYPE_CHECKING:  # torch is imported only by the modules that build or train m
     from torch import nn
 
 
+# transformer variants: (pre-LayerNorm, run-time weight scaling); the last two are the seed's ablations
+TRANSFORMERS = {
+    "transformer": (True, True),
+    "transformer_post_ln": (False, True),
+    "transformer_unscaled": (True, False),
+}
+MODELS = ["cnn", *TRANSFORMERS]
+MAX_DEPTH = 4  # encoder blocks of a full-grown transformer
+
+_BLOCK = re.compile(r"^blocks\.(\d+)\.")
+
+
+def depth_of(names: Iterable[str]) -> int:
+    """How many encoder blocks a model's tensor names hold (0 for a model without blocks)."""
+    indices = {int(m.group(1)) for name in names if (m := _BLOCK.match(name))}
+    return max(indices) + 1 if indices else 0
+
+
 def build_model(spec: ModelSpec) -> "nn.Module":
     """Build a freshly initialised model for a spec; ValueError for an unknown architecture."""
     if spec.name == "cnn":
         from fedspeech.models.cnn import SpeechCNN
 
         return SpeechCNN(spec.sample_rate, spec.num_classes)
-    raise ValueError(f"unknown model {spec.name!r}, expected one of ['cnn']")
+    if spec.name in TRANSFORMERS:
+        from fedspeech.models.transformer import SpeechTransformer
+
+        pre_norm, scaled = TRANSFORMERS[spec.name]
+        depth = MAX_DEPTH if spec.depth is None else spec.depth
+        return SpeechTransformer(
+            spec.sample_rate, spec.num_samples, spec.num_classes, depth, pre_norm=pre_norm, scaled=scaled
+        )
+    raise ValueError(f"unknown model {spec.name!r}, expected one of {MODELS}")

@@ -9,6 +9,7 @@ import numpy as np
 import soundfile
 import soxr
 
+from fedspeech.models import MAX_DEPTH, MODELS, TRANSFORMERS
 from fedspeech.protocol.messages import ModelSpec
 
 # corpus name -> folder name inside a data directory
@@ -203,6 +204,19 @@ def load_waveforms(
     return waveforms, np.array([clip.label for clip in clips], dtype=np.int64)
 
 
-def default_spec(corpus: Corpus, seconds: float = 1.0) -> ModelSpec:
-    """The CNN spec for a corpus: its native rate, a fixed clip length and its number of classes."""
-    return ModelSpec("cnn", corpus.sample_rate, int(seconds * corpus.sample_rate), len(corpus.labels))
+def default_spec(
+    corpus: Corpus, seconds: float = 1.0, name: str = "cnn", depth: int | None = None
+) -> ModelSpec:
+    """A model spec for a corpus: its native rate, a fixed clip length, its number of classes.
+
+    A transformer's depth (its full-grown depth when it grows) defaults to MAX_DEPTH; a CNN has none.
+    """
+    if name not in MODELS:
+        raise ValueError(f"unknown model {name!r}, expected one of {MODELS}")
+    if name in TRANSFORMERS:
+        depth = MAX_DEPTH if depth is None else depth
+        if not 1 <= depth <= MAX_DEPTH:
+            raise ValueError(f"depth must be between 1 and {MAX_DEPTH}, got {depth}")
+    else:
+        depth = None
+    return ModelSpec(name, corpus.sample_rate, int(seconds * corpus.sample_rate), len(corpus.labels), depth)

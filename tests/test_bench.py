@@ -1,6 +1,4 @@
-"""The strategy benchmark's summary, statistics and report on hand-made runs (no training)."""
-
-from pathlib import Path
+"""The benchmarks' summary, statistics and report on hand-made runs (no training)."""
 
 import pytest
 from scipy import stats
@@ -9,7 +7,7 @@ from fedspeech.bench import Run, markdown_table, summarize, write_plots
 from fedspeech.coordinator.store import RoundRecord
 
 
-def _run(strategy: str, seed: int, accuracies: list[float], round_s: float, mb_per_round: float) -> Run:
+def _run(arm: str, seed: int, accuracies: list[float], round_s: float, mb_per_round: float) -> Run:
     rounds = [
         RoundRecord(
             round=i + 1,
@@ -27,7 +25,7 @@ def _run(strategy: str, seed: int, accuracies: list[float], round_s: float, mb_p
         )
         for i, acc in enumerate(accuracies)
     ]
-    return Run("fsdd", strategy, seed, rounds, t0=100.0)
+    return Run("fsdd", arm, seed, rounds, t0=100.0)
 
 
 RUNS = [
@@ -41,28 +39,29 @@ RUNS = [
 
 
 def test_summary_by_hand():
-    fedavg, hardware = summarize(RUNS, target=0.85)
-    assert (fedavg.strategy, hardware.strategy) == ("fedavg", "hardware")
+    fedavg, hardware = summarize(RUNS, target=0.85, baseline="fedavg")
+    assert (fedavg.arm, hardware.arm) == ("fedavg", "hardware")
     assert fedavg.accuracy_mean == pytest.approx(0.92)
     assert fedavg.accuracy_std == pytest.approx(0.02)
     assert hardware.accuracy_mean == pytest.approx(0.95)
     # fedavg reaches 0.85 at 30 s, 30 s and 20 s; hardware at 8 s, 8 s and 8 s
     assert fedavg.time_to_target_s == pytest.approx(80 / 3) and fedavg.reached_target == 3
     assert hardware.time_to_target_s == pytest.approx(8.0)
+    assert fedavg.rounds_to_target == pytest.approx(8 / 3) and hardware.rounds_to_target == 2.0
     assert fedavg.wall_s == 30.0 and hardware.wall_s == 12.0
     assert hardware.bytes_total == pytest.approx(3e6) and fedavg.bytes_total == pytest.approx(6e6)
     expected_p = stats.ttest_ind([0.93, 0.95, 0.97], [0.90, 0.92, 0.94], equal_var=False).pvalue
-    assert hardware.p_vs_fedavg == pytest.approx(expected_p)
-    assert hardware.d_vs_fedavg == pytest.approx(0.03 / 0.02)  # both SDs 0.02
+    assert hardware.p_vs_baseline == pytest.approx(expected_p)
+    assert hardware.d_vs_baseline == pytest.approx(0.03 / 0.02)  # both SDs 0.02
 
 
 def test_unreached_target_and_report(tmp_path):
-    rows = summarize(RUNS, target=0.96)
+    rows = summarize(RUNS, target=0.96, baseline="fedavg")
     assert rows[0].time_to_target_s is None and rows[0].reached_target == 0
     assert rows[1].reached_target == 1
-    table = markdown_table("fsdd", rows, 0.96, Path("pi-mix.toml"))
-    assert "| hardware | 3 | 0.9500 ± 0.0200 |" in table
-    assert "not reached (0/3)" in table
+    table = markdown_table("fsdd", rows, 0.96, "pi-mix", "fedavg")
+    assert "| hardware | 3 | 0.9500 ± 0.0200 | 3.0 (1/3) | 12.0 (1/3) | - |" in table
+    assert "| fedavg | 3 | 0.9200 ± 0.0200 | - | not reached |" in table
     assert "| 0.40x |" in table and "| 0.50x |" in table  # wall and bytes against FedAvg
     for png in write_plots("fsdd", RUNS, rows, tmp_path):
         assert png.read_bytes().startswith(b"\x89PNG")

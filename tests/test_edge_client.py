@@ -287,6 +287,25 @@ def test_task_withdrawn_before_upload_is_not_uploaded(fleet: Fleet, caplog: pyte
         assert [u.path for u in coordinator.uploads] == ["/api/uploads/task-2"]
 
 
+def test_a_deeper_model_in_a_task_is_built_and_trained(fleet: Fleet) -> None:
+    from fedspeech.models import build_model, depth_of
+    from fedspeech.models.growth import grow
+    from fedspeech.models.train import get_arrays
+
+    shallow = ModelSpec("transformer", 8000, 8000, 10, depth=1)
+    deep = ModelSpec("transformer", 8000, 8000, 10, depth=2)
+    coordinator = fleet.coordinator
+    coordinator.blob = weights.encode(get_arrays(build_model(shallow)))
+    with running_daemon(fleet):
+        for number, spec in enumerate((shallow, deep), start=1):
+            if spec is deep:  # the coordinator grew the model between rounds
+                coordinator.blob = weights.encode(grow(weights.decode(coordinator.blob)[0], deep, seed=1))
+            task = replace(make_task(f"task-{number}", blob=coordinator.blob), spec=spec)
+            fleet.publish_task(messages.encode(task))
+            wait_until(lambda n=number: len(coordinator.uploads) == n)
+            assert depth_of(weights.decode(coordinator.uploads[-1].body)[0]) == spec.depth
+
+
 def test_malformed_tasks_are_logged_and_dropped(fleet: Fleet, caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.INFO, logger="fedspeech.edge_client")
     wrong_type = json.loads(messages.encode(make_task("bad", blob=fleet.coordinator.blob)))

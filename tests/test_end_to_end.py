@@ -1,6 +1,7 @@
 """Coordinator and real device processes training FSDD over a real broker, Mosquitto and the embedded one."""
 
 import json
+import signal
 import threading
 from contextlib import contextmanager
 
@@ -119,3 +120,23 @@ def test_hardware_aware_rounds_aggregate_the_first_k(tmp_path, mosquitto_url, to
         for r in service.store.rounds()[1:]:
             assert r.devices == len(SPEAKERS), "ceil(1.3 x 2) = 3 devices over-selected"
             assert r.results == len(service.store.updates(r.round)) == 2, "the first K results are aggregated"
+
+
+def test_one_process_hosts_a_device_per_speaker(tmp_path, topic_root, processes):
+    config = {"EMBEDDED_BROKER_PORT": free_port(), "TOPIC_ROOT": topic_root, "ROUNDS": 2, "MIN_DEVICES": 3}
+    with running_coordinator(tmp_path, **config) as (service, url):
+        host = processes.start(
+            "host",
+            "client",
+            *[arg for speaker in SPEAKERS for arg in ("--speaker", speaker)],
+            "--coordinator", url,
+            "--broker", service.broker_url,
+            "--topic-root", topic_root,
+            "--max-samples", "24",
+        )  # fmt: skip
+        wait_until_finished(service, [host])
+        for r in service.store.rounds()[1:]:
+            assert sorted(u.device_id for u in service.store.updates(r.round)) == SPEAKERS
+        host.send_signal(signal.SIGTERM)
+        assert host.wait(30) == 0
+        wait_for(lambda: not service.link.online(), 10, "every hosted device offline")

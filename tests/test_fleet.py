@@ -21,6 +21,7 @@ from fedspeech.fleet import (
     ONE_THREAD,
     DeviceSpec,
     check_fleet,
+    hosted_fleet,
     launch_fleet,
     load_fleet,
     machine_cores,
@@ -38,7 +39,7 @@ EMODB_SPEAKERS = {"03", "08", "09", "10", "11", "12", "13", "14", "15", "16"}
 # ---- fleet files ----
 
 
-@pytest.mark.parametrize(("name", "size"), [("pi-mix", 6), ("pi-mix-10", 10)])
+@pytest.mark.parametrize(("name", "size"), [("pi-mix", 6), ("pi-mix-10", 10), ("pi4-wifi", 6)])
 def test_shipped_fleets_load_and_fit_two_cores(name, size):
     fleet = load_fleet(FLEETS / f"{name}.toml")
     assert len(fleet) == size
@@ -50,7 +51,18 @@ def test_shipped_fleets_load_and_fit_two_cores(name, size):
     devices = {spec.speaker for spec in fleet}
     assert devices == (set(speakers(load_corpus("fsdd"))) if size == 6 else EMODB_SPEAKERS)
     shares = sorted({spec.cpu_share for spec in fleet}, reverse=True)
-    assert [round(a / b, 2) for a, b in zip(shares, shares[1:], strict=False)] == [2.5, 2.5]
+    steps = [round(a / b, 2) for a, b in zip(shares, shares[1:], strict=False)]
+    assert steps == ([] if name == "pi4-wifi" else [2.5, 2.5])  # Pi 5 : Pi 4 : Pi 3
+
+
+def test_hosted_fleet_spreads_speakers_round_robin():
+    fleet = hosted_fleet([f"s{i}" for i in range(7)], hosts=3, cpu_share=0.25)
+    assert [d.device_ids for d in fleet] == [["s0", "s3", "s6"], ["s1", "s4"], ["s2", "s5"]]
+    assert [d.name for d in fleet] == ["host-1", "host-2", "host-3"] and {d.cpu_share for d in fleet} == {
+        0.25
+    }
+    assert len(hosted_fleet(["a", "b"], hosts=5, cpu_share=0.1)) == 2, "no empty hosts"
+    check_fleet(fleet, cores=2)
 
 
 def test_check_fleet_refuses_shares_reaching_the_cores_or_above_one_core():
