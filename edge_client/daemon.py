@@ -1,8 +1,12 @@
-"""The device daemon: register, listen for tasks over MQTT, train on local data, upload the weights."""
+"""The device daemon: register, listen for tasks over MQTT, train on local data, upload the weights.
+
+With a model directory it also keeps the latest global model there as ONNX, for `fedspeech listen`.
+"""
 
 import http.client
 import json
 import logging
+import os
 import queue
 import random
 import signal
@@ -19,7 +23,16 @@ import paho.mqtt.client as mqtt
 
 from fedspeech.edge_client.profile import measure_profile, measure_rtt_ms
 from fedspeech.protocol import messages, weights
-from fedspeech.protocol.messages import Credentials, DeviceStatus, ModelSpec, Profile, Registration, Task
+from fedspeech.protocol.messages import (
+    BlobRef,
+    Credentials,
+    DeviceStatus,
+    ModelAnnouncement,
+    ModelSpec,
+    Profile,
+    Registration,
+    Task,
+)
 from fedspeech.protocol.topics import DEFAULT_ROOT, Topics, parse_broker_url
 
 log = logging.getLogger(__name__)
@@ -43,6 +56,7 @@ class ClientConfig:
     topic_root: str = DEFAULT_ROOT
     max_samples: int | None = None
     torch_threads: int = 1
+    model_dir: Path | None = None  # where the latest global model is kept as ONNX (None: not kept)
 
 
 @dataclass
@@ -69,6 +83,8 @@ class _Daemon:
     waveforms: dict[tuple[int, int], tuple[Any, Any]] = field(default_factory=dict)
     model: tuple[ModelSpec, Any] | None = None
     status_lock: threading.Lock = field(default_factory=threading.Lock)
+    announced: ModelAnnouncement | None = None  # the newest global model announced (set by MQTT thread)
+    kept_round: int = -1  # round of the ONNX model kept in model_dir
 
 
 class _Drop(Exception):
@@ -129,9 +145,11 @@ def _run(config: ClientConfig, stop: threading.Event) -> None:
     if not _register(daemon):
         return
     daemon.status = DeviceStatus(config.device_id, "online", len(clips), daemon.profile)
+    daemon.kept_round = _kept_round(config.model_dir)
     _connect(daemon)
     try:
         while not stop.is_set():
+            _keep_latest_model(daemon)
             try:
                 task = daemon.tasks.get(timeout=0.5)
             except queue.Empty:
@@ -256,6 +274,8 @@ def _connect(daemon: _Daemon) -> None:
             return
         log.info("connected to broker %s", config.broker_url)
         client.subscribe(daemon.topics.task(config.device_id), qos=1)
+        if config.model_dir is not None:
+            client.subscribe(daemon.topics.model, qos=1)
         _publish_status(daemon)
 
     def on_disconnect(client, userdata, flags, reason_code, properties) -> None:
@@ -270,6 +290,10 @@ def _connect(daemon: _Daemon) -> None:
         daemon.topics.task(config.device_id),
         lambda client, userdata, message: _on_task_message(daemon, message.payload),
     )
+    if config.model_dir is not None:
+        client.message_callback_add(
+            daemon.topics.model, lambda client, userdata, message: _on_announcement(daemon, message.payload)
+        )
     daemon.client = client  # before connecting: on_connect publishes through it
     client.connect_async(host, port)
     client.loop_start()
@@ -307,6 +331,17 @@ def _on_task_message(daemon: _Daemon, payload: bytes) -> None:
     daemon.tasks.put(task)
 
 
+def _on_announcement(daemon: _Daemon, payload: bytes) -> None:
+    """Remember a valid model announcement; the main loop fetches its ONNX (runs on the MQTT thread)."""
+    try:
+        announcement = messages.decode(payload, ModelAnnouncement)
+    except messages.ProtocolError as exc:
+        log.warning("dropping malformed model announcement: %s", exc)
+        return
+    if announcement.onnx is not None:
+        daemon.announced = announcement
+
+
 def _go_offline(daemon: _Daemon) -> None:
     """Publish the retained offline status, wait for the broker to take it, disconnect."""
     client = daemon.client
@@ -336,7 +371,7 @@ def _do_task(daemon: _Daemon, task: Task) -> None:
         _check_wanted(daemon, task)
         training = DeviceStatus(config.device_id, "training", len(daemon.clips), daemon.profile, task.round)
         _publish_status(daemon, training)
-        data = _download(daemon, task)
+        data = _fetch(daemon, task.weights)
         arrays, _ = weights.decode(data)
         model = _model(daemon, task.spec)
         result, upload = _train(daemon, model, arrays, task)
@@ -360,15 +395,53 @@ def _do_task(daemon: _Daemon, task: Task) -> None:
     _publish_status(daemon, DeviceStatus(config.device_id, "online", len(daemon.clips), daemon.profile))
 
 
+# ---- the latest global model, kept as ONNX ----
+
+_KEPT_MODEL, _KEPT_ANNOUNCEMENT = "model.onnx", "model.json"
+
+
+def _kept_round(model_dir: Path | None) -> int:
+    """Round of the model kept in model_dir by an earlier run, -1 if none."""
+    try:
+        return messages.decode((model_dir / _KEPT_ANNOUNCEMENT).read_bytes(), ModelAnnouncement).round
+    except (TypeError, OSError, messages.ProtocolError):
+        return -1
+
+
+def _keep_latest_model(daemon: _Daemon) -> None:
+    """Download the newest announced ONNX model into model_dir if it is newer than the one kept."""
+    announcement, model_dir = daemon.announced, daemon.config.model_dir
+    if model_dir is None or announcement is None or announcement.round <= daemon.kept_round:
+        return
+    try:
+        data = _fetch(daemon, announcement.onnx)
+    except (_Drop, weights.WeightsError) as exc:
+        log.warning("not keeping the model of round %d: %s", announcement.round, exc)
+        daemon.kept_round = announcement.round  # not retried until a newer one is announced
+        return
+    model_dir.mkdir(parents=True, exist_ok=True)
+    _write_atomically(model_dir / _KEPT_MODEL, data)
+    _write_atomically(model_dir / _KEPT_ANNOUNCEMENT, messages.encode(announcement))
+    daemon.kept_round = announcement.round
+    log.info("kept the global model of round %d in %s", announcement.round, model_dir / _KEPT_MODEL)
+
+
+def _write_atomically(path: Path, data: bytes) -> None:
+    """Write data to path so that a reader sees the old file or the new one, never half of one."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_bytes(data)
+    os.replace(tmp, path)
+
+
 def _check_wanted(daemon: _Daemon, task: Task) -> None:
     """Raise _Drop if the coordinator withdrew the task (its round took the results it needed)."""
     if task.task_id in daemon.withdrawn:
         raise _Drop("the coordinator withdrew it: its round closed")
 
 
-def _download(daemon: _Daemon, task: Task) -> bytes:
-    """The task's starting weights, digest checked; retried a few times on connection errors."""
-    url = f"{daemon.config.coordinator_url.rstrip('/')}{task.weights.path}"
+def _fetch(daemon: _Daemon, ref: BlobRef) -> bytes:
+    """A blob from the coordinator, digest checked; retried a few times on connection errors."""
+    url = f"{daemon.config.coordinator_url.rstrip('/')}{ref.path}"
     for attempt, delay in enumerate(_backoff(), start=1):
         try:
             reply = _http("GET", url)
@@ -380,7 +453,7 @@ def _download(daemon: _Daemon, task: Task) -> bytes:
             daemon.stop.wait(delay)
     if reply.status != 200:
         raise _Drop(f"download of {url} answered HTTP {reply.status}: {_error_reason(reply)}")
-    weights.check_digest(reply.body, task.weights.sha256)
+    weights.check_digest(reply.body, ref.sha256)
     return reply.body
 
 

@@ -17,6 +17,7 @@ import torch
 from onnx import numpy_helper
 from torch import nn
 
+from fedspeech.export.graph import strip_debug_info
 from fedspeech.export.runtime import OnnxModel
 from fedspeech.protocol.messages import ModelSpec
 
@@ -74,6 +75,7 @@ def export_onnx(
         model.train(was_training)
     _fold_constants(program.model, {PREFIX + name for name in model.state_dict()})
     proto = program.model_proto
+    strip_debug_info(proto)
     onnx.helper.set_model_props(proto, metadata)
     return _save_atomically(proto, path)
 
@@ -161,7 +163,9 @@ def _fold_constants(graph_model: onnx_ir.Model, weight_names: set[str]) -> None:
         reads_weight = any(value is not None and value.name in weight_names for value in node.inputs)
         return False if reads_weight else None  # None: let the folder decide
 
-    onnxscript.optimizer.fold_constants(graph_model, should_fold=should_fold)
+    # Large constants (the front-end's DFT kernels and mel filters) stay as the operators that compute
+    # them: onnxruntime folds those when it loads the model, and the file stays small.
+    onnxscript.optimizer.fold_constants(graph_model, should_fold=should_fold, output_size_limit=64)
     onnxscript.optimizer.remove_unused_nodes(graph_model)
 
 

@@ -12,14 +12,16 @@ import urllib.error
 import urllib.request
 import uuid
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import paho.mqtt.client as mqtt
 import pytest
 
 from fedspeech.fleet_run import free_port  # noqa: F401 - the tests import it from here
 from fedspeech.protocol import messages, weights
-from fedspeech.protocol.messages import Credentials, DeviceStatus, Profile, Registration, Task
+from fedspeech.protocol.messages import Credentials, DeviceStatus, ModelSpec, Profile, Registration, Task
 from fedspeech.protocol.topics import Topics, parse_broker_url
 
 MOSQUITTO = ("127.0.0.1", 1883)
@@ -182,3 +184,52 @@ class ScriptedDevice:
         self.publish(self.topics.task(self.device_id), b"")
         self.mqtt.loop_stop()
         self.mqtt.disconnect()
+
+
+@dataclass
+class TrainedModel:
+    """A CNN trained centrally on every FSDD speaker's training clips, exported to ONNX."""
+
+    model: Any
+    spec: ModelSpec
+    labels: list[str]
+    onnx_path: Path
+    heldout: tuple[Any, Any]  # waveforms and labels of FSDD's test split, none of them trained on
+    calibration: Any  # a few hundred training waveforms
+
+
+@pytest.fixture(scope="session")
+def fsdd_model(tmp_path_factory) -> TrainedModel:
+    """Trained once per test session (about 15 s on one core)."""
+    import numpy as np
+    import torch
+
+    from fedspeech.export.onnx_export import export_onnx
+    from fedspeech.models import build_model
+    from fedspeech.models.datasets import (
+        client_clips,
+        default_spec,
+        load_corpus,
+        load_waveforms,
+        server_test_clips,
+    )
+    from fedspeech.models.train import train_local
+
+    torch.set_num_threads(1)
+    corpus = load_corpus("fsdd")
+    spec = default_spec(corpus)
+    train = [
+        clip
+        for speaker in sorted({c.speaker for c in corpus.clips})
+        for clip in client_clips(corpus, speaker)[0]
+    ]
+    waveforms, labels = load_waveforms(train, spec.sample_rate, spec.num_samples)
+    torch.manual_seed(0)
+    model = build_model(spec)
+    train_local(model, waveforms, labels, epochs=4, batch_size=32, learning_rate=3e-3)
+    path = export_onnx(
+        model, spec, corpus.labels, tmp_path_factory.mktemp("fsdd-model") / "model.onnx", task="fsdd"
+    )
+    heldout = load_waveforms(server_test_clips(corpus), spec.sample_rate, spec.num_samples)
+    calibration = waveforms[np.random.default_rng(0).choice(len(waveforms), 300, replace=False)]
+    return TrainedModel(model.eval(), spec, list(corpus.labels), path, heldout, calibration)

@@ -24,7 +24,15 @@ from conftest import free_port
 
 from fedspeech.edge_client import ClientConfig, measure_profile, run_client
 from fedspeech.protocol import messages, weights
-from fedspeech.protocol.messages import BlobRef, Credentials, DeviceStatus, ModelSpec, Registration, Task
+from fedspeech.protocol.messages import (
+    BlobRef,
+    Credentials,
+    DeviceStatus,
+    ModelAnnouncement,
+    ModelSpec,
+    Registration,
+    Task,
+)
 from fedspeech.protocol.topics import Topics
 
 BROKER_URL = "mqtt://127.0.0.1:1883"
@@ -56,6 +64,7 @@ class CoordinatorDouble:
     uploads: list[Upload] = field(default_factory=list)
     reject_tokens: int = 0  # answer this many uploads with 401, as a restarted coordinator would
     download_delay_s: float = 0.0  # a slow link: the weights arrive this long after they are asked for
+    files: dict[str, bytes] = field(default_factory=dict)  # more blobs served by path
     server: ThreadingHTTPServer | None = None
 
     @property
@@ -84,6 +93,8 @@ class CoordinatorDouble:
                     double.downloads.append(self.path)
                     time.sleep(double.download_delay_s)
                     self.reply(200, double.blob, "application/octet-stream")
+                elif self.path in double.files:
+                    self.reply(200, double.files[self.path], "application/octet-stream")
                 else:
                     self.reply(404, b'{"error": "not found"}')
 
@@ -123,7 +134,10 @@ class Fleet:
     watcher: mqtt.Client
     seen: list[tuple[str, bytes]] = field(default_factory=list)
 
-    def config(self) -> ClientConfig:
+    def config(self, **changes) -> ClientConfig:
+        return replace(self._config(), **changes)
+
+    def _config(self) -> ClientConfig:
         return ClientConfig(
             coordinator_url=self.coordinator.url,
             broker_url=BROKER_URL,
@@ -220,10 +234,10 @@ def fleet(reference: weights.Arrays) -> Iterator[Fleet]:
 
 
 @contextmanager
-def running_daemon(fleet: Fleet) -> Iterator[tuple[threading.Event, threading.Thread]]:
+def running_daemon(fleet: Fleet, **changes) -> Iterator[tuple[threading.Event, threading.Thread]]:
     """run_client in a thread, once it is online; stopped and joined on exit."""
     stop = threading.Event()
-    thread = threading.Thread(target=run_client, args=(fleet.config(), stop), daemon=True)
+    thread = threading.Thread(target=run_client, args=(fleet.config(**changes), stop), daemon=True)
     thread.start()
     try:
         wait_until(lambda: any(s.state == "online" for s in fleet.statuses()))
@@ -304,6 +318,38 @@ def test_a_deeper_model_in_a_task_is_built_and_trained(fleet: Fleet) -> None:
             fleet.publish_task(messages.encode(task))
             wait_until(lambda n=number: len(coordinator.uploads) == n)
             assert depth_of(weights.decode(coordinator.uploads[-1].body)[0]) == spec.depth
+
+
+def _announce(fleet: Fleet, round: int, onnx: bytes, sha256: str = "") -> None:
+    path = f"/api/models/{round}/onnx"
+    fleet.coordinator.files[path] = onnx
+    announcement = ModelAnnouncement(
+        round=round,
+        spec=SPEC,
+        labels=[str(i) for i in range(10)],
+        weights=BlobRef(BLOB_PATH, weights.sha256(fleet.coordinator.blob), len(fleet.coordinator.blob)),
+        onnx=BlobRef(path, sha256 or weights.sha256(onnx), len(onnx)),
+    )
+    fleet.watcher.publish(
+        fleet.topics.model, messages.encode(announcement), qos=1, retain=True
+    ).wait_for_publish(5)
+
+
+def test_keeps_the_latest_global_model_as_onnx(fleet: Fleet, tmp_path, caplog) -> None:
+    kept = tmp_path / "model.onnx"
+    try:
+        _announce(fleet, 3, b"onnx of round 3")  # retained before the device starts
+        with running_daemon(fleet, model_dir=tmp_path):
+            wait_until(lambda: kept.exists())
+            assert kept.read_bytes() == b"onnx of round 3"
+            _announce(fleet, 4, b"onnx of round 4", sha256="0" * 64)  # corrupted on the way
+            wait_until(lambda: warnings_about(caplog, "not keeping the model of round 4"))
+            assert kept.read_bytes() == b"onnx of round 3", "a bad download never replaces the kept model"
+            _announce(fleet, 5, b"onnx of round 5")
+            wait_until(lambda: kept.read_bytes() == b"onnx of round 5")
+        assert json.loads((tmp_path / "model.json").read_text())["round"] == 5
+    finally:
+        fleet.watcher.publish(fleet.topics.model, b"", qos=1, retain=True).wait_for_publish(5)
 
 
 def test_malformed_tasks_are_logged_and_dropped(fleet: Fleet, caplog: pytest.LogCaptureFixture) -> None:

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from fedspeech.export.onnx_export import export_onnx, parity, update_onnx_weights
+from fedspeech.export.quantize import quantize
 from fedspeech.export.runtime import OnnxModel
 from fedspeech.models import build_model
 from fedspeech.models.datasets import (
@@ -129,3 +130,37 @@ def test_runtime_never_imports_torch(exported):
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
+
+
+def _accuracy(probabilities: np.ndarray, labels: np.ndarray) -> float:
+    return float(np.mean(probabilities.argmax(axis=1) == labels))
+
+
+def test_parity_on_the_whole_heldout_set(fsdd_model):
+    waveforms, labels = fsdd_model.heldout
+    assert len(labels) == 300
+    result = parity(fsdd_model.model, fsdd_model.onnx_path, waveforms)
+    assert result.agreement >= 0.995 and result.max_abs_diff < 1e-3
+    assert _accuracy(OnnxModel(fsdd_model.onnx_path).predict(waveforms), labels) > 0.9, (
+        "a model worth quantising"
+    )
+
+
+@pytest.mark.parametrize("static", [True, False])
+def test_int8_is_smaller_and_nearly_as_accurate(fsdd_model, static, tmp_path):
+    waveforms, labels = fsdd_model.heldout
+    int8 = quantize(fsdd_model.onnx_path, tmp_path / "int8.onnx", fsdd_model.calibration if static else None)
+    fp32_size, int8_size = fsdd_model.onnx_path.stat().st_size, int8.stat().st_size
+    fp32_acc = _accuracy(OnnxModel(fsdd_model.onnx_path).predict(waveforms), labels)
+    runtime = OnnxModel(int8)
+    int8_acc = _accuracy(runtime.predict(waveforms), labels)
+    kind = "static" if static else "dynamic"
+    print(f"{kind}: {int8_size / fp32_size:.3f}x size, accuracy {fp32_acc:.4f} -> {int8_acc:.4f}")
+    assert int8_size <= 0.3 * fp32_size
+    assert int8_acc >= fp32_acc - 0.01
+    assert runtime.labels == fsdd_model.labels and runtime.metadata["quantization"] == "int8"
+
+
+def test_quantize_needs_calibration_clips(fsdd_model, tmp_path):
+    with pytest.raises(ValueError, match="calibration"):
+        quantize(fsdd_model.onnx_path, tmp_path / "int8.onnx", np.zeros((0, 8000), np.float32))

@@ -46,12 +46,39 @@ def test_deterministic_given_seed():
 def test_logmel_buffers_stay_out_of_state_dict():
     frontend = LogMel(16000)
     assert frontend.n_fft == 512 and frontend.hop_length == 160
-    assert set(dict(frontend.named_buffers())) == {"window", "mel"}
+    assert dict(frontend.named_buffers()) == {}
     assert frontend.state_dict() == {}
     assert not any(name.startswith("frontend.") for name in build_model(SPECS[1]).state_dict())
     features = frontend(torch.randn(2, 16000))
     assert features.shape == (2, 40, frontend.num_frames(16000))
     assert features.mean(dim=-1).abs().max() < 1e-4  # per-utterance mean removed
+
+
+def _numpy_mel(sample_rate: int, n_fft: int, n_mels: int) -> np.ndarray:
+    """Triangular HTK mel filters, written out independently in numpy."""
+    bin_hz = np.linspace(0.0, sample_rate / 2, n_fft // 2 + 1)
+    top = 2595.0 * np.log10(1.0 + sample_rate / 2 / 700.0)
+    edges = 700.0 * (10.0 ** (np.linspace(0.0, top, n_mels + 2) / 2595.0) - 1.0)
+    rising = (bin_hz - edges[:-2, None]) / (edges[1:-1, None] - edges[:-2, None])
+    falling = (edges[2:, None] - bin_hz) / (edges[2:, None] - edges[1:-1, None])
+    return np.maximum(0.0, np.minimum(rising, falling)).astype(np.float32)
+
+
+@pytest.mark.parametrize("sample_rate", [8000, 16000])
+def test_logmel_convolution_is_the_stft(sample_rate):
+    frontend = LogMel(sample_rate)
+    waveform = torch.randn(3, sample_rate) * 0.1
+    pad = (frontend.n_fft - frontend.win_length) // 2
+    window = torch.nn.functional.pad(
+        torch.hann_window(frontend.win_length), (pad, frontend.n_fft - frontend.win_length - pad)
+    )
+    spec = torch.stft(
+        waveform, frontend.n_fft, frontend.hop_length, window=window, center=False, return_complex=True
+    )
+    mel = torch.from_numpy(_numpy_mel(sample_rate, frontend.n_fft, 40))
+    expected = torch.log(mel @ spec.abs().square() + 1e-4)
+    expected -= expected.mean(dim=-1, keepdim=True)
+    assert torch.allclose(frontend(waveform), expected, atol=1e-4)
 
 
 def test_get_set_arrays_round_trip():
