@@ -65,6 +65,9 @@ def _client(args: argparse.Namespace) -> None:
             topic_root=args.topic_root,
             max_samples=args.max_samples,
             torch_threads=args.threads,
+            model_dir=args.model_dir / speaker
+            if args.model_dir and len(args.speaker) > 1
+            else args.model_dir,
         )
         for speaker in args.speaker
     ]
@@ -119,6 +122,47 @@ def _bench_growing(args: argparse.Namespace) -> None:
     run_bench(cfg)
 
 
+def _listen(args: argparse.Namespace) -> None:
+    from fedspeech.export.streaming import DetectorConfig
+    from fedspeech.listen import ListenConfig, ListenError, list_devices, run_listen
+
+    signal.signal(signal.SIGTERM, signal.default_int_handler)  # stop as on Ctrl-C, cleanly
+    options = {
+        "hop_ms": args.hop_ms,
+        "threshold": args.threshold,
+        "energy_threshold": args.energy_threshold,
+        "refractory_s": args.refractory,
+    }
+    detector = DetectorConfig(**{k: v for k, v in options.items() if v is not None})
+    config = ListenConfig(
+        model=args.model,
+        coordinator_url=args.coordinator,
+        broker_url=args.broker,
+        topic_root=args.topic_root,
+        input=args.input,
+        device=args.device,
+        realtime=args.realtime,
+        duration_s=args.duration,
+        detector=detector,
+        timings=args.timings,
+    )
+    try:
+        if args.list_devices:
+            print(list_devices())
+        else:
+            run_listen(config)
+    except ListenError as exc:
+        raise SystemExit(f"fedspeech listen: {exc}") from None
+
+
+def _bench_inference(args: argparse.Namespace) -> None:
+    from fedspeech.bench_inference import run_inference_bench
+
+    if not args.model.exists():
+        raise SystemExit(f"no model at {args.model}: run `fedspeech demo` first or pass --model")
+    run_inference_bench(args.model, args.out, args.data_dir, args.repeats)
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The command line: one subcommand per role."""
     parser = argparse.ArgumentParser(prog="fedspeech", description=__doc__)
@@ -165,6 +209,7 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--topic-root", default=DEFAULT_ROOT)
     d.add_argument("--max-samples", type=int, help="train on at most this many local clips")
     d.add_argument("--threads", type=int, default=1, help="torch threads")
+    d.add_argument("--model-dir", type=Path, help="keep the latest global model here as model.onnx")
     d.set_defaults(run=_client)
 
     m = sub.add_parser("demo", help="one coordinator and one device per FSDD speaker, end to end")
@@ -196,6 +241,37 @@ def build_parser() -> argparse.ArgumentParser:
     bg.add_argument("--rounds", type=int, default=20)
     bg.add_argument("--target", action="append", help="CORPUS=ACCURACY for time to target, repeatable")
     bg.set_defaults(run=_bench_growing)
+    bi = b.add_parser("inference", help="per-window latency, floor, and `listen` CPU, memory and cold start")
+    bi.add_argument("--model", type=Path, default=Path("fedspeech-demo/model.onnx"), help="an exported model")
+    bi.add_argument("--out", type=Path, default=Path("fedspeech-bench-inference"), help="where results go")
+    bi.add_argument("--data-dir", type=Path, help="folder holding its corpus (default: bundled data/)")
+    bi.add_argument("--repeats", type=int, default=1000, help="windows timed per engine")
+    bi.set_defaults(run=_bench_inference)
+
+    li = sub.add_parser("listen", help="run the global model on a microphone or an audio file (no torch)")
+    source = li.add_mutually_exclusive_group()
+    source.add_argument("--model", type=Path, metavar="FILE", help="a local ONNX model file")
+    source.add_argument("--coordinator", metavar="URL", help="follow the models this coordinator announces")
+    li.add_argument("--broker", default="mqtt://127.0.0.1:1883", help="mqtt://host:port, with --coordinator")
+    li.add_argument("--topic-root", default=DEFAULT_ROOT)
+    audio = li.add_mutually_exclusive_group()
+    audio.add_argument(
+        "--input",
+        type=Path,
+        metavar="FILE",
+        help="an audio file (soundfile formats) instead of a microphone; stereo is mixed down to mono and "
+        "other sample rates are resampled to the model's with soxr",
+    )
+    audio.add_argument("--device", metavar="NAME|INDEX", help="PortAudio input device (default: the default)")
+    audio.add_argument("--list-devices", action="store_true", help="list the audio devices and exit")
+    li.add_argument("--realtime", action="store_true", help="pace --input at real speed (default: at once)")
+    li.add_argument("--duration", type=float, metavar="SECONDS", help="stop after this many seconds of audio")
+    li.add_argument("--hop-ms", type=float, help="classify a window every HOP_MS ms (default 100)")
+    li.add_argument("--threshold", type=float, help="smoothed probability that detects (default 0.6)")
+    li.add_argument("--energy-threshold", type=float, help="window RMS below which to skip (default 0.002)")
+    li.add_argument("--refractory", type=float, help="seconds of quiet after a detection (default 0.5)")
+    li.add_argument("--timings", action="store_true", help="print ms per window for each stage at the end")
+    li.set_defaults(run=_listen)
     return parser
 
 

@@ -1,6 +1,8 @@
-"""Torch-free edits of ONNX graphs."""
+"""Torch-free reading and editing of ONNX graphs."""
 
+import numpy as np
 import onnx
+from onnx import numpy_helper
 
 
 def strip_debug_info(proto: onnx.ModelProto) -> None:
@@ -12,3 +14,12 @@ def strip_debug_info(proto: onnx.ModelProto) -> None:
         del node.metadata_props[:]
         node.name = node.doc_string = ""
     del proto.graph.value_info[:]
+
+
+def initializers(proto: onnx.ModelProto, prefix: str = "") -> dict[str, np.ndarray]:
+    """The graph's stored tensors whose names start with prefix, by name without it."""
+    return {
+        init.name.removeprefix(prefix): numpy_helper.to_array(init)
+        for init in proto.graph.initializer
+        if init.name.startswith(prefix)
+    }

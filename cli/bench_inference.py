@@ -1,0 +1,241 @@
+"""`fedspeech bench inference`: how fast and light the exported model runs on one core.
+
+In one run, on the same windows of real audio: per-window latency of the fp32 and int8 ONNX models and
+of torch eager, interleaved so that machine noise falls on all three alike; the floor (the model's
+FLOPs over this core's single-thread matrix-multiply rate, measured now); and `fedspeech listen` as a
+process of its own: CPU share and peak RSS while it listens in real time, and cold start to first
+detection.
+"""
+
+import json
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+import onnx
+import soundfile
+
+from fedspeech.export.graph import initializers
+from fedspeech.export.quantize import quantize
+from fedspeech.export.runtime import OnnxModel
+from fedspeech.protocol.messages import ModelSpec
+
+GAP_S = 0.8  # silence between the words of the listening test
+
+
+@dataclass(frozen=True)
+class Engine:
+    """One way of running the model: its latency per window, accuracy and file size."""
+
+    name: str
+    median_ms: float
+    p95_ms: float
+    accuracy: float
+    size_bytes: int | None
+
+
+@dataclass(frozen=True)
+class InferenceReport:
+    """Everything `bench inference` measured."""
+
+    model: str
+    engines: list[Engine]
+    mflop_per_window: float
+    matmul_gflops: float
+    floor_ms: float
+    listen_cpu_share: float
+    listen_peak_rss_mb: float
+    listen_audio_s: float
+    listen_detections: int
+    cold_start_s: float
+
+    def markdown(self) -> str:
+        """The report as markdown."""
+        lines = [
+            f"### inference on one core: {self.model}",
+            "",
+            "| engine | median (ms) | p95 (ms) | vs floor | held-out accuracy | file (KB) |",
+            "|---|---|---|---|---|---|",
+        ]
+        for e in self.engines:
+            size = f"{e.size_bytes / 1e3:.1f}" if e.size_bytes else "-"
+            lines.append(
+                f"| {e.name} | {e.median_ms:.3f} | {e.p95_ms:.3f} | {e.median_ms / self.floor_ms:.1f}x "
+                f"| {e.accuracy:.4f} | {size} |"
+            )
+        lines += [
+            "",
+            f"- floor: {self.mflop_per_window:.2f} MFLOP per window / {self.matmul_gflops:.1f} GFLOP/s "
+            f"single-thread matmul = {self.floor_ms:.3f} ms",
+            f"- `fedspeech listen` in real time on {self.listen_audio_s:.1f} s of audio: "
+            f"{self.listen_cpu_share:.1%} of a core, peak RSS {self.listen_peak_rss_mb:.1f} MB, "
+            f"{self.listen_detections} detections",
+            f"- cold start to first detection: {self.cold_start_s:.2f} s",
+        ]
+        return "\n".join(lines) + "\n"
+
+
+def spec_of(model: OnnxModel) -> ModelSpec:
+    """The model spec an exported file was made from, read from its metadata."""
+    meta = model.metadata
+    depth = int(meta["depth"]) if "depth" in meta else None
+    return ModelSpec(meta["model"], model.sample_rate, model.num_samples, len(model.labels), depth)
+
+
+def _latencies(
+    engines: dict[str, Callable[[np.ndarray], object]], windows: np.ndarray, repeats: int
+) -> dict[str, list[float]]:
+    """Seconds per call of each engine on one window, the engines taking turns window by window."""
+    for predict in engines.values():  # warm-up: allocations, kernel selection
+        for window in windows[:20]:
+            predict(window[None])
+    times: dict[str, list[float]] = {name: [] for name in engines}
+    for i in range(repeats):
+        window = windows[i % len(windows)][None]
+        for name, predict in engines.items():
+            start = time.perf_counter()
+            predict(window)
+            times[name].append(time.perf_counter() - start)
+    return times
+
+
+def _matmul_gflops(seconds: float = 0.5, size: int = 256) -> float:
+    """Single-thread float32 matrix-multiply rate of this core now (torch with one thread)."""
+    import torch
+
+    a, b = torch.randn(size, size), torch.randn(size, size)
+    out = torch.empty(size, size)
+    torch.mm(a, b, out=out)
+    calls, start = 0, time.perf_counter()
+    while time.perf_counter() - start < seconds:
+        torch.mm(a, b, out=out)
+        calls += 1
+    return calls * 2 * size**3 / (time.perf_counter() - start) / 1e9
+
+
+def _speech_file(waveforms: np.ndarray, sample_rate: int, path: Path) -> float:
+    """Write the waveforms as one mono WAV with GAP_S of silence after each; return its seconds."""
+    gap = np.zeros(int(GAP_S * sample_rate), np.float32)
+    audio = np.concatenate([part for w in waveforms for part in (w, gap)])
+    soundfile.write(path, audio, sample_rate)
+    return len(audio) / sample_rate
+
+
+def _listen_process(model: Path, audio: Path, labels: list[str]) -> tuple[float, float, int]:
+    """Run `fedspeech listen` at real speed: CPU share of one core, peak RSS (MB), detections printed."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    start = time.perf_counter()
+    args = [sys.executable, "-m", "fedspeech", "listen", "--model", str(model), "--input", str(audio)]
+    done = subprocess.run([*args, "--realtime"], capture_output=True, text=True, check=True)
+    wall = time.perf_counter() - start
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    detections = sum(_is_detection(line, labels) for line in done.stdout.splitlines())
+    return cpu / wall, after.ru_maxrss / 1024, detections  # ru_maxrss is in KB on Linux
+
+
+def _is_detection(line: str, labels: list[str]) -> bool:
+    return any(token in labels for token in line.split())
+
+
+def _cold_start(model: Path, audio: Path, labels: list[str]) -> float:
+    """Seconds from starting `fedspeech listen` on a file (as fast as possible) to its first detection."""
+    start = time.perf_counter()
+    args = [sys.executable, "-m", "fedspeech", "listen", "--model", str(model), "--input", str(audio)]
+    with subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True) as proc:
+        for line in proc.stdout:
+            if _is_detection(line, labels):
+                elapsed = time.perf_counter() - start
+                proc.kill()
+                return elapsed
+    raise RuntimeError("fedspeech listen detected nothing")
+
+
+def run_inference_bench(
+    model_path: Path, out: Path, data_dir: Path | None = None, repeats: int = 500
+) -> Path:
+    """Measure the exported model at model_path; write results.md and results.json into out."""
+    import torch
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from fedspeech.export.onnx_export import PREFIX
+    from fedspeech.models import build_model
+    from fedspeech.models.datasets import (
+        client_clips,
+        load_corpus,
+        load_waveforms,
+        server_test_clips,
+        speakers,
+    )
+    from fedspeech.models.train import set_arrays
+
+    torch.set_num_threads(1)
+    out.mkdir(parents=True, exist_ok=True)
+    fp32 = OnnxModel(model_path)
+    spec = spec_of(fp32)
+    model = build_model(spec).eval()
+    set_arrays(model, initializers(onnx.load(model_path), PREFIX))
+    corpus = load_corpus(fp32.metadata.get("task") or "fsdd", data_dir)
+    heldout_clips = server_test_clips(corpus)
+    heldout, labels = load_waveforms(heldout_clips, spec.sample_rate, spec.num_samples)
+    train = [c for s in speakers(corpus) for c in client_clips(corpus, s)[0]]
+    pick = np.random.default_rng(0).choice(len(train), min(300, len(train)), replace=False)
+    calibration, _ = load_waveforms([train[i] for i in pick], spec.sample_rate, spec.num_samples)
+
+    int8_path = quantize(model_path, out / "model-int8.onnx", calibration)
+    int8 = OnnxModel(int8_path)
+
+    @torch.no_grad()
+    def eager(window: np.ndarray) -> np.ndarray:
+        return torch.softmax(model(torch.from_numpy(window)), dim=-1).numpy()
+
+    engines = {"onnx fp32": fp32.predict, "onnx int8": int8.predict, "torch eager": eager}
+    times = _latencies(engines, heldout, repeats)
+    sizes = {"onnx fp32": model_path.stat().st_size, "onnx int8": int8_path.stat().st_size}
+    rows = [
+        Engine(
+            name,
+            float(np.median(times[name]) * 1e3),
+            float(np.percentile(times[name], 95) * 1e3),
+            float(np.mean(predict(heldout).argmax(axis=1) == labels)),
+            sizes.get(name),
+        )
+        for name, predict in engines.items()
+    ]
+    with FlopCounterMode(display=False) as counter:
+        eager(heldout[:1])
+    flops = counter.get_total_flops()
+    gflops = _matmul_gflops()
+
+    with tempfile.TemporaryDirectory() as tmp:
+        speaker = heldout_clips[0].speaker
+        words = heldout[[i for i, c in enumerate(heldout_clips) if c.speaker == speaker][:10]]
+        audio = Path(tmp) / "words.wav"
+        seconds = _speech_file(words, spec.sample_rate, audio)
+        share, rss, detections = _listen_process(model_path, audio, fp32.labels)
+        cold = _cold_start(model_path, audio, fp32.labels)
+
+    report = InferenceReport(
+        model=f"{spec.name} ({model_path})",
+        engines=rows,
+        mflop_per_window=flops / 1e6,
+        matmul_gflops=gflops,
+        floor_ms=flops / (gflops * 1e9) * 1e3,
+        listen_cpu_share=share,
+        listen_peak_rss_mb=rss,
+        listen_audio_s=seconds,
+        listen_detections=detections,
+        cold_start_s=cold,
+    )
+    (out / "results.json").write_text(json.dumps(asdict(report), indent=2))
+    path = out / "results.md"
+    path.write_text(report.markdown())
+    print(report.markdown())
+    print(f"wrote {path}, {out / 'results.json'} and {int8_path}")
+    return path

@@ -1,0 +1,404 @@
+"""`fedspeech listen`: streaming detection on files, a virtual microphone and a followed coordinator."""
+
+import functools
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import numpy as np
+import onnx
+import paho.mqtt.client as mqtt
+import pytest
+import soundfile
+import soxr
+from conftest import free_port, wait_for
+
+from fedspeech.export.runtime import OnnxModel
+from fedspeech.export.streaming import DetectorConfig, StreamingDetector
+from fedspeech.protocol import messages, weights
+from fedspeech.protocol.messages import BlobRef, ModelAnnouncement, ModelSpec
+from fedspeech.protocol.topics import Topics, parse_broker_url
+
+RECORDINGS = Path(__file__).resolve().parent.parent / "data" / "fsdd" / "recordings"
+SPEAKER, TAKE = "lucas", 1  # a held-out take: FSDD's recordings 0-4 are its test split, never trained on
+DIGITS = [str(digit) for digit in range(10)]
+RATE = 8000
+SPEC = ModelSpec("cnn", RATE, RATE, 10)
+DETECTION = re.compile(r"^\s*(\d+\.\d+) s  (\S+)  (\d\.\d\d)$", re.MULTILINE)
+
+pytestmark = pytest.mark.timeout(180)
+
+
+# ---- models and audio ----
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory) -> dict[str, Path]:
+    """A CNN trained on all speakers' training clips; it with labels reversed; it posing as a 16 kHz model."""
+    import torch
+
+    from fedspeech.export.onnx_export import export_onnx
+    from fedspeech.models import build_model
+    from fedspeech.models.datasets import load_corpus, load_waveforms
+    from fedspeech.models.train import train_local
+
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    corpus = load_corpus("fsdd")
+    waveforms, labels = load_waveforms([c for c in corpus.clips if not c.test], RATE, RATE)
+    model = build_model(SPEC)
+    train_local(model, waveforms, labels, epochs=6, batch_size=32, learning_rate=3e-3)
+    folder = tmp_path_factory.mktemp("models")
+    path = export_onnx(model, SPEC, corpus.labels, folder / "model.onnx", round=1, task="fsdd")
+    return {
+        "model": path,
+        "round 2": _with_metadata(path, folder / "round2.onnx", round="2"),
+        "reversed": _with_metadata(path, folder / "reversed.onnx", labels=DIGITS[::-1], round="3"),
+        "16k": _with_metadata(path, folder / "16k.onnx", sample_rate="16000", num_samples="16000"),
+    }
+
+
+def _with_metadata(source: Path, out: Path, labels: list[str] | None = None, **changes: str) -> Path:
+    """A copy of an ONNX file with some metadata changed: same graph, same weights."""
+    proto = onnx.load(source)
+    metadata = {prop.key: prop.value for prop in proto.metadata_props} | changes
+    if labels is not None:
+        metadata["labels"] = json.dumps(labels)
+    del proto.metadata_props[:]
+    onnx.helper.set_model_props(proto, metadata)
+    onnx.save(proto, out)
+    return out
+
+
+def digits_audio(speaker: str = SPEAKER, take: int = TAKE, seed: int = 0) -> tuple[np.ndarray, list]:
+    """One speaker saying 0 to 9 (held-out recordings), 0.8-1 s of silence apart; and where each digit is."""
+    rng = np.random.default_rng(seed)
+    parts, spans, position = [np.zeros(RATE // 2, np.float32)], [], RATE // 2
+    for digit in DIGITS:
+        clip, rate = soundfile.read(RECORDINGS / f"{digit}_{speaker}_{take}.flac", dtype="float32")
+        assert rate == RATE
+        spans.append((position / RATE, (position + len(clip)) / RATE))
+        gap = np.zeros(int(rng.uniform(0.8, 1.0) * RATE), np.float32)
+        parts += [clip, gap]
+        position += len(clip) + len(gap)
+    return np.concatenate(parts), spans
+
+
+@pytest.fixture(scope="module")
+def digits_wav(tmp_path_factory) -> tuple[Path, list]:
+    """digits_audio as an 8 kHz mono WAV file, and the (start, end) seconds of each digit."""
+    audio, spans = digits_audio()
+    path = tmp_path_factory.mktemp("audio") / "digits.wav"
+    soundfile.write(path, audio, RATE)
+    return path, spans
+
+
+def listen(*args: str) -> subprocess.CompletedProcess:
+    """Run `python -m fedspeech listen ARGS` to the end."""
+    command = [sys.executable, "-m", "fedspeech", "listen", *args]
+    return subprocess.run(command, capture_output=True, text=True, timeout=120)
+
+
+def detections(text: str) -> list[tuple[float, str, float]]:
+    """(time, label, confidence) of each detection line."""
+    return [(float(t), label, float(p)) for t, label, p in DETECTION.findall(text)]
+
+
+def assert_digits_in_order(labels: list[str], expected: list[str] = DIGITS, at_least: int = 9) -> None:
+    """Every label is the next expected one (a word may be missed, never added or confused)."""
+    remaining = iter(expected)
+    assert all(label in remaining for label in labels), f"{labels} is not {expected} in order"
+    assert len(labels) >= at_least, f"only {len(labels)} of {len(expected)} detected: {labels}"
+
+
+# ---- files ----
+
+
+def test_file_detects_each_digit_once_in_order(models, digits_wav):
+    wav, spans = digits_wav
+    result = listen("--model", str(models["model"]), "--input", str(wav), "--timings")
+    assert result.returncode == 0, result.stderr
+    found = detections(result.stdout)
+    assert_digits_in_order([label for _, label, _ in found])
+    for time_s, label, confidence in found:
+        start, end = spans[int(label)]
+        # made from a window holding the word, at most one window after its end
+        assert start < time_s <= end + 1.0 + 0.1, (label, time_s, spans[int(label)])
+        assert confidence >= DetectorConfig().threshold
+    # the silences before, between and after the words are not all classified
+    windows = int(re.search(r"(\d+) windows classified", result.stderr).group(1))
+    hops = (len(soundfile.read(wav)[0]) + RATE) // (RATE // 10)
+    assert 0 < windows < hops
+
+
+def test_listen_never_imports_torch(models, digits_wav):
+    wav, _ = digits_wav
+    argv = ["listen", "--model", str(models["model"]), "--input", str(wav)]
+    code = (
+        "import sys\n"
+        "from fedspeech.__main__ import main\n"
+        f"main({argv!r})\n"
+        "print('torch modules:', sorted(m for m in sys.modules if m.split('.')[0] == 'torch'))\n"
+        "print('onnxruntime loaded:', 'onnxruntime' in sys.modules)\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert len(detections(result.stdout)) >= 9  # it really ran the model
+    assert "torch modules: []" in result.stdout
+    assert "onnxruntime loaded: True" in result.stdout
+
+
+def test_stereo_44k_file_is_mixed_down_and_resampled(models, tmp_path):
+    audio, _ = digits_audio()
+    stereo = soxr.resample(np.stack([audio, 0.5 * audio], axis=1), RATE, 44100)
+    path = tmp_path / "stereo-44k.wav"
+    soundfile.write(path, stereo, 44100)
+    assert soundfile.info(path).channels == 2
+    result = listen("--model", str(models["model"]), "--input", str(path))
+    assert result.returncode == 0, result.stderr
+    assert_digits_in_order([label for _, label, _ in detections(result.stdout)])
+
+
+@pytest.mark.parametrize(
+    "case, expected",
+    [
+        ("missing file", "no such file"),
+        ("empty file", "empty file"),
+        ("corrupt file", "unreadable or corrupt audio"),
+        ("no samples", "no samples"),
+        ("missing device", "no input device 'no-such-microphone'"),
+        ("missing model", "no such model file"),
+        ("not a model", "not a usable fedspeech ONNX model"),
+    ],
+)
+def test_bad_input_is_one_clear_line(models, digits_wav, tmp_path, case, expected):
+    model, wav = str(models["model"]), digits_wav[0]
+    empty, corrupt, silent = tmp_path / "empty.wav", tmp_path / "corrupt.wav", tmp_path / "silent.wav"
+    empty.write_bytes(b"")
+    corrupt.write_bytes(b"RIFF\x24\x00\x00\x00WAVEfmt " + os.urandom(200))
+    soundfile.write(silent, np.zeros(0, np.float32), RATE)
+    args = {
+        "missing file": ["--model", model, "--input", str(tmp_path / "absent.wav")],
+        "empty file": ["--model", model, "--input", str(empty)],
+        "corrupt file": ["--model", model, "--input", str(corrupt)],
+        "no samples": ["--model", model, "--input", str(silent)],
+        "missing device": ["--model", model, "--device", "no-such-microphone"],
+        "missing model": ["--model", str(tmp_path / "absent.onnx"), "--input", str(wav)],
+        "not a model": ["--model", str(wav), "--input", str(wav)],
+    }[case]
+    result = listen(*args)
+    assert result.returncode == 1
+    assert result.stdout == ""
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith("fedspeech listen: ") and expected in lines[0], lines[0]
+
+
+# ---- the detector ----
+
+
+def frames_of(audio: np.ndarray, frame_size: int) -> list[np.ndarray]:
+    """audio cut into whole frames, the last one zero-padded."""
+    audio = np.concatenate([audio, np.zeros(-len(audio) % frame_size, np.float32)])
+    return [audio[i : i + frame_size] for i in range(0, len(audio), frame_size)]
+
+
+def test_silence_runs_no_inference(models):
+    detector = StreamingDetector(OnnxModel(models["model"]), timings=True)
+    rng = np.random.default_rng(0)
+    for frame in frames_of(0.001 * rng.standard_normal(10 * RATE).astype(np.float32), detector.frame_size):
+        assert detector.push(frame) is None
+    assert detector.samples == 10 * RATE
+    assert detector.timings.windows == 0
+    with pytest.raises(ValueError, match="expected a frame"):
+        detector.push(np.zeros(detector.frame_size + 1, np.float32))
+
+
+def run_with_swap(models, frames: list[np.ndarray], swap_at: int, new: str) -> tuple[StreamingDetector, list]:
+    """Feed frames to a detector of models['model'], swapping to models[new] before frame swap_at."""
+    detector = StreamingDetector(OnnxModel(models["model"]), timings=True)
+    found = [d for d in map(detector.push, frames[:swap_at]) if d]
+    detector.swap(OnnxModel(models[new]))
+    found += [d for d in map(detector.push, frames[swap_at:]) if d]
+    return detector, found
+
+
+@pytest.mark.parametrize("when", ["before", "after"])
+def test_swap_mid_word_keeps_every_frame(models, when):
+    audio, spans = digits_audio(seed=1)
+    reference = StreamingDetector(OnnxModel(models["model"]))
+    frames = frames_of(audio, reference.frame_size)
+    unswapped = [d for d in map(reference.push, frames) if d]
+    assert_digits_in_order([d.label for d in unswapped])
+    # while digit 5 is being spoken, before or after its detection, between two hops
+    five = next(d for d in unswapped if d.label == "5")
+    swap_s = spans[5][0] + 0.25 if when == "before" else five.time_s + 0.43
+    swap_at = round(swap_s * RATE) // reference.frame_size
+    swap_s = swap_at * reference.frame_size / RATE
+
+    # the next round of the same model: nothing in the stream changes, not even the smoothing
+    detector, found = run_with_swap(models, frames, swap_at, "round 2")
+    assert detector.model.metadata["round"] == "2"
+    assert detector.frames == len(frames) and detector.samples == len(frames) * detector.frame_size
+    assert found == unswapped
+
+    # the same weights under reversed labels: the smoothing restarts, the ring buffer does not, and
+    # digit 5 is detected once, by the old model or by the new one
+    detector, found = run_with_swap(models, frames, swap_at, "reversed")
+    assert detector.frames == len(frames)
+    assert len(found) == len(unswapped)
+    delay = (detector.config.smoothing - 1) * detector.config.hop_ms / 1000
+    for old, new in zip(unswapped, found, strict=True):
+        if new.time_s < swap_s:
+            assert new == old
+        else:
+            assert new.label == str(9 - int(old.label))
+            assert old.time_s <= new.time_s <= old.time_s + delay + 1e-9
+    assert (five in found) == (when == "after")
+    assert detector.timings.windows > 0
+
+
+def test_swap_to_another_rate_is_refused(models):
+    model = OnnxModel(models["model"])
+    detector = StreamingDetector(model)
+    detector.push(np.zeros(detector.frame_size, np.float32))
+    with pytest.raises(ValueError, match="16000 samples at 16000 Hz"):
+        detector.swap(OnnxModel(models["16k"]))
+    assert detector.model is model and detector.frames == 1
+
+
+# ---- following a coordinator ----
+
+
+class QuietHandler(SimpleHTTPRequestHandler):
+    def log_message(self, format: str, *args: object) -> None:
+        pass
+
+
+@pytest.fixture
+def file_server(models):
+    """The models folder served over HTTP, as the coordinator serves its ONNX files."""
+    handler = functools.partial(QuietHandler, directory=str(models["model"].parent))
+    server = ThreadingHTTPServer(("127.0.0.1", free_port()), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_port}"
+    server.shutdown()
+    server.server_close()
+
+
+def announce(client: mqtt.Client, topic: str, round: int, path: Path, sha256: str | None = None) -> None:
+    """Publish a retained announcement of an ONNX file served at /<name>."""
+    data = path.read_bytes()
+    onnx_ref = BlobRef(f"/{path.name}", sha256 or weights.sha256(data), len(data))
+    weights_ref = BlobRef(f"/api/models/{round}/weights", "0" * 64, 0)  # listening devices never fetch it
+    body = messages.encode(ModelAnnouncement(round, SPEC, DIGITS, weights_ref, onnx_ref))
+    client.publish(topic, body, qos=1, retain=True).wait_for_publish(5)
+
+
+def test_follows_the_coordinator_and_swaps_without_dropping_audio(
+    models, digits_wav, mosquitto_url, topic_root, file_server, processes
+):
+    wav, _ = digits_wav
+    topic = Topics(topic_root).model
+    publisher = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2)
+    publisher.connect(*parse_broker_url(mosquitto_url))
+    publisher.loop_start()
+    try:
+        announce(publisher, topic, 1, models["model"])
+        proc = processes.start(
+            "listen",
+            "listen",
+            "--coordinator", file_server,
+            "--broker", mosquitto_url,
+            "--topic-root", topic_root,
+            "--input", str(wav),
+            "--realtime",
+        )  # fmt: skip
+        log = proc.log_path
+        wait_for(lambda: detections(log.read_text()), 30, "a first detection with the round 1 model")
+        announce(publisher, topic, 2, models["reversed"], sha256="0" * 64)  # corrupted on the way
+        refused = "round 2: ignoring its model: sha256 mismatch"
+        wait_for(lambda: refused in log.read_text(), 15, "the corrupted model refused")
+        announce(publisher, topic, 3, models["reversed"])
+        wait_for(lambda: "swapped in model cnn round 3" in log.read_text(), 15, "the round 3 model")
+        assert proc.wait(timeout=60) == 0
+        publisher.publish(topic, b"", qos=1, retain=True).wait_for_publish(5)
+    finally:
+        publisher.loop_stop()
+        publisher.disconnect()
+
+    text = log.read_text()
+    swap_s = float(re.search(r"swapped in model cnn round 3 at (\d+\.\d+) s", text).group(1))
+    found = detections(text)
+    before = [label for time_s, label, _ in found if time_s < swap_s]
+    after = [str(9 - int(label)) for time_s, label, _ in found if time_s >= swap_s]  # labels reversed
+    assert before and len(after) >= 5
+    assert_digits_in_order(before + after)
+    # every frame of the file went through the detector: its length plus one window of trailing silence
+    samples = len(soundfile.read(wav)[0]) + RATE
+    seconds = float(re.search(r"listened to (\d+\.\d+) s of audio", text).group(1))
+    assert seconds == pytest.approx(np.ceil(samples / 80) * 80 / RATE, abs=0.005)
+
+
+# ---- a virtual microphone ----
+
+
+@pytest.fixture
+def virtual_microphone(tmp_path, monkeypatch):
+    """A private PulseAudio server with a null sink, fedspeech_mic; its monitor is the default source."""
+    if not (shutil.which("pulseaudio") and shutil.which("paplay") and shutil.which("pactl")):
+        pytest.skip("needs PulseAudio: apt-get install pulseaudio pulseaudio-utils libasound2-plugins")
+    runtime = tmp_path / "pulse"
+    runtime.mkdir()
+    env = {**os.environ, "PULSE_RUNTIME_PATH": str(runtime), "PULSE_STATE_PATH": str(runtime)}
+    command = [
+        "pulseaudio",
+        "--daemonize=no",
+        "-n",  # no default.pa: none of the machine's sound cards
+        "--exit-idle-time=-1",
+        "--load=module-native-protocol-unix auth-anonymous=1",
+        "--load=module-null-sink sink_name=fedspeech_mic",
+    ]
+    with open(tmp_path / "pulseaudio.log", "w") as log:
+        server = subprocess.Popen(command, env=env, stdout=log, stderr=log)
+    try:
+        ready = lambda: subprocess.run(["pactl", "info"], env=env, capture_output=True).returncode == 0  # noqa: E731
+        wait_for(ready, 15, "PulseAudio to start")
+        monkeypatch.setenv("PULSE_RUNTIME_PATH", str(runtime))
+        monkeypatch.setenv("PULSE_SOURCE", "fedspeech_mic.monitor")  # what ALSA's "pulse" device records
+        yield env
+    finally:
+        server.terminate()
+        server.wait(timeout=10)
+
+
+def test_microphone_through_pulseaudio(virtual_microphone, models, digits_wav, processes):
+    wav, _ = digits_wav
+    devices = listen("--list-devices")
+    assert devices.returncode == 0 and "pulse" in devices.stdout, devices.stdout + devices.stderr
+    model = str(models["model"])
+    proc = processes.start("listen-mic", "listen", "--model", model, "--device", "pulse", "--timings")
+    log = proc.log_path
+    wait_for(lambda: "listening to input device pulse" in log.read_text(), 30, "the microphone opened")
+    time.sleep(1.0)  # PortAudio's stream is running
+    play = ["paplay", "--device=fedspeech_mic", str(wav)]
+    subprocess.run(play, env=virtual_microphone, check=True, timeout=60)
+    time.sleep(1.5)  # the last word's windows
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=20) == 0
+    found = detections(log.read_text())
+    assert_digits_in_order([label for _, label, _ in found])
+    # it hears what the file path hears, at the same moments give or take a hop
+    file_run = listen("--model", model, "--input", str(wav))
+    from_file = {label: time_s for time_s, label, _ in detections(file_run.stdout)}
+    offsets = [time_s - from_file[label] for time_s, label, _ in found if label in from_file]
+    assert len(offsets) >= 8 and max(offsets) - min(offsets) <= 0.1 + 1e-9, offsets
