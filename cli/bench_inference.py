@@ -119,12 +119,24 @@ def _matmul_gflops(seconds: float = 0.5, size: int = 256) -> float:
     return calls * 2 * size**3 / (time.perf_counter() - start) / 1e9
 
 
-def _speech_file(waveforms: np.ndarray, sample_rate: int, path: Path) -> float:
-    """Write the waveforms as one mono WAV with GAP_S of silence after each; return its seconds."""
+def _speech_file(clips: list, sample_rate: int, path: Path) -> float:
+    """Write the clips, each followed by GAP_S of silence, as one mono WAV; return its seconds."""
+    from fedspeech.listen import read_audio
+
     gap = np.zeros(int(GAP_S * sample_rate), np.float32)
-    audio = np.concatenate([part for w in waveforms for part in (w, gap)])
+    audio = np.concatenate(
+        [gap, *[part for clip in clips for part in (read_audio(clip.path, sample_rate), gap)]]
+    )
     soundfile.write(path, audio, sample_rate)
     return len(audio) / sample_rate
+
+
+def _one_per_label(clips: list) -> list:
+    """The first clip of each label, in label order: one held-out speaker saying every word once."""
+    first = {}
+    for clip in clips:
+        first.setdefault(clip.label, clip)
+    return [first[label] for label in sorted(first)]
 
 
 def _listen_process(model: Path, audio: Path, labels: list[str]) -> tuple[float, float, int]:
@@ -214,8 +226,8 @@ def run_inference_bench(
     gflops = _matmul_gflops()
 
     with tempfile.TemporaryDirectory() as tmp:
-        speaker = heldout_clips[0].speaker
-        words = heldout[[i for i, c in enumerate(heldout_clips) if c.speaker == speaker][:10]]
+        speaker = heldout_clips[-1].speaker
+        words = _one_per_label([c for c in heldout_clips if c.speaker == speaker])
         audio = Path(tmp) / "words.wav"
         seconds = _speech_file(words, spec.sample_rate, audio)
         share, rss, detections = _listen_process(model_path, audio, fp32.labels)

@@ -19,7 +19,7 @@ def strip_debug_info(proto: onnx.ModelProto) -> None:
 def initializers(proto: onnx.ModelProto, prefix: str = "") -> dict[str, np.ndarray]:
     """The graph's stored tensors whose names start with prefix, by name without it."""
     return {
-        init.name.removeprefix(prefix): numpy_helper.to_array(init)
+        init.name.removeprefix(prefix): numpy_helper.to_array(init).copy()  # writable, as torch wants
         for init in proto.graph.initializer
         if init.name.startswith(prefix)
     }

@@ -41,23 +41,10 @@ pytestmark = pytest.mark.timeout(180)
 
 
 @pytest.fixture(scope="module")
-def models(tmp_path_factory) -> dict[str, Path]:
-    """A CNN trained on all speakers' training clips; it with labels reversed; it posing as a 16 kHz model."""
-    import torch
-
-    from fedspeech.export.onnx_export import export_onnx
-    from fedspeech.models import build_model
-    from fedspeech.models.datasets import load_corpus, load_waveforms
-    from fedspeech.models.train import train_local
-
-    torch.set_num_threads(1)
-    torch.manual_seed(0)
-    corpus = load_corpus("fsdd")
-    waveforms, labels = load_waveforms([c for c in corpus.clips if not c.test], RATE, RATE)
-    model = build_model(SPEC)
-    train_local(model, waveforms, labels, epochs=6, batch_size=32, learning_rate=3e-3)
-    folder = tmp_path_factory.mktemp("models")
-    path = export_onnx(model, SPEC, corpus.labels, folder / "model.onnx", round=1, task="fsdd")
+def models(fsdd_model, tmp_path_factory) -> dict[str, Path]:
+    """The session's trained CNN; it with labels reversed; it posing as a 16 kHz model."""
+    folder = tmp_path_factory.mktemp("models")  # served as one folder by file_server
+    path = Path(shutil.copy(fsdd_model.onnx_path, folder / "model.onnx"))
     return {
         "model": path,
         "round 2": _with_metadata(path, folder / "round2.onnx", round="2"),

@@ -1,0 +1,23 @@
+"""`fedspeech bench inference` end to end on a trained model, with few repeats (timings are not asserted)."""
+
+import json
+
+from fedspeech.bench_inference import run_inference_bench, spec_of
+from fedspeech.export.runtime import OnnxModel
+
+
+def test_inference_bench_measures_every_engine_and_the_listener(fsdd_model, tmp_path):
+    assert spec_of(OnnxModel(fsdd_model.onnx_path)) == fsdd_model.spec
+    path = run_inference_bench(fsdd_model.onnx_path, tmp_path, repeats=30)
+    report = json.loads((tmp_path / "results.json").read_text())
+    engines = {e["name"]: e for e in report["engines"]}
+    assert set(engines) == {"onnx fp32", "onnx int8", "torch eager"}
+    assert all(e["median_ms"] > 0 and e["p95_ms"] >= e["median_ms"] for e in engines.values())
+    assert engines["onnx fp32"]["accuracy"] == engines["torch eager"]["accuracy"] > 0.9
+    assert engines["onnx int8"]["size_bytes"] < engines["onnx fp32"]["size_bytes"]
+    assert report["mflop_per_window"] > 1 and report["floor_ms"] > 0
+    # ten digits spoken by one held-out speaker, played in real time (accuracy is test_listen's business)
+    assert 5 <= report["listen_detections"] <= 10
+    assert 0 < report["listen_cpu_share"] < 1 and report["listen_peak_rss_mb"] > 10
+    assert report["cold_start_s"] > 0
+    assert "| onnx int8 |" in path.read_text()
