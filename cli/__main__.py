@@ -83,8 +83,8 @@ def _demo(args: argparse.Namespace) -> None:
     run_demo(
         DemoConfig(
             out=args.out,
-            fleet=args.fleet,
-            strategy=args.strategy,
+            fleet=None if args.full_speed else args.fleet or DemoConfig.fleet,
+            strategy=args.strategy or DemoConfig.strategy,
             rounds=args.rounds,
             epochs=args.epochs,
             broker_url=args.broker,
@@ -214,8 +214,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     m = sub.add_parser("demo", help="one coordinator and one device per FSDD speaker, end to end")
     m.add_argument("--out", type=Path, default=Path("fedspeech-demo"), help="where results go")
-    m.add_argument("--fleet", type=Path, help="emulated fleet file, e.g. deploy/fleets/pi-mix.toml")
-    m.add_argument("--strategy", choices=list(STRATEGIES), default="fedavg")
+    m.add_argument("--fleet", type=Path, help="emulated fleet file (default deploy/fleets/pi-mix.toml)")
+    m.add_argument("--full-speed", action="store_true", help="one unthrottled device per speaker instead")
+    m.add_argument("--strategy", choices=list(STRATEGIES), help="default epochs_only")
     m.add_argument("--rounds", type=int, default=30)
     m.add_argument("--epochs", type=int, help="local epochs per round (default 2)")
     m.add_argument("--broker", help="mqtt://host:port of an existing broker (default: embedded broker)")
