@@ -141,15 +141,33 @@ def _one_per_label(clips: list) -> list:
 
 def _listen_process(model: Path, audio: Path, labels: list[str]) -> tuple[float, float, int]:
     """Run `fedspeech listen` at real speed: CPU share of one core, peak RSS (MB), detections printed."""
+    import psutil
+
+    # Peak RSS is sampled, not read from getrusage: a child's recorded maximum includes the moment
+    # between fork and exec, when it is still a copy of this process, torch and all.
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.perf_counter()
     args = [sys.executable, "-m", "fedspeech", "listen", "--model", str(model), "--input", str(audio)]
-    done = subprocess.run([*args, "--realtime"], capture_output=True, text=True, check=True)
+    proc = subprocess.Popen(
+        [*args, "--realtime"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True
+    )
+    watched, peak = psutil.Process(proc.pid), 0
+    while proc.poll() is None:
+        try:
+            if "listen" in watched.cmdline():  # exec'd: no longer a copy of this process
+                peak = max(peak, watched.memory_info().rss)
+        except psutil.Error:
+            pass  # it has just exited
+        time.sleep(0.01)
     wall = time.perf_counter() - start
+    output = proc.stdout.read()
+    proc.stdout.close()
+    if proc.returncode != 0:
+        raise RuntimeError(f"fedspeech listen failed with exit code {proc.returncode}")
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
-    detections = sum(_is_detection(line, labels) for line in done.stdout.splitlines())
-    return cpu / wall, after.ru_maxrss / 1024, detections  # ru_maxrss is in KB on Linux
+    detections = sum(_is_detection(line, labels) for line in output.splitlines())
+    return cpu / wall, peak / 2**20, detections
 
 
 def _is_detection(line: str, labels: list[str]) -> bool:
