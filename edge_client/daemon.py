@@ -15,7 +15,7 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -141,7 +141,8 @@ def _run(config: ClientConfig, stop: threading.Event) -> None:
     corpus, clips = _train_clips(config)
     daemon = _Daemon(config, stop, Topics(config.topic_root), clips, measure_profile())
     seconds_per_sample = _warm_up(daemon, corpus)
-    daemon.profile = measure_profile(seconds_per_sample, measure_rtt_ms(config.coordinator_url))
+    rtt_ms = measure_rtt_ms(config.coordinator_url)
+    daemon.profile = replace(daemon.profile, seconds_per_sample=seconds_per_sample, rtt_ms=rtt_ms)
     if not _register(daemon):
         return
     daemon.status = DeviceStatus(config.device_id, "online", len(clips), daemon.profile)
@@ -402,9 +403,11 @@ _KEPT_MODEL, _KEPT_ANNOUNCEMENT = "model.onnx", "model.json"
 
 def _kept_round(model_dir: Path | None) -> int:
     """Round of the model kept in model_dir by an earlier run, -1 if none."""
+    if model_dir is None:
+        return -1
     try:
         return messages.decode((model_dir / _KEPT_ANNOUNCEMENT).read_bytes(), ModelAnnouncement).round
-    except (TypeError, OSError, messages.ProtocolError):
+    except (OSError, messages.ProtocolError):
         return -1
 
 
