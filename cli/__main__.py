@@ -14,15 +14,21 @@ from fedspeech.protocol.topics import DEFAULT_ROOT
 
 def _coordinator(args: argparse.Namespace) -> None:
     from fedspeech.coordinator.app import create_app, serve
+    from fedspeech.models.tasks import TaskFileError
 
     config = {
         "STATE_DIR": args.state,
         "BROKER_URL": args.broker,
         "EMBEDDED_BROKER_PORT": args.broker_port,
         "TOPIC_ROOT": args.topic_root,
-        "CORPUS": args.corpus,
+        "TASK": args.task,
+        "EVAL_DATA": args.eval_data,
+        "EVAL_CORPUS": args.eval_corpus,
         "DATA_DIR": args.data_dir,
         "EVAL_LIMIT": args.eval_limit,
+        "EVAL_EVERY": args.eval_every,
+        "EVAL_DEVICES": args.eval_devices,
+        "EVAL_TIMEOUT_S": args.eval_timeout,
         "ROUNDS": args.rounds,
         "MIN_DEVICES": args.min_devices,
         "MIN_RESULTS": args.min_results,
@@ -37,7 +43,10 @@ def _coordinator(args: argparse.Namespace) -> None:
         "DEPTH_SCHEDULE": args.depth_schedule,
         "DEPTH_STAGES": args.depth_stages,
     }
-    app = create_app({k: v for k, v in config.items() if v is not None})
+    try:
+        app = create_app({k: v for k, v in config.items() if v is not None})
+    except (TaskFileError, ValueError, FileNotFoundError) as exc:
+        raise SystemExit(f"fedspeech coordinator: {exc}") from None
     service = app.extensions["fedspeech"]
     service.start()
     server = serve(app, args.host, args.port)
@@ -51,30 +60,65 @@ def _coordinator(args: argparse.Namespace) -> None:
 
 def _client(args: argparse.Namespace) -> None:
     from fedspeech.edge_client.daemon import ClientConfig, run_client, run_clients
+    from fedspeech.edge_client.local_data import DataSource
 
+    if (args.data is None) == (not args.speaker):
+        raise SystemExit("fedspeech client: give --data DIR (own recordings) or --speaker (a corpus speaker)")
     if len(args.speaker) > 1 and args.device_id:
         raise SystemExit("--device-id names one device; with several --speaker each is named by its speaker")
+    if args.data is not None and not args.data.is_dir():
+        raise SystemExit(f"fedspeech client: no data folder {args.data} (it holds one folder per label)")
+    if args.data is not None:
+        sources = [(args.device_id or _host_device_id(), DataSource(folder=args.data))]
+    else:
+        sources = [
+            (args.device_id or s, DataSource(corpus=args.corpus, speaker=s, corpus_dir=args.data_dir))
+            for s in args.speaker
+        ]
     configs = [
         ClientConfig(
             coordinator_url=args.coordinator,
             broker_url=args.broker,
-            device_id=args.device_id or speaker,
-            corpus=args.corpus,
-            speaker=speaker,
-            data_dir=args.data_dir,
+            device_id=device_id,
+            data=source,
             topic_root=args.topic_root,
             max_samples=args.max_samples,
             torch_threads=args.threads,
-            model_dir=args.model_dir / speaker
-            if args.model_dir and len(args.speaker) > 1
-            else args.model_dir,
+            model_dir=args.model_dir / device_id if args.model_dir and len(sources) > 1 else args.model_dir,
         )
-        for speaker in args.speaker
+        for device_id, source in sources
     ]
     if len(configs) == 1:
         run_client(configs[0])
     else:
         run_clients(configs)
+
+
+def _host_device_id() -> str:
+    """This machine's host name as a device id."""
+    import re
+    import socket
+
+    return re.sub(r"[^A-Za-z0-9_.-]", "-", socket.gethostname())[:64] or "device"
+
+
+def _record(args: argparse.Namespace) -> None:
+    from fedspeech.edge_client.recording import RecordConfig, RecordError, run_record
+    from fedspeech.models.tasks import TaskFileError, load_task
+
+    signal.signal(signal.SIGTERM, signal.default_int_handler)  # stop as on Ctrl-C, keeping what is saved
+    try:
+        config = RecordConfig(
+            task=load_task(args.task),
+            label=args.label,
+            count=args.count,
+            data=args.data,
+            device=args.device,
+            take_seconds=args.take_seconds,
+        )
+        run_record(config)
+    except (TaskFileError, RecordError) as exc:
+        raise SystemExit(f"fedspeech record: {exc}") from None
 
 
 def _demo(args: argparse.Namespace) -> None:
@@ -120,6 +164,12 @@ def _bench_growing(args: argparse.Namespace) -> None:
     targets = dict(DEFAULT_TARGETS) | dict(target.split("=") for target in args.target or [])
     cfg = replace(cfg, corpora=args.corpus or cfg.corpora, targets={k: float(v) for k, v in targets.items()})
     run_bench(cfg)
+
+
+def _bench_central(args: argparse.Namespace) -> None:
+    from fedspeech.bench import run_central
+
+    run_central(args.corpus, args.out, args.seeds, args.epochs, args.data_dir)
 
 
 def _listen(args: argparse.Namespace) -> None:
@@ -176,9 +226,18 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--host", default="127.0.0.1", help="HTTP bind address")
     c.add_argument("--port", type=int, default=8080, help="HTTP port")
     c.add_argument("--topic-root", default=DEFAULT_ROOT)
-    c.add_argument("--corpus", help="corpus defining the task and held-out set (default fsdd)")
+    c.add_argument("--task", help="a task file, or a built-in task: fsdd (default), emodb, speech_commands")
+    c.add_argument(
+        "--eval-every", type=int, help="devices evaluate every N rounds' model (default 1, 0: never)"
+    )
+    c.add_argument("--eval-devices", type=int, help="devices asked to evaluate (default: all online)")
+    c.add_argument("--eval-timeout", type=float, help="seconds devices have to report an evaluation")
+    c.add_argument("--eval-data", help="also evaluate centrally on a folder DIR/<label>/* of clips")
+    c.add_argument(
+        "--eval-corpus", choices=["fsdd", "emodb", "speech_commands"], help="or on its held-out set"
+    )
     c.add_argument("--data-dir", help="folder holding the corpora (default: bundled data/)")
-    c.add_argument("--eval-limit", type=int, help="evaluate on at most this many held-out clips")
+    c.add_argument("--eval-limit", type=int, help="evaluate centrally on at most this many clips")
     c.add_argument("--rounds", type=int)
     c.add_argument("--min-devices", type=int, help="devices online before a round starts")
     c.add_argument("--min-results", type=int, help="updates needed to aggregate a round")
@@ -197,20 +256,30 @@ def build_parser() -> argparse.ArgumentParser:
     d = sub.add_parser("client", help="run the device daemon")
     d.add_argument("--coordinator", default="http://127.0.0.1:8080", help="coordinator base URL")
     d.add_argument("--broker", default="mqtt://127.0.0.1:1883", help="mqtt://host:port")
-    d.add_argument("--device-id", help="device id (default: the speaker)")
-    d.add_argument("--corpus", default="fsdd")
+    d.add_argument("--device-id", help="device id (default: the host name, or the speaker)")
+    d.add_argument("--data", type=Path, metavar="DIR", help="this device's recordings, one folder per label")
     d.add_argument(
         "--speaker",
         action="append",
-        required=True,
-        help="whose recordings are this device's local data (repeat it to host a device per speaker)",
+        default=[],
+        help="emulate a device from a corpus speaker's recordings (repeat it to host a device per speaker)",
     )
+    d.add_argument("--corpus", default="fsdd", help="the corpus of --speaker (default fsdd)")
     d.add_argument("--data-dir", type=Path, help="folder holding the corpora (default: bundled data/)")
     d.add_argument("--topic-root", default=DEFAULT_ROOT)
     d.add_argument("--max-samples", type=int, help="train on at most this many local clips")
     d.add_argument("--threads", type=int, default=1, help="torch threads")
     d.add_argument("--model-dir", type=Path, help="keep the latest global model here as model.onnx")
     d.set_defaults(run=_client)
+
+    r = sub.add_parser("record", help="record takes of one label from the microphone into a data folder")
+    r.add_argument("--task", required=True, help="task file, or fsdd, emodb, speech_commands")
+    r.add_argument("--label", required=True, help="the label spoken in these takes")
+    r.add_argument("--count", type=int, default=10, help="takes to keep (default 10)")
+    r.add_argument("--data", type=Path, required=True, help="the data folder; takes go to DATA/LABEL/")
+    r.add_argument("--device", metavar="NAME|INDEX", help="PortAudio input device (default: the default)")
+    r.add_argument("--take-seconds", type=float, help="listening time per take (default: clip + 2 s)")
+    r.set_defaults(run=_record)
 
     m = sub.add_parser("demo", help="one coordinator and one device per FSDD speaker, end to end")
     m.add_argument("--out", type=Path, default=Path("fedspeech-demo"), help="where results go")
@@ -242,6 +311,13 @@ def build_parser() -> argparse.ArgumentParser:
     bg.add_argument("--rounds", type=int, default=20)
     bg.add_argument("--target", action="append", help="CORPUS=ACCURACY for time to target, repeatable")
     bg.set_defaults(run=_bench_growing)
+    bc = b.add_parser("central", help="the same model trained on all training clips in one place")
+    bc.add_argument("--corpus", choices=["fsdd", "emodb", "speech_commands"], default="fsdd")
+    bc.add_argument("--out", type=Path, default=Path("fedspeech-bench-central"), help="where results go")
+    bc.add_argument("--data-dir", type=Path, help="folder holding the corpora (default: bundled data/)")
+    bc.add_argument("--seeds", type=int, default=3)
+    bc.add_argument("--epochs", type=int, default=40, help="passes over the data (default 40)")
+    bc.set_defaults(run=_bench_central)
     bi = b.add_parser("inference", help="per-window latency, floor, and `listen` CPU, memory and cold start")
     bi.add_argument("--model", type=Path, default=Path("fedspeech-demo/model.onnx"), help="an exported model")
     bi.add_argument("--out", type=Path, default=Path("fedspeech-bench-inference"), help="where results go")

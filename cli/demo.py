@@ -35,11 +35,22 @@ class DemoConfig:
     round_timeout_s: float = 300.0
 
 
+def federated_text(r: RoundRecord) -> str:
+    """The round's federated evaluation in words: its accuracy and reports, or why there is none."""
+    if r.evaluation_asked is None:
+        return "not evaluated on the devices"
+    reports = f"{r.evaluation_reports} of {r.evaluation_asked} devices"
+    if r.federated_accuracy is None:
+        return f"too few reports ({reports})"
+    return f"{r.federated_accuracy:.4f} ({reports})"
+
+
 def _line(r: RoundRecord, t0: float) -> str:
     acc = f"{r.accuracy:.4f}" if r.accuracy is not None else "n/a"
     loss = f"{r.loss:.4f}" if r.loss is not None else "n/a"
     return (
         f"round {r.round:3d}  devices {r.results}/{r.devices}  accuracy {acc}  loss {loss}  "
+        f"on the devices {federated_text(r)}  "
         f"{r.wall_s:6.1f} s (total {r.finished_at - t0:6.1f} s)  "
         f"up {r.bytes_up / 1e6:.2f} MB  down {r.bytes_down / 1e6:.2f} MB"
     )
@@ -54,13 +65,21 @@ def write_plot(records: list[dict], path: Path) -> None:
 
     fig, (by_round, by_time) = plt.subplots(1, 2, figsize=(10, 4), sharey=True)
     rounds = [r["round"] for r in records]
-    acc = [r["accuracy"] for r in records]
-    by_round.plot(rounds, acc, marker="o")
-    by_round.set(xlabel="round", ylabel="held-out accuracy", title="accuracy per round")
-    by_time.plot([r["elapsed_s"] for r in records], acc, marker="o")
+    elapsed = [r["elapsed_s"] for r in records]
+    curves = {
+        "coordinator's held-out set": [r["accuracy"] for r in records],
+        "devices' own test clips (federated)": [r["federated_accuracy"] for r in records],
+    }
+    for name, values in curves.items():
+        if any(v is not None for v in values):  # a round without a score is a gap, never a zero
+            values = [float("nan") if v is None else v for v in values]
+            by_round.plot(rounds, values, marker="o", label=name)
+            by_time.plot(elapsed, values, marker="o", label=name)
+    by_round.set(xlabel="round", ylabel="accuracy", title="accuracy per round")
     by_time.set(xlabel="wall time (s)", title="accuracy over time")
     for ax in (by_round, by_time):
         ax.grid(alpha=0.3)
+    by_round.legend(loc="lower right")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
@@ -106,6 +125,8 @@ def _write_results(store, model, out: Path, t0: float) -> dict:
         "round": final.round,
         "accuracy": final.accuracy,
         "macro_f1": final.macro_f1,
+        "federated_accuracy": final.federated_accuracy,
+        "federated_macro_f1": final.federated_macro_f1,
         "loss": final.loss,
         "wall_s": time.time() - t0,
         "bytes_up": sum(r.bytes_up for r in rounds),
@@ -118,6 +139,7 @@ def _write_results(store, model, out: Path, t0: float) -> dict:
     write_plot(records, out / "accuracy.png")
     print(
         f"final: round {final.round}, accuracy {final.accuracy:.4f}, macro-F1 {final.macro_f1:.4f}, "
+        f"on the devices {federated_text(final)}, "
         f"ONNX agrees with torch on {check.agreement:.2%} of {summary['heldout_clips']} held-out clips, "
         f"{summary['wall_s']:.0f} s in all"
     )

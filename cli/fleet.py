@@ -8,6 +8,7 @@ never told any of this: it measures its own speed and round-trip (edge_client/pr
 """
 
 import contextlib
+import importlib.resources
 import logging
 import os
 import signal
@@ -31,7 +32,7 @@ log = logging.getLogger(__name__)
 # device is never frozen for long stretches (at 8 % of a core and 100 ms it would run 8 ms, then stall
 # 92 ms, holding up its MQTT keep-alives and replies) and a short measurement sees the average share.
 # Raised where the quota would fall under the kernel's 1 ms minimum.
-FLEETS_DIR = Path(__file__).resolve().parent.parent / "deploy" / "fleets"
+FLEETS_DIR = Path(str(importlib.resources.files("fedspeech.fleets")))
 DEFAULT_FLEETS = {"fsdd": FLEETS_DIR / "pi-mix.toml", "emodb": FLEETS_DIR / "pi-mix-10.toml"}
 CFS_PERIOD_US = 20_000
 _MIN_QUOTA_US = 1_000

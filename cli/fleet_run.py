@@ -31,11 +31,12 @@ class FleetRun:
 
     def wait(self, stall_s: float, on_round: Callable[[RoundRecord], None] = lambda r: None) -> None:
         """Wait for all rounds, calling on_round for each; fail if a device dies or rounds stall."""
-        store, finished = self.service.store, self.service.orchestrator.finished
+        store, orchestrator = self.service.store, self.service.orchestrator
         seen, progress_at = 0, time.time()
         while True:
-            done = finished.is_set()
-            for record in store.rounds()[seen:]:
+            done = orchestrator.finished.is_set()
+            settled = [r for r in store.rounds() if r.round <= orchestrator.settled_round]
+            for record in settled[seen:]:  # evaluated on the devices, where that was asked for
                 on_round(record)
                 seen, progress_at = seen + 1, time.time()
             if done:
@@ -44,7 +45,7 @@ class FleetRun:
                 raise RuntimeError(f"a device process exited early; see {self.log_dir}")
             if time.time() - progress_at > stall_s:
                 raise RuntimeError(f"no round completed for {stall_s:.0f} s; see {self.log_dir}")
-            finished.wait(0.5)
+            orchestrator.finished.wait(0.5)
 
 
 @contextmanager
@@ -65,7 +66,8 @@ def fleet_run(
             "STATE_DIR": str(run_dir / "state"),
             "BROKER_URL": broker_url,
             "EMBEDDED_BROKER_PORT": free_port(),
-            "CORPUS": corpus,
+            "TASK": corpus,
+            "EVAL_CORPUS": corpus,
             "DATA_DIR": str(data_dir) if data_dir else None,
             "MIN_DEVICES": sum(len(spec.device_ids) for spec in fleet),
             **config,

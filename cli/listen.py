@@ -18,7 +18,6 @@ downloaded, does not match its digest or does not load is logged and the current
 
 import http.client
 import logging
-import queue
 import sys
 import threading
 import time
@@ -30,6 +29,8 @@ from typing import Any, TextIO
 
 import numpy as np
 
+from fedspeech.edge_client import microphone
+from fedspeech.edge_client.microphone import MicrophoneError, microphone_frames
 from fedspeech.export.runtime import OnnxModel
 from fedspeech.export.streaming import Detection, DetectorConfig, StreamingDetector
 from fedspeech.protocol import messages, weights
@@ -90,7 +91,10 @@ def _stream(
         frames = file_frames(audio, rate, size, silence_after=model.num_samples, realtime=config.realtime)
         source = str(config.input)
     else:
-        frames = microphone_frames(config.device, model.sample_rate, detector.frame_size)
+        try:
+            frames = microphone_frames(config.device, model.sample_rate, detector.frame_size)
+        except MicrophoneError as exc:
+            raise ListenError(str(exc)) from None
         source = f"input device {config.device or '(default)'}"
     log.info(
         "listening to %s with %s: a window of %d samples classified every %d frames of %d",
@@ -190,59 +194,12 @@ def file_frames(
         yield audio[i : i + frame_size]
 
 
-def _sounddevice() -> Any:
-    """The sounddevice module, or ListenError if it or PortAudio is not installed."""
-    try:
-        import sounddevice
-    except (ImportError, OSError) as exc:  # OSError: the PortAudio library is missing
-        raise ListenError(
-            f"microphone input needs sounddevice and PortAudio ({exc}): "
-            "pip install 'fedspeech[audio]' and apt-get install libportaudio2"
-        ) from None
-    return sounddevice
-
-
 def list_devices() -> str:
     """PortAudio's audio devices, one per line, as sounddevice lists them."""
-    return str(_sounddevice().query_devices()) or "no audio devices found"
-
-
-def microphone_frames(device: str | None, sample_rate: int, frame_size: int) -> Iterator[np.ndarray]:
-    """Open an input device (name or index) at sample_rate, mono; its frames until the iterator is closed."""
-    sd = _sounddevice()
-    spec = int(device) if device is not None and device.isdigit() else device
     try:
-        index = sd.query_devices(spec, "input")["index"]
-    except (ValueError, sd.PortAudioError) as exc:
-        what = "no default input device" if device is None else f"no input device {device!r}"
-        raise ListenError(f"{what} ({exc}); see fedspeech listen --list-devices") from None
-    blocks: queue.Queue[np.ndarray] = queue.Queue()
-
-    def callback(indata: np.ndarray, frames: int, time_info: Any, status: Any) -> None:
-        blocks.put(indata[:, 0].copy())  # nothing else here: PortAudio's thread must never wait
-
-    try:
-        stream = sd.InputStream(
-            device=index,
-            channels=1,
-            samplerate=sample_rate,
-            blocksize=frame_size,
-            dtype="float32",
-            callback=callback,
-        )
-        stream.start()  # frames queue up until the caller reads them
-    except (ValueError, sd.PortAudioError) as exc:
-        raise ListenError(f"cannot record from {device or index!r} at {sample_rate} Hz: {exc}") from None
-    return _recorded(stream, blocks)
-
-
-def _recorded(stream: Any, blocks: "queue.Queue[np.ndarray]") -> Iterator[np.ndarray]:
-    """The stream's blocks as they come; closing the iterator stops and closes the stream."""
-    try:
-        while True:
-            yield blocks.get()
-    finally:
-        stream.close()
+        return microphone.list_devices()
+    except MicrophoneError as exc:
+        raise ListenError(str(exc)) from None
 
 
 # ---- following the coordinator ----

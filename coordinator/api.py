@@ -5,10 +5,11 @@ import secrets
 from dataclasses import asdict
 
 from flask import Blueprint, Response, current_app, jsonify, request, send_file
+from werkzeug.exceptions import RequestEntityTooLarge
 
 from fedspeech.coordinator.orchestrator import UpdateRejected
 from fedspeech.protocol import messages
-from fedspeech.protocol.messages import Credentials, ProtocolError, Registration
+from fedspeech.protocol.messages import Credentials, ProtocolError, Registration, TaskInfo
 
 log = logging.getLogger(__name__)
 bp = Blueprint("api", __name__, url_prefix="/api")
@@ -38,6 +39,14 @@ def register():
     _service().store.register_device(reg.device_id, token, reg.num_samples, asdict(reg.profile))
     log.info("registered device %s (%d samples)", reg.device_id, reg.num_samples)
     return Response(messages.encode(Credentials(reg.device_id, token)), mimetype="application/json")
+
+
+@bp.get("/task")
+def task():
+    """What the fleet learns and the model it trains, for a device that is starting."""
+    orchestrator = _service().orchestrator
+    info = TaskInfo(orchestrator.model.definition, orchestrator.current_spec())
+    return Response(messages.encode(info), mimetype="application/json")
 
 
 @bp.get("/models/<int:round>/<any(weights, onnx):kind>")
@@ -74,6 +83,24 @@ def upload_update(round: int):
     return jsonify(accepted=True, device_id=device, round=round)
 
 
+@bp.post("/rounds/<int:round>/evaluations")
+def upload_evaluation(round: int):
+    """Accept a device's evaluation of a round's model on its own test split (counts only)."""
+    auth = request.headers.get("Authorization", "")
+    if not auth.startswith("Bearer "):
+        return _error(401, "missing bearer token")
+    request.max_content_length = messages.MAX_MESSAGE_BYTES  # read no more than a report can be
+    try:
+        body = request.get_data()
+    except RequestEntityTooLarge:
+        return _error(413, "evaluation report too large")
+    try:
+        device = _service().orchestrator.receive_evaluation(round, auth[7:], body)
+    except UpdateRejected as exc:
+        return _error(exc.status, exc.reason)
+    return jsonify(accepted=True, device_id=device, round=round)
+
+
 @bp.get("/status")
 def status():
     """What the coordinator is doing now."""
@@ -91,15 +118,21 @@ def status():
 
 @bp.get("/devices")
 def devices():
-    """Registered devices with their latest MQTT status."""
+    """Registered devices with their latest MQTT status and usable clips per label (counts only)."""
     service = _service()
     statuses = service.link.statuses()
-    return jsonify(
-        [
-            {**asdict(d), "state": statuses[d.device_id].state if d.device_id in statuses else "unknown"}
-            for d in service.store.devices()
-        ]
-    )
+    listed = []
+    for device in service.store.devices():
+        status = statuses.get(device.device_id)
+        listed.append(
+            {
+                **asdict(device),
+                "state": status.state if status else "unknown",
+                "train_counts": status.train_counts if status else {},
+                "test_counts": status.test_counts if status else {},
+            }
+        )
+    return jsonify(listed)
 
 
 @bp.get("/rounds")
@@ -115,4 +148,7 @@ def round_detail(round: int):
     record = next((r for r in store.rounds() if r.round == round), None)
     if record is None:
         return _error(404, f"round {round} is not complete")
-    return jsonify({**asdict(record), "updates": [asdict(u) for u in store.updates(round)]})
+    evaluations = [{**asdict(e), "accuracy": e.correct / e.clips} for e in store.device_evaluations(round)]
+    return jsonify(
+        {**asdict(record), "updates": [asdict(u) for u in store.updates(round)], "evaluations": evaluations}
+    )

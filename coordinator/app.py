@@ -7,6 +7,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 from flask import Flask
 from werkzeug.serving import BaseWSGIServer, make_server
 
@@ -16,6 +17,7 @@ from fedspeech.coordinator.global_model import GlobalModel
 from fedspeech.coordinator.mqtt_link import CoordinatorLink
 from fedspeech.coordinator.orchestrator import Orchestrator, RoundConfig
 from fedspeech.coordinator.store import Store
+from fedspeech.protocol.messages import TaskDefinition
 from fedspeech.protocol.topics import DEFAULT_ROOT, Topics
 
 log = logging.getLogger(__name__)
@@ -26,9 +28,12 @@ DEFAULTS: dict[str, Any] = {
     "EMBEDDED_BROKER_HOST": "127.0.0.1",
     "EMBEDDED_BROKER_PORT": 1883,
     "TOPIC_ROOT": DEFAULT_ROOT,
-    "CORPUS": "fsdd",
-    "DATA_DIR": None,  # None: the bundled data/ folder
-    "EVAL_LIMIT": None,  # cap on held-out clips, None for all
+    "TASK": "fsdd",  # a built-in task (fsdd, emodb, speech_commands) or the path of a task file
+    # central evaluation, besides the federated one: a folder DIR/<label>/* or a corpus' held-out set
+    "EVAL_DATA": None,
+    "EVAL_CORPUS": None,
+    "DATA_DIR": None,  # where EVAL_CORPUS lives; None: the bundled data/ folder
+    "EVAL_LIMIT": None,  # cap on central held-out clips, None for all
     "MODEL": "cnn",  # an architecture in fedspeech.models.MODELS
     "MODEL_DEPTH": None,  # a transformer's full-grown depth, None for models.MAX_DEPTH
     # every RoundConfig field, upper-cased: ROUNDS, MIN_DEVICES, ..., STRATEGY, K, DEPTH_SCHEDULE:
@@ -73,15 +78,46 @@ def _round_config(config: Mapping[str, Any]) -> RoundConfig:
 
 
 def _global_model(config: Mapping[str, Any]) -> GlobalModel:
-    from fedspeech.models.datasets import default_spec, load_corpus, load_waveforms, server_test_clips
+    from fedspeech.models.tasks import load_task, spec_for
 
-    data_dir = Path(config["DATA_DIR"]) if config["DATA_DIR"] else None
-    corpus = load_corpus(config["CORPUS"], data_dir)
-    spec = default_spec(corpus, name=config["MODEL"], depth=config["MODEL_DEPTH"])
-    clips = server_test_clips(corpus)[: config["EVAL_LIMIT"]]
-    heldout = load_waveforms(clips, spec.sample_rate, spec.num_samples)
-    log.info("held-out set: %d clips of %s", len(clips), corpus.name)
-    return GlobalModel(spec, corpus.labels, heldout, task=corpus.name)
+    definition = load_task(config["TASK"])
+    spec = spec_for(definition, config["MODEL"], config["MODEL_DEPTH"])
+    return GlobalModel(spec, definition, _central_heldout(config, definition))
+
+
+def _central_heldout(config: Mapping[str, Any], definition: TaskDefinition) -> tuple[Any, Any] | None:
+    """The coordinator's own held-out waveforms and labels, if the operator gave any; else None."""
+    from fedspeech.models.datasets import Clip, load_corpus, server_test_clips
+    from fedspeech.models.folders import ClipCache, list_folder
+
+    if config["EVAL_DATA"] and config["EVAL_CORPUS"]:
+        raise ValueError("central evaluation takes EVAL_DATA or EVAL_CORPUS, not both")
+    if config["EVAL_DATA"]:
+        clips, skipped = list_folder(Path(config["EVAL_DATA"]), definition.labels)
+        source = config["EVAL_DATA"]
+    elif config["EVAL_CORPUS"]:
+        data_dir = Path(config["DATA_DIR"]) if config["DATA_DIR"] else None
+        corpus = load_corpus(config["EVAL_CORPUS"], data_dir)
+        missing = sorted(set(corpus.labels) - set(definition.labels))
+        if missing:
+            raise ValueError(f"corpus {corpus.name!r} has labels the task lacks: {missing}")
+        clips = [
+            Clip(c.path, definition.labels.index(corpus.labels[c.label]), c.speaker, True)
+            for c in server_test_clips(corpus)
+        ]
+        skipped, source = [], f"the {corpus.name} held-out set"
+    else:
+        log.info("no central held-out set: the devices evaluate each model on their own test clips")
+        return None
+    kept, waveforms, bad = ClipCache().load(
+        clips[: config["EVAL_LIMIT"]], definition.sample_rate, definition.num_samples
+    )
+    for skip in skipped + bad:
+        log.warning("central evaluation skips %s: %s", skip.path, skip.reason)
+    if not kept:
+        raise ValueError(f"no usable clips for central evaluation in {source}")
+    log.info("central held-out set: %d clips from %s", len(kept), source)
+    return waveforms, np.array([clip.label for clip in kept], dtype=np.int64)
 
 
 def create_app(config: Mapping[str, Any] | None = None) -> Flask:

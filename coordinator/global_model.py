@@ -1,14 +1,13 @@
 """The coordinator's torch side: initial and grown weights, held-out evaluation and ONNX export."""
 
 import tempfile
-from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from fedspeech.protocol.messages import ModelSpec
+from fedspeech.protocol.messages import ModelSpec, TaskDefinition
 from fedspeech.protocol.weights import Arrays
 
 if TYPE_CHECKING:
@@ -17,7 +16,7 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class Evaluation:
-    """A global model's scores on the held-out set."""
+    """A global model's scores on the coordinator's own held-out set."""
 
     accuracy: float
     macro_f1: float
@@ -32,21 +31,18 @@ class GlobalModel:
     """
 
     def __init__(
-        self,
-        spec: ModelSpec,
-        labels: Sequence[str],
-        heldout: tuple[np.ndarray, np.ndarray] | None,
-        task: str = "",
+        self, spec: ModelSpec, definition: TaskDefinition, heldout: tuple[np.ndarray, np.ndarray] | None
     ) -> None:
         import torch
 
         torch.set_num_threads(1)
-        self.spec, self.labels, self.heldout, self.task = spec, list(labels), heldout, task
+        self.spec, self.definition, self.heldout = spec, definition, heldout
+        self.labels, self.task = list(definition.labels), definition.name
         self._workdir = tempfile.TemporaryDirectory(prefix="fedspeech-onnx-")
         self._models: dict[ModelSpec, Any] = {}
         self._templates: dict[ModelSpec, Path] = {}
 
-    def spec_at(self, depth: int) -> ModelSpec:
+    def spec_at(self, depth: int | None) -> ModelSpec:
         """The spec of this model at a depth (the spec itself for a model that does not grow)."""
         return self.spec if self.spec.depth is None else replace(self.spec, depth=depth)
 

@@ -4,19 +4,21 @@ import logging
 import threading
 import time
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
+from typing import Any
 
 import numpy as np
 
+from fedspeech.coordinator.evaluation import combine
 from fedspeech.coordinator.global_model import GlobalModel
 from fedspeech.coordinator.mqtt_link import CoordinatorLink
 from fedspeech.coordinator.scheduling import depth_for_round
 from fedspeech.coordinator.selection import update_penalties
-from fedspeech.coordinator.store import RoundRecord, Store, UpdateRecord
+from fedspeech.coordinator.store import DeviceEvaluationRecord, RoundRecord, Store, UpdateRecord
 from fedspeech.coordinator.strategy import STRATEGIES, aggregate, plan_round
 from fedspeech.models import depth_of
-from fedspeech.protocol import weights
-from fedspeech.protocol.messages import BlobRef, ModelAnnouncement, Profile, Task
+from fedspeech.protocol import messages, weights
+from fedspeech.protocol.messages import BlobRef, EvaluationReport, ModelAnnouncement, ModelSpec, Profile, Task
 from fedspeech.protocol.weights import Arrays, WeightsError
 
 log = logging.getLogger(__name__)
@@ -42,6 +44,11 @@ class RoundConfig:
     # or a list of depths such as "1,2,4"; see scheduling.depth_for_round
     depth_schedule: str = "linear"
     depth_stages: int = 0
+    # federated evaluation of the new global model on the devices' own test splits
+    eval_every: int = 1  # every N rounds (and always the last); 0: never
+    eval_devices: int = 0  # devices asked, sampled from those online; 0: all of them
+    eval_timeout_s: float = 60.0
+    eval_min_reports: int = 1  # fewer reports than this give no federated scores
 
 
 def _optional_float(text: str | None) -> float | None:
@@ -59,6 +66,16 @@ class UpdateRejected(Exception):
     def __init__(self, status: int, reason: str) -> None:
         super().__init__(reason)
         self.status, self.reason = status, reason
+
+
+@dataclass
+class OpenEvaluation:
+    """A round's model being evaluated on the devices: the tasks handed out and the reports so far."""
+
+    round: int
+    deadline: float
+    tasks: dict[str, Task]
+    reports: dict[str, tuple[np.ndarray, float]] = field(default_factory=dict)
 
 
 @dataclass
@@ -84,6 +101,8 @@ class Orchestrator:
         self._lock = threading.Condition()
         self.strategy = STRATEGIES[config.strategy]
         self._open: OpenRound | None = None
+        self._evaluation: OpenEvaluation | None = None
+        self.settled_round = -1  # the last round whose model is stored and, where asked for, evaluated
         self._global: Arrays | None = None
         self._penalties: dict[str, float] = {}  # deadline misses score a device down
         self._last_aggregated: dict[str, int] = {}  # round each device's update was last aggregated
@@ -91,6 +110,12 @@ class Orchestrator:
         self._depth(1)  # a bad depth schedule fails here, at start-up
 
     # -- called from HTTP handlers -------------------------------------------------------------
+
+    def current_spec(self) -> ModelSpec:
+        """The spec of the model devices train now: the global model's, or round 1's before there is one."""
+        with self._lock:
+            arrays = self._global
+        return self.model.spec_at(self._depth(1)) if arrays is None else self.model.spec_of(arrays)
 
     def open_round(self) -> int | None:
         """The number of the round being trained, if any."""
@@ -149,6 +174,31 @@ class Orchestrator:
         log.info("round %d: update from %s accepted (%d samples)", round, device_id, record.num_samples)
         return device_id
 
+    def receive_evaluation(self, round: int, token: str, body: bytes) -> str:
+        """Check a device's evaluation report and keep it; return the device id or raise UpdateRejected."""
+        device_id = self.store.device_for_token(token)
+        if device_id is None:
+            raise UpdateRejected(401, "unknown bearer token")
+        try:
+            report = messages.decode(body, EvaluationReport)
+        except messages.ProtocolError as exc:
+            raise UpdateRejected(400, f"bad evaluation report: {exc}") from None
+        classes = self.model.spec.num_classes
+        if len(report.confusion) != classes:
+            raise UpdateRejected(400, f"confusion of {len(report.confusion)} classes; the task has {classes}")
+        with self._lock:
+            evaluation = self._evaluation
+            if evaluation is None or evaluation.round != round or report.round != round:
+                raise UpdateRejected(409, f"round {round} is not being evaluated")
+            task = evaluation.tasks.get(device_id)
+            if task is None or report.task_id != task.task_id:
+                raise UpdateRejected(409, f"no open evaluation {report.task_id!r} for {device_id}")
+            if device_id in evaluation.reports:
+                raise UpdateRejected(409, f"{device_id} already reported on round {round}")
+            evaluation.reports[device_id] = (np.array(report.confusion, dtype=np.int64), report.loss_sum)
+            self._lock.notify_all()
+        return device_id
+
     # -- the loop -------------------------------------------------------------------------------
 
     def run(self, stop: threading.Event) -> None:
@@ -171,11 +221,13 @@ class Orchestrator:
             arrays = self.model.initial(self.config.seed, self._depth(1))
             now = time.time()
             latest = self._complete(0, now, 0, arrays, [], 0, 0)
+            self.settled_round = 0
         else:
             data = self.store.model_path(latest.round, "weights").read_bytes()
             self._global = weights.decode(data)[0]
             log.info("resuming after round %d", latest.round)
             self._announce(latest)
+            self.settled_round = latest.round
         return latest
 
     def _run_round(self, round: int, stop: threading.Event) -> RoundRecord | None:
@@ -193,25 +245,14 @@ class Orchestrator:
             penalties=self._penalties,
             staleness={d: round - self._last_aggregated.get(d, 0) for d in profiles},
         )
-        previous = self.store.latest_round()
         started = time.time()
         deadline = started + self.config.round_timeout_s
-        ref = BlobRef(
-            path=f"/api/models/{previous.round}/weights",
-            sha256=previous.weights_sha256,
-            size=self.store.model_path(previous.round, "weights").stat().st_size,
-        )
         tasks = {
-            device: Task(
-                task_id=uuid.uuid4().hex,
-                round=round,
-                spec=self.model.spec_of(self._global),
-                weights=ref,
+            device: self._task(
+                round,
+                deadline,
                 upload_path=f"/api/rounds/{round}/updates",
                 epochs=plan.epochs[device],
-                batch_size=self.config.batch_size,
-                learning_rate=self.config.learning_rate,
-                deadline=deadline,
                 seed=self.config.seed * 100_003 + round * 1009 + i,
                 proximal_mu=self.strategy.proximal_mu,
             )
@@ -253,9 +294,82 @@ class Orchestrator:
             [r.num_samples for _, r in results],
             [plan.scores[r.device_id] for _, r in results],
         )
-        return self._complete(
+        record = self._complete(
             round, started, len(tasks), new, [r for _, r in results], open_.bytes_up, open_.bytes_down
         )
+        if self._evaluates(round):
+            self._evaluate_on_devices(record, stop)
+        self.settled_round = round
+        return record
+
+    def _evaluates(self, round: int) -> bool:
+        every = self.config.eval_every
+        return every > 0 and (round % every == 0 or round == self.config.rounds)
+
+    def _evaluate_on_devices(self, record: RoundRecord, stop: threading.Event) -> None:
+        """Ask online devices to evaluate the round's model on their test splits; store what they report."""
+        round, config = record.round, self.config
+        registered = {d.device_id for d in self.store.devices()}
+        devices = [d for d in self.link.online() if d in registered]
+        if 0 < config.eval_devices < len(devices):
+            rng = np.random.default_rng([config.seed, round, 1])
+            devices = sorted(rng.choice(devices, config.eval_devices, replace=False).tolist())
+        deadline = time.time() + config.eval_timeout_s
+        upload_path = f"/api/rounds/{round}/evaluations"
+        tasks = {
+            device: self._task(round, deadline, upload_path=upload_path, epochs=1, action="evaluate")
+            for device in devices
+        }
+        with self._lock:
+            self._evaluation = OpenEvaluation(round, deadline, tasks)
+        for device, task in tasks.items():
+            self.link.publish_task(task, device)
+        with self._lock:
+            while not stop.is_set() and time.time() < deadline and not self._all_reported(self._evaluation):
+                self._lock.wait(timeout=0.25)
+            evaluation, self._evaluation = self._evaluation, None
+        for device in tasks:
+            self.link.clear_task(device)
+        result = combine(evaluation.reports, config.eval_min_reports)
+        scores = (result.accuracy, result.macro_f1, result.loss) if result else None
+        per_device = [DeviceEvaluationRecord(**asdict(d)) for d in result.devices] if result else []
+        self.store.save_evaluation(round, len(tasks), scores, per_device)
+        if result is None:
+            log.warning(
+                "round %d: %d of %d devices reported test clips, fewer than %d: no federated scores",
+                round, len(evaluation.reports), len(tasks), max(1, config.eval_min_reports),
+            )  # fmt: skip
+        else:
+            log.info(
+                "round %d: federated accuracy %.4f, macro-F1 %.4f, loss %.4f over %d clips of %d devices",
+                round, result.accuracy, result.macro_f1, result.loss, result.clips, len(result.devices),
+            )  # fmt: skip
+
+    def _all_reported(self, evaluation: OpenEvaluation) -> bool:
+        online = set(self.link.online())
+        return all(d in evaluation.reports or d not in online for d in evaluation.tasks)
+
+    def _task(self, round: int, deadline: float, **work: Any) -> Task:
+        """A task of the round on the latest global model: train it (the default) or evaluate it."""
+        return Task(
+            task_id=uuid.uuid4().hex,
+            round=round,
+            spec=self.model.spec_of(self._global),
+            definition=self.model.definition,
+            weights=self._latest_ref(),
+            batch_size=self.config.batch_size,
+            learning_rate=self.config.learning_rate,
+            deadline=deadline,
+            **work,
+        )
+
+    def _latest_ref(self) -> BlobRef:
+        """Where devices download the global weights of the latest completed round."""
+        latest = self.store.latest_round()
+        if latest is None:
+            raise RuntimeError("no completed round yet")
+        size = self.store.model_path(latest.round, "weights").stat().st_size
+        return BlobRef(f"/api/models/{latest.round}/weights", latest.weights_sha256, size)
 
     def _all_in(self, open_: OpenRound) -> bool:
         """Whether the round has its needed results and its required devices, or all devices still online."""

@@ -42,6 +42,22 @@ CREATE TABLE IF NOT EXISTS updates (
     sha256 TEXT NOT NULL,
     PRIMARY KEY (round, device_id)
 );
+CREATE TABLE IF NOT EXISTS federated_evaluations (
+    round INTEGER PRIMARY KEY,
+    asked INTEGER NOT NULL,
+    reports INTEGER NOT NULL,
+    accuracy REAL,
+    macro_f1 REAL,
+    loss REAL
+);
+CREATE TABLE IF NOT EXISTS device_evaluations (
+    round INTEGER NOT NULL,
+    device_id TEXT NOT NULL,
+    clips INTEGER NOT NULL,
+    correct INTEGER NOT NULL,
+    loss_sum REAL NOT NULL,
+    PRIMARY KEY (round, device_id)
+);
 """
 
 
@@ -62,6 +78,12 @@ class RoundRecord:
     bytes_down: int
     weights_sha256: str
     onnx_sha256: str | None = None
+    # federated evaluation: devices asked and reporting, and their pooled scores (None: too few reports)
+    evaluation_asked: int | None = None  # None: the round's model was not evaluated on the devices
+    evaluation_reports: int | None = None
+    federated_accuracy: float | None = None
+    federated_macro_f1: float | None = None
+    federated_loss: float | None = None
 
 
 @dataclass(frozen=True)
@@ -76,6 +98,16 @@ class UpdateRecord:
 
 
 @dataclass(frozen=True)
+class DeviceEvaluationRecord:
+    """One device's evaluation of a round's model on its own test split."""
+
+    device_id: str
+    clips: int
+    correct: int
+    loss_sum: float
+
+
+@dataclass(frozen=True)
 class DeviceRecord:
     """A registered device."""
 
@@ -83,6 +115,15 @@ class DeviceRecord:
     num_samples: int
     profile: dict
     registered_at: float
+
+
+# the rounds table holds what training produced; the federated evaluation is joined from its own table
+_ROUND_COLUMNS = [f.name for f in fields(RoundRecord) if not f.name.startswith(("evaluation_", "federated_"))]
+_SELECT_ROUNDS = (
+    f"SELECT {', '.join('r.' + c for c in _ROUND_COLUMNS)}, "
+    "f.asked, f.reports, f.accuracy, f.macro_f1, f.loss "
+    "FROM rounds r LEFT JOIN federated_evaluations f ON f.round = r.round"
+)
 
 
 def token_digest(token: str) -> str:
@@ -155,7 +196,7 @@ class Store:
         _write_atomic(self.model_path(record.round, "weights"), weights)
         if onnx is not None:
             _write_atomic(self.model_path(record.round, "onnx"), onnx)
-        columns = [f.name for f in fields(RoundRecord)]
+        columns = _ROUND_COLUMNS
         with self._connect() as db:
             db.execute(
                 f"INSERT INTO rounds ({', '.join(columns)}) VALUES ({', '.join('?' * len(columns))})",
@@ -166,16 +207,44 @@ class Store:
                 [(record.round, *asdict(u).values()) for u in updates],
             )
 
+    def save_evaluation(
+        self,
+        round: int,
+        asked: int,
+        scores: tuple[float, float, float] | None,
+        devices: list[DeviceEvaluationRecord],
+    ) -> None:
+        """Record a round's federated evaluation: devices asked, their reports, the pooled scores or None."""
+        with self._connect() as db:
+            db.execute(
+                "INSERT OR REPLACE INTO federated_evaluations VALUES (?, ?, ?, ?, ?, ?)",
+                (round, asked, len(devices), *(scores or (None, None, None))),
+            )
+            db.executemany(
+                "INSERT OR REPLACE INTO device_evaluations VALUES (?, ?, ?, ?, ?)",
+                [(round, *asdict(d).values()) for d in devices],
+            )
+
+    def device_evaluations(self, round: int) -> list[DeviceEvaluationRecord]:
+        """Each device's evaluation of a round's model."""
+        with self._connect() as db:
+            rows = db.execute(
+                "SELECT device_id, clips, correct, loss_sum FROM device_evaluations WHERE round = ? "
+                "ORDER BY device_id",
+                (round,),
+            ).fetchall()
+        return [DeviceEvaluationRecord(*r) for r in rows]
+
     def rounds(self) -> list[RoundRecord]:
         """All completed rounds in order."""
         with self._connect() as db:
-            rows = db.execute("SELECT * FROM rounds ORDER BY round").fetchall()
+            rows = db.execute(f"{_SELECT_ROUNDS} ORDER BY r.round").fetchall()
         return [RoundRecord(*row) for row in rows]
 
     def latest_round(self) -> RoundRecord | None:
         """The last completed round, or None before the first."""
         with self._connect() as db:
-            row = db.execute("SELECT * FROM rounds ORDER BY round DESC LIMIT 1").fetchone()
+            row = db.execute(f"{_SELECT_ROUNDS} ORDER BY r.round DESC LIMIT 1").fetchone()
         return RoundRecord(*row) if row else None
 
     def updates(self, round: int) -> list[UpdateRecord]:

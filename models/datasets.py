@@ -1,46 +1,32 @@
 """Speech corpora on disk, their speaker partitions (one speaker = one client) and audio loading."""
 
+import importlib.resources
 import zlib
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
 import soundfile
 import soxr
 
-from fedspeech.models import MAX_DEPTH, MODELS, TRANSFORMERS
-from fedspeech.protocol.messages import ModelSpec
+from fedspeech.models.tasks import (
+    BUILTIN_TASKS,
+    EMODB_LABELS,
+    FSDD_LABELS,
+    SPEECH_COMMANDS_LABELS,
+    spec_for,
+)
+from fedspeech.protocol.messages import ModelSpec, TaskDefinition
 
 # corpus name -> folder name inside a data directory
 CORPORA: dict[str, str] = {"fsdd": "fsdd", "emodb": "emodb", "speech_commands": "speech_commands_test"}
-
-FSDD_LABELS = tuple(str(digit) for digit in range(10))
-EMODB_EMOTIONS = {
-    "W": "anger",
-    "L": "boredom",
-    "E": "disgust",
-    "A": "fear",
-    "F": "happiness",
-    "T": "sadness",
-    "N": "neutral",
-}
-SPEECH_COMMANDS_LABELS = (
-    "yes",
-    "no",
-    "up",
-    "down",
-    "left",
-    "right",
-    "on",
-    "off",
-    "stop",
-    "go",
-    "_unknown_",
-    "_silence_",
-)
+EMODB_LETTERS = "WLEAFTN"  # the emotion letter in EmoDB's file names, in the order of EMODB_LABELS
 SILENCE_SPEAKER = "_silence_"
 TEST_FRACTION = 0.2
+SILENT_PEAK = 2 / 32768  # a file whose loudest sample is under two steps of 16-bit audio holds nothing
+MAX_FILE_SECONDS = 30.0  # longer files are not clips: refused rather than read whole
+MAX_FILE_BYTES = 50 * 1024 * 1024
 
 
 @dataclass(frozen=True)
@@ -62,14 +48,19 @@ class Corpus:
     sample_rate: int
     clips: tuple[Clip, ...]
 
+    @property
+    def task(self) -> TaskDefinition:
+        """The built-in task that learns this corpus' labels."""
+        return BUILTIN_TASKS[self.name]
+
 
 class AudioError(ValueError):
     """An audio file that cannot be used; the text says why."""
 
 
 def bundled_data_dir() -> Path:
-    """The data folder shipped with the project (holds fsdd/)."""
-    return Path(__file__).resolve().parent.parent / "data"
+    """The data folder shipped with the package (holds fsdd/)."""
+    return Path(str(importlib.resources.files("fedspeech.data")))
 
 
 def load_corpus(name: str, data_dir: Path | None = None) -> Corpus:
@@ -97,14 +88,13 @@ def _list_fsdd(folder: Path) -> Corpus:
         digit, speaker, index = path.stem.split("_")
         # FSDD's own convention: indices 0-4 of each digit and speaker are the test set
         clips.append(Clip(path, int(digit), speaker, int(index) < 5))
-    return Corpus("fsdd", FSDD_LABELS, 8000, tuple(clips))
+    return Corpus("fsdd", tuple(FSDD_LABELS), 8000, tuple(clips))
 
 
 def _list_emodb(folder: Path) -> Corpus:
-    letters = list(EMODB_EMOTIONS)
     paths = sorted((folder / "wav").glob("*.flac"))
-    items = [(path, letters.index(path.stem[5]), path.stem[0:2]) for path in paths]
-    return Corpus("emodb", tuple(EMODB_EMOTIONS.values()), 16000, _split_by_speaker(items, folder))
+    items = [(path, EMODB_LETTERS.index(path.stem[5]), path.stem[0:2]) for path in paths]
+    return Corpus("emodb", tuple(EMODB_LABELS), 16000, _split_by_speaker(items, folder))
 
 
 def _speech_commands_speaker(path: Path) -> str:
@@ -119,7 +109,7 @@ def _list_speech_commands(folder: Path) -> Corpus:
     for label, word in enumerate(SPEECH_COMMANDS_LABELS):
         for path in sorted((folder / word).glob("*.flac")):
             items.append((path, label, _speech_commands_speaker(path)))
-    return Corpus("speech_commands", SPEECH_COMMANDS_LABELS, 16000, _split_by_speaker(items, folder))
+    return Corpus("speech_commands", tuple(SPEECH_COMMANDS_LABELS), 16000, _split_by_speaker(items, folder))
 
 
 def _split_by_speaker(items: list[tuple[Path, int, str]], folder: Path) -> tuple[Clip, ...]:
@@ -164,14 +154,26 @@ def leave_one_speaker_out(corpus: Corpus, speaker: str) -> tuple[list[Clip], lis
 
 
 def load_audio(path: Path, sample_rate: int, num_samples: int) -> np.ndarray:
-    """Read a file as float32 mono at sample_rate, centre-cropped or zero-padded to num_samples."""
+    """Read a file as float32 mono at sample_rate, centre-cropped or zero-padded to num_samples.
+
+    AudioError, naming the file and the reason, for a file that is missing, empty, unreadable, too
+    long, silent or not finite.
+    """
     path = Path(path)
     if not path.is_file():
         raise AudioError(f"{path}: no such file")
-    if path.stat().st_size == 0:
+    size = path.stat().st_size
+    if size == 0:
         raise AudioError(f"{path}: empty file")
+    if size > MAX_FILE_BYTES:
+        raise AudioError(f"{path}: {size} bytes, more than {MAX_FILE_BYTES} for one clip")
     try:
-        audio, rate = soundfile.read(path, dtype="float32", always_2d=True)
+        with soundfile.SoundFile(path) as f:
+            seconds = f.frames / f.samplerate
+            if seconds > MAX_FILE_SECONDS:
+                limit = f"{MAX_FILE_SECONDS:g} s"
+                raise AudioError(f"{path}: {seconds:.1f} s long, more than {limit} for one clip")
+            audio, rate = f.read(dtype="float32", always_2d=True), f.samplerate
     except (RuntimeError, TypeError, OSError) as exc:  # soundfile.LibsndfileError is a RuntimeError
         raise AudioError(f"{path}: unreadable or corrupt audio ({exc})") from None
     if audio.shape[0] == 0:
@@ -179,6 +181,8 @@ def load_audio(path: Path, sample_rate: int, num_samples: int) -> np.ndarray:
     audio = audio.mean(axis=1, dtype=np.float32)
     if not np.isfinite(audio).all():
         raise AudioError(f"{path}: NaN or infinite samples")
+    if np.abs(audio).max() < SILENT_PEAK:
+        raise AudioError(f"{path}: silent")
     if rate != sample_rate:
         audio = soxr.resample(audio, rate, sample_rate).astype(np.float32)
     return _fit_length(audio, num_samples)
@@ -205,18 +209,8 @@ def load_waveforms(
 
 
 def default_spec(
-    corpus: Corpus, seconds: float = 1.0, name: str = "cnn", depth: int | None = None
+    corpus: Corpus, seconds: float | None = None, name: str = "cnn", depth: int | None = None
 ) -> ModelSpec:
-    """A model spec for a corpus: its native rate, a fixed clip length, its number of classes.
-
-    A transformer's depth (its full-grown depth when it grows) defaults to MAX_DEPTH; a CNN has none.
-    """
-    if name not in MODELS:
-        raise ValueError(f"unknown model {name!r}, expected one of {MODELS}")
-    if name in TRANSFORMERS:
-        depth = MAX_DEPTH if depth is None else depth
-        if not 1 <= depth <= MAX_DEPTH:
-            raise ValueError(f"depth must be between 1 and {MAX_DEPTH}, got {depth}")
-    else:
-        depth = None
-    return ModelSpec(name, corpus.sample_rate, int(seconds * corpus.sample_rate), len(corpus.labels), depth)
+    """The model spec of a corpus' built-in task, with another clip length if seconds is given."""
+    task = corpus.task if seconds is None else replace(corpus.task, clip_seconds=seconds)
+    return spec_for(task, name, depth)

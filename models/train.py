@@ -7,6 +7,8 @@ import numpy as np
 import torch
 from torch import nn
 
+from fedspeech.models import metrics
+
 
 def _float_names(model: nn.Module) -> list[str]:
     return [name for name, tensor in model.state_dict().items() if tensor.is_floating_point()]
@@ -101,33 +103,34 @@ def train_local(
     return TrainResult(len(waveforms), total / count, seconds, seconds / (epochs * len(waveforms)))
 
 
-def _macro_f1(labels: np.ndarray, predictions: np.ndarray) -> float:
-    """Mean F1 over the classes present in labels or predictions."""
-    scores = []
-    for cls in np.union1d(labels, predictions):
-        true_pos = np.sum((predictions == cls) & (labels == cls))
-        denominator = np.sum(predictions == cls) + np.sum(labels == cls)
-        scores.append(2.0 * true_pos / denominator)
-    return float(np.mean(scores)) if scores else 0.0
-
-
 @torch.no_grad()
-def evaluate(
+def predict(
     model: nn.Module, waveforms: np.ndarray, labels: np.ndarray, batch_size: int = 256
-) -> EvalResult:
-    """Accuracy, macro-F1 and loss of the model in eval mode."""
+) -> tuple[np.ndarray, np.ndarray]:
+    """Predicted classes and per-clip cross-entropy of the model in eval mode."""
     if len(waveforms) == 0:
         raise ValueError("no samples to evaluate")
     waveforms = np.ascontiguousarray(waveforms, dtype=np.float32)
-    labels = np.asarray(labels, dtype=np.int64)
     model.eval()
     logits = torch.cat(
         [model(torch.from_numpy(waveforms[i : i + batch_size])) for i in range(0, len(waveforms), batch_size)]
     )
-    predictions = logits.argmax(dim=1).numpy()
+    targets = torch.from_numpy(np.asarray(labels, dtype=np.int64))
+    losses = nn.functional.cross_entropy(logits, targets, reduction="none")
+    return logits.argmax(dim=1).numpy(), losses.numpy()
+
+
+def evaluate(
+    model: nn.Module, waveforms: np.ndarray, labels: np.ndarray, batch_size: int = 256
+) -> EvalResult:
+    """Accuracy, macro-F1 and loss of the model in eval mode."""
+    labels = np.asarray(labels, dtype=np.int64)
+    predictions, losses = predict(model, waveforms, labels, batch_size)
+    num_classes = int(max(labels.max(), predictions.max())) + 1
+    confusion = metrics.confusion_matrix(labels, predictions, num_classes)
     return EvalResult(
-        accuracy=float(np.mean(predictions == labels)),
-        macro_f1=_macro_f1(labels, predictions),
-        loss=float(nn.functional.cross_entropy(logits, torch.from_numpy(labels))),
+        accuracy=metrics.accuracy(confusion),
+        macro_f1=metrics.macro_f1(confusion),
+        loss=float(losses.mean()),
         predictions=predictions,
     )

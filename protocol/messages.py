@@ -11,6 +11,11 @@ import dacite
 SCHEMA_VERSION = 1
 MAX_MESSAGE_BYTES = 64 * 1024
 DEVICE_ID = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
+NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}$")  # task names and labels: also safe as folder names
+MAX_LABELS = 64
+MAX_COUNT = 10**9  # bound on any count a device reports
+SAMPLE_RATES = (4_000, 48_000)
+MIN_CLIP_SECONDS, MAX_CLIP_SECONDS = 0.1, 10.0
 
 
 class ProtocolError(ValueError):
@@ -35,6 +40,29 @@ class ModelSpec:
     num_samples: int
     num_classes: int
     depth: int | None = None
+
+
+@dataclass(frozen=True)
+class TaskDefinition:
+    """What a fleet learns: the labels (also the names of a device's data folders), rate and clip length."""
+
+    name: str
+    labels: list[str]
+    sample_rate: int
+    clip_seconds: float
+
+    @property
+    def num_samples(self) -> int:
+        """Samples in one clip."""
+        return round(self.sample_rate * self.clip_seconds)
+
+
+@dataclass(frozen=True)
+class TaskInfo:
+    """HTTP reply to GET /api/task: what the fleet learns and the model it trains, for a starting device."""
+
+    definition: TaskDefinition
+    spec: ModelSpec
 
 
 @dataclass(frozen=True)
@@ -66,24 +94,33 @@ class Credentials:
     token: str
 
 
+State = Literal["online", "training", "evaluating", "offline"]
+
+
 @dataclass(frozen=True)
 class DeviceStatus:
     """Retained status of a device; 'offline' is also its last will."""
 
     device_id: str
-    state: Literal["online", "training", "offline"]
+    state: State
     num_samples: int = 0
     profile: Profile | None = None
     round: int | None = None
+    train_counts: dict[str, int] = field(default_factory=dict)  # usable local clips per label
+    test_counts: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
 class Task:
-    """Work for one device in one round: the model to start from and how to train it."""
+    """Work for one device in one round: train the model from these weights, or evaluate them.
+
+    An evaluation uploads an EvaluationReport of the device's test split; the training fields are unused.
+    """
 
     task_id: str
     round: int
     spec: ModelSpec
+    definition: TaskDefinition
     weights: BlobRef
     upload_path: str
     epochs: int
@@ -92,6 +129,21 @@ class Task:
     deadline: float
     seed: int = 0
     proximal_mu: float = 0.0  # FedProx: > 0 keeps local training near the global model
+    action: Literal["train", "evaluate"] = "train"
+
+
+@dataclass(frozen=True)
+class EvaluationReport:
+    """What a device sends back for an evaluation: counts only, never audio or file names.
+
+    confusion[i][j] counts its test clips of true class i predicted as j; loss_sum is the summed
+    cross-entropy over them.
+    """
+
+    task_id: str
+    round: int
+    confusion: list[list[int]]
+    loss_sum: float
 
 
 @dataclass(frozen=True)
@@ -114,6 +166,8 @@ _KINDS: dict[type, str] = {
     DeviceStatus: "status",
     Task: "task",
     ModelAnnouncement: "model",
+    TaskInfo: "task_info",
+    EvaluationReport: "evaluation",
 }
 
 
@@ -123,7 +177,14 @@ def _float_hook(value: Any) -> float:
     return float(value)
 
 
-_CONFIG = dacite.Config(strict=False, type_hooks={float: _float_hook}, cast=[])
+def _int_hook(value: Any) -> Any:
+    # an integer of hundreds of digits would overflow the maths it feeds; dacite checks the type after
+    if isinstance(value, int) and abs(value) > 2**53:
+        raise ProtocolError(f"an integer of {len(str(abs(value)))} digits is out of range")
+    return value
+
+
+_CONFIG = dacite.Config(strict=False, type_hooks={float: _float_hook, int: _int_hook}, cast=[])
 
 
 def encode(message: Any) -> bytes:
@@ -175,3 +236,50 @@ def _check_values(message: Any) -> None:
         raise ProtocolError("learning_rate must be positive")
     if isinstance(message, Task) and not (math.isfinite(message.proximal_mu) and message.proximal_mu >= 0):
         raise ProtocolError("proximal_mu must not be negative")
+    definition = getattr(message, "definition", None)
+    if definition is not None:
+        check_definition(definition)
+    if isinstance(message, DeviceStatus):
+        for counts in (message.train_counts, message.test_counts):
+            _check_counts(counts)
+    if isinstance(message, EvaluationReport):
+        _check_confusion(message)
+
+
+def check_definition(definition: TaskDefinition) -> None:
+    """ProtocolError unless the task's name, labels, rate and clip length are usable and bounded."""
+    if not NAME.match(definition.name):
+        raise ProtocolError(f"name: {definition.name!r}: use letters, digits, '_', '.' or '-' (at most 64)")
+    labels = definition.labels
+    if not 2 <= len(labels) <= MAX_LABELS:
+        raise ProtocolError(f"labels: between 2 and {MAX_LABELS} are needed, got {len(labels)}")
+    for label in labels:
+        if not NAME.match(label):
+            raise ProtocolError(f"labels: {label!r} is not a folder name (letters, digits, '_', '.', '-')")
+    if len(set(labels)) != len(labels):
+        raise ProtocolError(f"labels: repeated {sorted({x for x in labels if labels.count(x) > 1})}")
+    low, high = SAMPLE_RATES
+    if not low <= definition.sample_rate <= high:
+        raise ProtocolError(f"sample_rate: must be between {low} and {high} Hz, got {definition.sample_rate}")
+    seconds = definition.clip_seconds
+    if not (math.isfinite(seconds) and MIN_CLIP_SECONDS <= seconds <= MAX_CLIP_SECONDS):
+        limits = f"{MIN_CLIP_SECONDS} and {MAX_CLIP_SECONDS}"
+        raise ProtocolError(f"clip_seconds: must be between {limits}, got {seconds}")
+
+
+def _check_counts(counts: dict[str, int]) -> None:
+    if len(counts) > MAX_LABELS:
+        raise ProtocolError(f"counts for {len(counts)} labels, more than {MAX_LABELS}")
+    for label, count in counts.items():
+        if not NAME.match(label) or not 0 <= count <= MAX_COUNT:
+            raise ProtocolError(f"bad count {count!r} for label {label!r}")
+
+
+def _check_confusion(report: EvaluationReport) -> None:
+    size = len(report.confusion)
+    if not 2 <= size <= MAX_LABELS or any(len(row) != size for row in report.confusion):
+        raise ProtocolError(f"confusion must be a square matrix of 2 to {MAX_LABELS} classes")
+    if any(not 0 <= count <= MAX_COUNT for row in report.confusion for count in row):
+        raise ProtocolError(f"confusion counts must be between 0 and {MAX_COUNT}")
+    if not (math.isfinite(report.loss_sum) and report.loss_sum >= 0):
+        raise ProtocolError("loss_sum must be a finite number, not negative")

@@ -1,8 +1,9 @@
-"""Shared fixtures: the machine's Mosquitto, unique topic roots, coordinator and device processes."""
+"""Shared fixtures: the machine's Mosquitto, topic roots, coordinator and device processes, a microphone."""
 
 import json
 import os
 import queue
+import shutil
 import signal
 import socket
 import subprocess
@@ -12,6 +13,7 @@ import urllib.error
 import urllib.request
 import uuid
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -123,6 +125,26 @@ def start_clients(
     ]  # fmt: skip
 
 
+@contextmanager
+def one_round_coordinator(tmp_path: Path, broker_url: str, topic_root: str, device_id: str, **config: Any):
+    """An in-process coordinator for one round of one device, and that device, which the test speaks for.
+
+    Yields (app, service, device); config adds or overrides the coordinator's settings.
+    """
+    from fedspeech.coordinator.app import create_app
+
+    settings = {"STATE_DIR": str(tmp_path / "state"), "BROKER_URL": broker_url, "TOPIC_ROOT": topic_root}
+    app = create_app({**settings, "ROUNDS": 1, "MIN_DEVICES": 1, "MIN_RESULTS": 1, **config})
+    service = app.extensions["fedspeech"]
+    service.start()
+    device = ScriptedDevice(device_id, broker_url, Topics(topic_root))
+    try:
+        yield app, service, device
+    finally:
+        device.close()
+        service.stop()
+
+
 class ScriptedDevice:
     """A device the test speaks for, step by step: a paho client on the real broker plus plain HTTP."""
 
@@ -223,3 +245,32 @@ def fsdd_model(tmp_path_factory) -> TrainedModel:
     heldout = load_waveforms(server_test_clips(corpus), spec.sample_rate, spec.num_samples)
     calibration = waveforms[np.random.default_rng(0).choice(len(waveforms), 300, replace=False)]
     return TrainedModel(model.eval(), spec, list(corpus.labels), path, heldout, calibration)
+
+
+@pytest.fixture
+def virtual_microphone(tmp_path, monkeypatch):
+    """A private PulseAudio server with a null sink, fedspeech_mic; its monitor is the default source."""
+    if not (shutil.which("pulseaudio") and shutil.which("paplay") and shutil.which("pactl")):
+        pytest.skip("needs PulseAudio: apt-get install pulseaudio pulseaudio-utils libasound2-plugins")
+    runtime = tmp_path / "pulse"
+    runtime.mkdir()
+    env = {**os.environ, "PULSE_RUNTIME_PATH": str(runtime), "PULSE_STATE_PATH": str(runtime)}
+    command = [
+        "pulseaudio",
+        "--daemonize=no",
+        "-n",  # no default.pa: none of the machine's sound cards
+        "--exit-idle-time=-1",
+        "--load=module-native-protocol-unix auth-anonymous=1",
+        "--load=module-null-sink sink_name=fedspeech_mic",
+    ]
+    with open(tmp_path / "pulseaudio.log", "w") as log:
+        server = subprocess.Popen(command, env=env, stdout=log, stderr=log)
+    try:
+        ready = lambda: subprocess.run(["pactl", "info"], env=env, capture_output=True).returncode == 0  # noqa: E731
+        wait_for(ready, 15, "PulseAudio to start")
+        monkeypatch.setenv("PULSE_RUNTIME_PATH", str(runtime))
+        monkeypatch.setenv("PULSE_SOURCE", "fedspeech_mic.monitor")  # what ALSA's "pulse" device records
+        yield env
+    finally:
+        server.terminate()
+        server.wait(timeout=10)

@@ -5,36 +5,20 @@ from dataclasses import replace
 
 import numpy as np
 import pytest
-from conftest import ScriptedDevice, wait_for
+from conftest import one_round_coordinator, wait_for
 
-from fedspeech.coordinator.app import create_app
 from fedspeech.protocol import messages, weights
 from fedspeech.protocol.messages import Credentials, DeviceStatus, Profile, Registration, Task
-from fedspeech.protocol.topics import Topics
 
 DEVICE = "bench-device"
 
 
 @pytest.fixture
 def coordinator(tmp_path, mosquitto_url, topic_root):
-    app = create_app(
-        {
-            "STATE_DIR": str(tmp_path / "state"),
-            "BROKER_URL": mosquitto_url,
-            "TOPIC_ROOT": topic_root,
-            "ROUNDS": 1,
-            "MIN_DEVICES": 1,
-            "MIN_RESULTS": 1,
-            "EVAL_LIMIT": 20,
-            "ROUND_TIMEOUT_S": 120,
-        }
-    )
-    service = app.extensions["fedspeech"]
-    service.start()
-    device = ScriptedDevice(DEVICE, mosquitto_url, Topics(topic_root))
-    yield app, service, device
-    device.close()
-    service.stop()
+    # the test's device answers training tasks only
+    settings = {"EVAL_EVERY": 0, "ROUND_TIMEOUT_S": 120}
+    with one_round_coordinator(tmp_path, mosquitto_url, topic_root, DEVICE, **settings) as running:
+        yield running
 
 
 def _upload(http, task: Task, token: str, body: bytes, digest: str | None = None):

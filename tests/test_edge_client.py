@@ -22,16 +22,20 @@ import paho.mqtt.client as mqtt
 import pytest
 from conftest import free_port
 
-from fedspeech.edge_client import ClientConfig, measure_profile, run_client
+from fedspeech.edge_client import ClientConfig, DataSource, measure_profile, run_client
+from fedspeech.models.datasets import bundled_data_dir
+from fedspeech.models.tasks import BUILTIN_TASKS
 from fedspeech.protocol import messages, weights
 from fedspeech.protocol.messages import (
     BlobRef,
     Credentials,
     DeviceStatus,
+    EvaluationReport,
     ModelAnnouncement,
     ModelSpec,
     Registration,
     Task,
+    TaskInfo,
 )
 from fedspeech.protocol.topics import Topics
 
@@ -39,8 +43,9 @@ BROKER_URL = "mqtt://127.0.0.1:1883"
 SPEAKER = "jackson"
 MAX_SAMPLES = 40
 TOKEN = "secret-token"
-BLOB_PATH = "/blobs/global.safetensors"
+BLOB_PATH = "/api/models/0/weights"
 SPEC = ModelSpec("cnn", sample_rate=8000, num_samples=8000, num_classes=10)
+FSDD = BUILTIN_TASKS["fsdd"]
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -89,6 +94,8 @@ class CoordinatorDouble:
             def do_GET(self):
                 if self.path == "/api/status":
                     self.reply(200, b"{}")
+                elif self.path == "/api/task":
+                    self.reply(200, messages.encode(TaskInfo(FSDD, SPEC)))
                 elif self.path == BLOB_PATH:
                     double.downloads.append(self.path)
                     time.sleep(double.download_delay_s)
@@ -142,8 +149,7 @@ class Fleet:
             coordinator_url=self.coordinator.url,
             broker_url=BROKER_URL,
             device_id=self.device_id,
-            corpus="fsdd",
-            speaker=SPEAKER,
+            data=DataSource(corpus="fsdd", speaker=SPEAKER),
             topic_root=self.topics.root,
             max_samples=MAX_SAMPLES,
         )
@@ -189,6 +195,7 @@ def make_task(task_id: str = "task-1", *, blob: bytes, deadline_in: float = 50.0
         task_id=task_id,
         round=1,
         spec=SPEC,
+        definition=FSDD,
         weights=BlobRef(BLOB_PATH, sha256 or weights.sha256(blob), len(blob)),
         upload_path=f"/api/uploads/{task_id}",
         epochs=1,
@@ -451,8 +458,10 @@ def test_sigterm_goes_offline_and_exits_zero(fleet: Fleet) -> None:
     config = fleet.config()
     code = (
         "from fedspeech.edge_client.daemon import ClientConfig, run_client; "
-        f"run_client(ClientConfig({config.coordinator_url!r}, {BROKER_URL!r}, {config.device_id!r}, 'fsdd', "
-        f"{SPEAKER!r}, topic_root={config.topic_root!r}, max_samples={MAX_SAMPLES}))"
+        "from fedspeech.edge_client import DataSource; "
+        f"run_client(ClientConfig({config.coordinator_url!r}, {BROKER_URL!r}, {config.device_id!r}, "
+        f"DataSource(corpus='fsdd', speaker={SPEAKER!r}), topic_root={config.topic_root!r}, "
+        f"max_samples={MAX_SAMPLES}))"
     )
     process = subprocess.Popen([sys.executable, "-c", code], env=os.environ.copy())
     try:
@@ -465,6 +474,72 @@ def test_sigterm_goes_offline_and_exits_zero(fleet: Fleet) -> None:
             process.wait()
     status = messages.decode(retained(fleet.topics.status(fleet.device_id)), DeviceStatus)
     assert status.state == "offline"
+
+
+def test_evaluation_task_reports_counts_of_the_test_split(fleet: Fleet) -> None:
+    coordinator = fleet.coordinator
+    task = replace(make_task("eval-1", blob=coordinator.blob), action="evaluate")
+    with running_daemon(fleet):
+        fleet.publish_task(messages.encode(task))
+        wait_until(lambda: coordinator.uploads)
+    upload = coordinator.uploads[0]
+    assert upload.path == "/api/uploads/eval-1" and upload.headers["Content-Type"] == "application/json"
+    report = messages.decode(upload.body, EvaluationReport)
+    confusion = np.array(report.confusion)
+    # FSDD's own split: takes 0-4 of each digit are the speaker's 50 test clips, 5 per digit
+    assert confusion.shape == (10, 10) and confusion.sum(axis=1).tolist() == [5] * 10
+    assert report.loss_sum > 0 and report.task_id == "eval-1"
+    assert b"jackson" not in upload.body and b".flac" not in upload.body
+
+
+def test_paths_outside_the_api_are_refused(fleet: Fleet, caplog: pytest.LogCaptureFixture) -> None:
+    evil = make_task("evil", blob=fleet.coordinator.blob)
+    with running_daemon(fleet):
+        for path in (":18081/api/models/0/weights", "@evil.example/api/x", "/api/../../etc/passwd"):
+            fleet.publish_task(
+                messages.encode(replace(evil, task_id=path[:5], weights=replace(evil.weights, path=path)))
+            )
+            wait_until(lambda p=path: warnings_about(caplog, f"refusing the path {p!r}"))
+    assert fleet.coordinator.downloads == [] and fleet.coordinator.uploads == []
+
+
+def _copy_takes(folder, digits: str, takes: range) -> None:
+    for digit in digits:
+        (folder / digit).mkdir(parents=True, exist_ok=True)
+        for take in takes:
+            name = f"{digit}_{SPEAKER}_{take}.flac"
+            shutil.copyfile(bundled_data_dir() / "fsdd" / "recordings" / name, folder / digit / name)
+
+
+def test_a_data_folder_is_scanned_again_at_each_task(fleet: Fleet, tmp_path, caplog) -> None:
+    folder = tmp_path / "data"
+    _copy_takes(folder, "012", range(20))
+    (folder / "3").mkdir()
+    (folder / "3" / "empty.wav").write_bytes(b"")
+    coordinator = fleet.coordinator
+    with running_daemon(fleet, data=DataSource(folder=folder), max_samples=None):
+        wait_until(lambda: warnings_about(caplog, "empty.wav: empty file"))
+        first = fleet.statuses()[-1]
+        assert set(first.train_counts) | set(first.test_counts) == {"0", "1", "2"}
+        assert sum(first.train_counts.values()) + sum(first.test_counts.values()) == 60
+        fleet.publish_task(messages.encode(make_task("task-1", blob=coordinator.blob)))
+        wait_until(lambda: coordinator.uploads)
+        trained_on = int(weights.decode(coordinator.uploads[0].body)[1]["num_samples"])
+        assert trained_on == sum(first.train_counts.values())
+
+        _copy_takes(folder, "7", range(20))  # recorded while the daemon runs
+        fleet.publish_task(messages.encode(make_task("task-2", blob=coordinator.blob)))
+        wait_until(lambda: len(coordinator.uploads) == 2)
+        now = fleet.statuses()[-1]
+        assert now.train_counts["7"] + now.test_counts.get("7", 0) == 20
+        assert int(weights.decode(coordinator.uploads[1].body)[1]["num_samples"]) == sum(
+            now.train_counts.values()
+        )
+        # the split is a function of each file's path: old files kept their side
+        assert {k: now.test_counts.get(k, 0) for k in "012"} == {
+            k: first.test_counts.get(k, 0) for k in "012"
+        }
+    assert len(warnings_about(caplog, "empty.wav")) == 1, "a bad file is reported once, not at every task"
 
 
 def test_measure_profile_is_basic_and_finite() -> None:

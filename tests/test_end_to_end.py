@@ -1,6 +1,7 @@
 """Coordinator and real device processes training FSDD over a real broker, Mosquitto and the embedded one."""
 
 import json
+import shutil
 import signal
 import threading
 from contextlib import contextmanager
@@ -10,6 +11,7 @@ import pytest
 from conftest import free_port, get_json, start_clients, wait_for
 
 from fedspeech.coordinator.app import create_app, serve
+from fedspeech.models.datasets import client_clips, load_corpus
 from fedspeech.protocol import messages, weights
 from fedspeech.protocol.messages import ModelAnnouncement
 from fedspeech.protocol.topics import Topics, parse_broker_url
@@ -39,7 +41,7 @@ def _retained_model(broker_url: str, topic_root: str) -> ModelAnnouncement:
 @contextmanager
 def running_coordinator(tmp_path, **config):
     """An in-process coordinator serving HTTP on a free port; yields (service, base URL)."""
-    defaults = {"STATE_DIR": str(tmp_path / "state"), "EVAL_LIMIT": 60, "ROUND_TIMEOUT_S": 120}
+    defaults = {"STATE_DIR": str(tmp_path / "state"), "EVAL_CORPUS": "fsdd", "ROUND_TIMEOUT_S": 120}
     app = create_app({**defaults, **config})
     service = app.extensions["fedspeech"]
     service.start()
@@ -61,7 +63,15 @@ def wait_until_finished(service, clients) -> None:
 @pytest.mark.parametrize("broker", ["mosquitto", "embedded"])
 def test_rounds_over_a_real_broker(broker, request, tmp_path, topic_root, processes):
     broker_url = request.getfixturevalue("mosquitto_url") if broker == "mosquitto" else None
+    # the coordinator's own held-out folder: exactly the devices' test clips, in DIR/<label>/
+    corpus = load_corpus("fsdd")
+    heldout = tmp_path / "heldout"
+    for clip in (clip for speaker in SPEAKERS for clip in client_clips(corpus, speaker)[1]):
+        (heldout / corpus.labels[clip.label]).mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(clip.path, heldout / corpus.labels[clip.label] / clip.path.name)
     config = {
+        "EVAL_DATA": str(heldout),
+        "EVAL_CORPUS": None,
         "BROKER_URL": broker_url,
         "EMBEDDED_BROKER_PORT": free_port(),
         "TOPIC_ROOT": topic_root,
@@ -83,6 +93,11 @@ def test_rounds_over_a_real_broker(broker, request, tmp_path, topic_root, proces
             assert sorted(u.device_id for u in updates) == SPEAKERS
             assert all(u.num_samples == 40 for u in updates)
             assert 0.0 <= r.accuracy <= 1.0 and 0.0 <= r.macro_f1 <= 1.0 and r.loss > 0
+            # the held-out folder is the union of the devices' test splits: pooling their counts must give
+            # the coordinator's own figures
+            assert r.evaluation_asked == r.evaluation_reports == len(SPEAKERS)
+            assert r.federated_accuracy == pytest.approx(r.accuracy, abs=1 / 150)
+            assert r.federated_loss == pytest.approx(r.loss, rel=1e-3)
             assert r.bytes_up >= len(SPEAKERS) * size * 0.9
             assert r.bytes_down >= len(SPEAKERS) * size
             stored = service.store.model_path(r.round, "weights").read_bytes()

@@ -29,7 +29,10 @@ from fedspeech.fleet import (
     stop_fleet,
 )
 from fedspeech.models.datasets import load_corpus, speakers
+from fedspeech.models.tasks import BUILTIN_TASKS, spec_for
 from fedspeech.network_proxy import DelayProxy
+from fedspeech.protocol import messages
+from fedspeech.protocol.messages import TaskInfo
 from fedspeech.protocol.topics import parse_broker_url
 
 FLEETS = Path(__file__).resolve().parents[1] / "deploy" / "fleets"
@@ -130,7 +133,13 @@ class _Handler(BaseHTTPRequestHandler):
     body = os.urandom(1 << 20)
 
     def do_GET(self) -> None:
-        body = self.body if self.path == "/big" else b'{"ok": true}'
+        if self.path == "/big":
+            body = self.body
+        elif self.path == "/api/task":  # what a starting device asks first
+            fsdd = BUILTIN_TASKS["fsdd"]
+            body = messages.encode(TaskInfo(fsdd, spec_for(fsdd)))
+        else:
+            body = b'{"ok": true}'
         self.send_response(200)
         self.send_header("Content-Length", str(len(body)))
         self.end_headers()
@@ -149,7 +158,7 @@ class _Handler(BaseHTTPRequestHandler):
 
 @pytest.fixture
 def http_server() -> Iterator[ThreadingHTTPServer]:
-    """A real HTTP server on 127.0.0.1: /api/status, a 1 MiB /big, and POSTs recorded in .posts."""
+    """A real HTTP server on 127.0.0.1: /api/task, /api/status, a 1 MiB /big, and POSTs recorded in .posts."""
     server = ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
     server.posts = queue.Queue()
     thread = threading.Thread(target=server.serve_forever, daemon=True)

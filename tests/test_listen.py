@@ -339,35 +339,6 @@ def test_follows_the_coordinator_and_swaps_without_dropping_audio(
 # ---- a virtual microphone ----
 
 
-@pytest.fixture
-def virtual_microphone(tmp_path, monkeypatch):
-    """A private PulseAudio server with a null sink, fedspeech_mic; its monitor is the default source."""
-    if not (shutil.which("pulseaudio") and shutil.which("paplay") and shutil.which("pactl")):
-        pytest.skip("needs PulseAudio: apt-get install pulseaudio pulseaudio-utils libasound2-plugins")
-    runtime = tmp_path / "pulse"
-    runtime.mkdir()
-    env = {**os.environ, "PULSE_RUNTIME_PATH": str(runtime), "PULSE_STATE_PATH": str(runtime)}
-    command = [
-        "pulseaudio",
-        "--daemonize=no",
-        "-n",  # no default.pa: none of the machine's sound cards
-        "--exit-idle-time=-1",
-        "--load=module-native-protocol-unix auth-anonymous=1",
-        "--load=module-null-sink sink_name=fedspeech_mic",
-    ]
-    with open(tmp_path / "pulseaudio.log", "w") as log:
-        server = subprocess.Popen(command, env=env, stdout=log, stderr=log)
-    try:
-        ready = lambda: subprocess.run(["pactl", "info"], env=env, capture_output=True).returncode == 0  # noqa: E731
-        wait_for(ready, 15, "PulseAudio to start")
-        monkeypatch.setenv("PULSE_RUNTIME_PATH", str(runtime))
-        monkeypatch.setenv("PULSE_SOURCE", "fedspeech_mic.monitor")  # what ALSA's "pulse" device records
-        yield env
-    finally:
-        server.terminate()
-        server.wait(timeout=10)
-
-
 def test_microphone_through_pulseaudio(virtual_microphone, models, digits_wav, processes):
     wav, _ = digits_wav
     devices = listen("--list-devices")

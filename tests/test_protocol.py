@@ -1,6 +1,7 @@
 """The wire contract: messages round-trip, malformed input is rejected with a reason."""
 
 import json
+from dataclasses import asdict
 
 import numpy as np
 import pytest
@@ -9,20 +10,25 @@ from fedspeech.protocol import messages, weights
 from fedspeech.protocol.messages import (
     BlobRef,
     DeviceStatus,
+    EvaluationReport,
     ModelAnnouncement,
     ModelSpec,
     Profile,
     ProtocolError,
     Registration,
     Task,
+    TaskDefinition,
+    TaskInfo,
 )
 from fedspeech.protocol.topics import Topics, parse_broker_url
 
 SPEC = ModelSpec("cnn", 8000, 8000, 10)
+DIGITS = TaskDefinition("digits", [str(d) for d in range(10)], 8000, 1.0)
 TASK = Task(
     "t1",
     3,
     SPEC,
+    DIGITS,
     BlobRef("/api/models/2/weights", "ab" * 32, 1234),
     "/api/rounds/3/updates",
     2,
@@ -38,6 +44,9 @@ TASK = Task(
         TASK,
         DeviceStatus("dev-1", "online", 450, Profile(4, 1800.0, 900.5)),
         DeviceStatus("dev-1", "offline"),
+        DeviceStatus("dev-1", "evaluating", 40, None, 3, {"yes": 30, "_unknown_": 10}, {"yes": 8}),
+        TaskInfo(DIGITS, SPEC),
+        EvaluationReport("t1", 3, [[5, 1], [0, 4]], 2.75),
         Registration("dev-1", 450, Profile(4, 0.0, 100.0, 3.5, 0.002, 12.5)),
         ModelAnnouncement(4, SPEC, ["zero", "one"], TASK.weights, None, {"accuracy": 0.9}),
     ],
@@ -65,6 +74,11 @@ def _task_with(**changes) -> bytes:
         (_task_with(round=-1), "negative"),
         (_task_with(learning_rate=-0.1), "learning_rate"),
         (_task_with(spec={"name": "cnn"}), "sample_rate"),
+        (_task_with(definition={**asdict(DIGITS), "labels": ["a"]}), "2 and"),
+        (_task_with(definition={**asdict(DIGITS), "labels": ["../../etc", "b"]}), "folder name"),
+        (_task_with(definition={**asdict(DIGITS), "sample_rate": 10**6}), "sample_rate"),
+        (_task_with(action="delete"), "action"),
+        (_task_with(round=10**400), "out of range"),
         (messages.encode(TASK).replace(b'"learning_rate":0.001', b'"learning_rate":NaN'), "non-finite"),
         (b"{" + b" " * 70000 + b"}", "exceeds"),
         (b"[" * 60000, "nested too deeply"),
@@ -82,6 +96,44 @@ def test_status_rejects_unknown_state_and_bad_device_id():
         )
     with pytest.raises(ProtocolError, match="device id"):
         messages.decode(messages.encode(DeviceStatus("a/b#", "online")), DeviceStatus)
+
+
+def _report_with(**changes) -> bytes:
+    body = json.loads(messages.encode(EvaluationReport("t1", 3, [[5, 1], [0, 4]], 2.75)))
+    body.update(changes)
+    return json.dumps(body).encode()
+
+
+@pytest.mark.parametrize(
+    ("payload", "reason"),
+    [
+        (_report_with(confusion=[[1, 2, 3], [4, 5, 6]]), "square"),
+        (_report_with(confusion=[[1]]), "square"),
+        (_report_with(confusion=[[1, -1], [0, 0]]), "between 0"),
+        (_report_with(confusion=[[1, 10**12], [0, 0]]), "between 0"),
+        (_report_with(confusion=[[1, 2.5], [0, 0]]), "confusion"),
+        (_report_with(confusion=[[0] * 65] * 65), "square"),
+        (_report_with(loss_sum=-1.0), "loss_sum"),
+    ],
+)
+def test_malformed_evaluation_report_is_rejected(payload, reason):
+    with pytest.raises(ProtocolError, match=reason):
+        messages.decode(payload, EvaluationReport)
+
+
+@pytest.mark.parametrize(
+    ("counts", "reason"),
+    [
+        ({"yes": -1}, "bad count"),
+        ({"../etc": 1}, "bad count"),
+        ({f"label{i}": 1 for i in range(65)}, "more than"),
+    ],
+)
+def test_status_counts_are_bounded(counts, reason):
+    body = json.loads(messages.encode(DeviceStatus("dev-1", "online")))
+    body["train_counts"] = counts
+    with pytest.raises(ProtocolError, match=reason):
+        messages.decode(json.dumps(body), DeviceStatus)
 
 
 def test_topics_name_devices():

@@ -1,0 +1,55 @@
+"""Federated evaluation: the devices' counts on their own test splits, combined into the fleet's scores."""
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from fedspeech.models import metrics
+
+
+@dataclass(frozen=True)
+class DeviceEvaluation:
+    """One device's report: its confusion matrix (true class by row) and summed loss, and its accuracy."""
+
+    device_id: str
+    clips: int
+    correct: int
+    loss_sum: float
+
+    @property
+    def accuracy(self) -> float:
+        """Correct over clips on this device."""
+        return self.correct / self.clips
+
+
+@dataclass(frozen=True)
+class FederatedEvaluation:
+    """Scores over every reported test clip of the fleet, as if the clips were one held-out set."""
+
+    accuracy: float
+    macro_f1: float
+    loss: float
+    clips: int
+    devices: list[DeviceEvaluation]
+
+
+def device_evaluation(device_id: str, confusion: np.ndarray, loss_sum: float) -> DeviceEvaluation:
+    """What the coordinator keeps of one report."""
+    return DeviceEvaluation(device_id, int(confusion.sum()), int(np.trace(confusion)), float(loss_sum))
+
+
+def combine(reports: dict[str, tuple[np.ndarray, float]], min_reports: int) -> FederatedEvaluation | None:
+    """Sum the reports with at least one clip; None when fewer than min_reports devices had any.
+
+    Summing confusion matrices gives exactly the scores of the union of the devices' test clips.
+    """
+    counted = {d: report for d, report in reports.items() if report[0].sum() > 0}
+    if not counted or len(counted) < min_reports:
+        return None
+    confusion = sum(report[0] for report in counted.values())
+    clips = int(confusion.sum())
+    loss_sum = sum(report[1] for report in counted.values())
+    devices = [device_evaluation(d, *report) for d, report in sorted(counted.items())]
+    return FederatedEvaluation(
+        metrics.accuracy(confusion), metrics.macro_f1(confusion), loss_sum / clips, clips, devices
+    )

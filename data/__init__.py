@@ -1,0 +1,1 @@
+"""Speech data shipped with fedspeech: the Free Spoken Digit Dataset (fsdd/)."""

@@ -1,0 +1,1 @@
+"""Emulated fleet files shipped with fedspeech (see fedspeech.fleet)."""

@@ -1,0 +1,86 @@
+"""What a fleet learns: task files (TOML), the built-in task of each bundled corpus, and its model spec."""
+
+import tomllib
+from pathlib import Path
+
+from fedspeech.models import MAX_DEPTH, MODELS, TRANSFORMERS
+from fedspeech.protocol.messages import ModelSpec, ProtocolError, TaskDefinition, check_definition
+
+FSDD_LABELS = [str(digit) for digit in range(10)]
+EMODB_LABELS = ["anger", "boredom", "disgust", "fear", "happiness", "sadness", "neutral"]
+SPEECH_COMMANDS_LABELS = [
+    "yes", "no", "up", "down", "left", "right", "on", "off", "stop", "go", "_unknown_", "_silence_",
+]  # fmt: skip
+
+# one per bundled corpus; EmoDB's utterances are 2-4 s long, so its clips are 3 s
+BUILTIN_TASKS: dict[str, TaskDefinition] = {
+    "fsdd": TaskDefinition("fsdd", FSDD_LABELS, 8000, 1.0),
+    "emodb": TaskDefinition("emodb", EMODB_LABELS, 16000, 3.0),
+    "speech_commands": TaskDefinition("speech_commands", SPEECH_COMMANDS_LABELS, 16000, 1.0),
+}
+
+_KEYS = {"name": str, "labels": list, "sample_rate": int, "clip_seconds": float}
+
+
+class TaskFileError(ValueError):
+    """A task file that cannot be used; the text is one line naming the file, the key and the problem."""
+
+
+def load_task(name_or_path: str | Path) -> TaskDefinition:
+    """A built-in task by name (fsdd, emodb, speech_commands), or a task file; TaskFileError if it is bad."""
+    if str(name_or_path) in BUILTIN_TASKS:
+        return BUILTIN_TASKS[str(name_or_path)]
+    path = Path(name_or_path)
+    try:
+        document = tomllib.loads(path.read_text())
+    except FileNotFoundError:
+        builtin = ", ".join(BUILTIN_TASKS)
+        raise TaskFileError(f"{path}: no such task file, nor a built-in task ({builtin})") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise TaskFileError(f"{path}: cannot read it: {exc}") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise TaskFileError(f"{path}: not valid TOML: {exc}") from None
+    return task_from_mapping(document, str(path))
+
+
+def task_from_mapping(document: dict, where: str = "task") -> TaskDefinition:
+    """Check a task's keys and types, then its values; TaskFileError names the key and the problem."""
+    unknown = sorted(set(document) - set(_KEYS))
+    if unknown:
+        raise TaskFileError(f"{where}: unknown key {unknown[0]!r}; a task has {', '.join(_KEYS)}")
+    for key, kind in _KEYS.items():
+        if key not in document:
+            raise TaskFileError(f"{where}: key {key!r} is missing")
+        value = document[key]
+        numeric = kind is float and isinstance(value, int) and not isinstance(value, bool)
+        if not (isinstance(value, kind) and not isinstance(value, bool)) and not numeric:
+            raise TaskFileError(f"{where}: key {key!r} must be {_TYPE_NAMES[kind]}, got {value!r}")
+    if not all(isinstance(label, str) for label in document["labels"]):
+        raise TaskFileError(f"{where}: key 'labels' must be a list of strings, got {document['labels']!r}")
+    definition = TaskDefinition(
+        document["name"], list(document["labels"]), document["sample_rate"], float(document["clip_seconds"])
+    )
+    try:
+        check_definition(definition)
+    except ProtocolError as exc:
+        raise TaskFileError(f"{where}: key {exc}") from None
+    return definition
+
+
+_TYPE_NAMES = {str: "a string", list: "a list of strings", int: "a whole number", float: "a number"}
+
+
+def spec_for(definition: TaskDefinition, name: str = "cnn", depth: int | None = None) -> ModelSpec:
+    """The model spec a task trains: its rate, clip length and number of labels.
+
+    A transformer's depth (its full-grown depth when it grows) defaults to MAX_DEPTH; a CNN has none.
+    """
+    if name not in MODELS:
+        raise ValueError(f"unknown model {name!r}, expected one of {MODELS}")
+    if name in TRANSFORMERS:
+        depth = MAX_DEPTH if depth is None else depth
+        if not 1 <= depth <= MAX_DEPTH:
+            raise ValueError(f"depth must be between 1 and {MAX_DEPTH}, got {depth}")
+    else:
+        depth = None
+    return ModelSpec(name, definition.sample_rate, definition.num_samples, len(definition.labels), depth)

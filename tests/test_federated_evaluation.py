@@ -1,0 +1,108 @@
+"""Federated evaluation: the maths of pooling device counts, and the coordinator's intake of reports."""
+
+import logging
+
+import numpy as np
+import pytest
+from conftest import one_round_coordinator, wait_for
+
+from fedspeech.coordinator.evaluation import combine
+from fedspeech.models import metrics
+from fedspeech.protocol import messages, weights
+from fedspeech.protocol.messages import Credentials, EvaluationReport, Profile, Registration
+
+
+def test_pooled_counts_score_like_the_union_of_the_test_sets():
+    rng = np.random.default_rng(0)
+    labels = [rng.integers(0, 4, size=n) for n in (30, 5, 12)]
+    predictions = [np.where(rng.random(len(y)) < 0.7, y, rng.integers(0, 4, size=len(y))) for y in labels]
+    losses = [rng.random(len(y)) for y in labels]
+    reports = {
+        f"d{i}": (metrics.confusion_matrix(y, p, 4), float(loss.sum()))
+        for i, (y, p, loss) in enumerate(zip(labels, predictions, losses, strict=True))
+    }
+    pooled = combine(reports, min_reports=1)
+    union_y, union_p = np.concatenate(labels), np.concatenate(predictions)
+    assert pooled.accuracy == pytest.approx(np.mean(union_y == union_p))
+    assert pooled.loss == pytest.approx(np.concatenate(losses).mean())
+    f1 = [
+        2 * np.sum((union_p == c) & (union_y == c)) / (np.sum(union_p == c) + np.sum(union_y == c))
+        for c in np.union1d(union_y, union_p)
+    ]
+    assert pooled.macro_f1 == pytest.approx(np.mean(f1))
+    assert pooled.clips == 47 and [d.clips for d in pooled.devices] == [30, 5, 12]
+    assert pooled.devices[1].accuracy == pytest.approx(np.mean(labels[1] == predictions[1]))
+
+
+def test_too_few_reports_give_no_scores_and_empty_reports_do_not_count():
+    one = np.array([[3, 1], [0, 2]])
+    empty = np.zeros((2, 2), dtype=np.int64)
+    assert combine({}, min_reports=1) is None
+    assert combine({"a": (empty, 0.0)}, min_reports=1) is None  # a device without test clips
+    assert combine({"a": (one, 1.0), "b": (empty, 0.0)}, min_reports=2) is None
+    assert combine({"a": (one, 1.0), "b": (one, 3.0)}, min_reports=2).accuracy == pytest.approx(5 / 6)
+
+
+DEVICE = "kitchen"
+
+
+@pytest.fixture
+def coordinator(tmp_path, mosquitto_url, topic_root):
+    with one_round_coordinator(tmp_path, mosquitto_url, topic_root, DEVICE, EVAL_TIMEOUT_S=120) as running:
+        yield running
+
+
+def test_bad_reports_are_rejected_and_a_good_one_is_pooled(coordinator, caplog):
+    app, service, device = coordinator
+    caplog.set_level(logging.INFO)
+    http = app.test_client()
+    wait_for(lambda: service.store.latest_round(), 60, "round 0")
+    reply = http.post("/api/devices", data=messages.encode(Registration(DEVICE, 50, Profile(2, 0.0, 512.0))))
+    token = messages.decode(reply.data, Credentials).token
+    device.go_online(50)
+    train = device.next_task(30)
+    assert train.action == "train" and train.definition.labels == [str(d) for d in range(10)]
+    arrays, _ = weights.decode(http.get(train.weights.path).data)
+    update = weights.encode(arrays, {"task_id": train.task_id, "num_samples": "50"})
+    headers = {"Authorization": f"Bearer {token}", "X-Content-SHA256": weights.sha256(update)}
+    assert http.post(train.upload_path, data=update, headers=headers).status_code == 200
+
+    evaluate = device.next_task(60)
+    assert evaluate.action == "evaluate" and evaluate.round == 1
+    assert (
+        evaluate.upload_path == "/api/rounds/1/evaluations"
+        and evaluate.weights.path == "/api/models/1/weights"
+    )
+    confusion = np.eye(10, dtype=int) * 4
+    confusion[3, 5] = 2  # 40 of 42 right
+    good = messages.encode(EvaluationReport(evaluate.task_id, 1, confusion.tolist(), 8.4))
+    auth = {"Authorization": f"Bearer {token}"}
+
+    def post(data: bytes, headers: dict | None = None, round: int = 1):
+        return http.post(
+            f"/api/rounds/{round}/evaluations", data=data, headers=auth if headers is None else headers
+        )
+
+    assert post(good, headers={}).status_code == 401
+    assert post(good, headers={"Authorization": "Bearer forged"}).status_code == 401
+    assert post(b"{not json").status_code == 400
+    assert post(b"{" + b" " * 200_000 + b"}").status_code == 413
+    small = messages.encode(EvaluationReport(evaluate.task_id, 1, [[1, 0], [0, 1]], 0.1))
+    assert post(small).status_code == 400  # two classes: the task has ten
+    other = messages.encode(EvaluationReport("not-the-task", 1, confusion.tolist(), 8.4))
+    assert post(other).status_code == 409
+    assert post(good, round=2).status_code == 409
+    assert service.store.latest_round().evaluation_asked is None, "nothing counted yet"
+
+    assert post(good).status_code == 200
+    assert post(good).status_code == 409  # once per device
+    wait_for(lambda: service.orchestrator.finished.is_set(), 30, "the evaluation to close")
+    record = service.store.latest_round()
+    assert (record.evaluation_asked, record.evaluation_reports) == (1, 1)
+    assert record.federated_accuracy == pytest.approx(40 / 42)
+    assert record.federated_loss == pytest.approx(8.4 / 42)
+    detail = http.get("/api/rounds/1").get_json()
+    assert detail["evaluations"] == [
+        {"device_id": DEVICE, "clips": 42, "correct": 40, "loss_sum": 8.4, "accuracy": pytest.approx(40 / 42)}
+    ]
+    assert record.accuracy is None, "no central held-out set was given"
