@@ -134,6 +134,7 @@ def _demo(args: argparse.Namespace) -> None:
             broker_url=args.broker,
             port=args.port,
             max_samples=args.max_samples,
+            eval_every=args.eval_every if args.eval_every is not None else DemoConfig.eval_every,
         )
     )
 
@@ -291,6 +292,7 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--broker", help="mqtt://host:port of an existing broker (default: embedded broker)")
     m.add_argument("--port", type=int, default=0, help="coordinator HTTP port (default: a free one)")
     m.add_argument("--max-samples", type=int, help="train on at most this many clips per device")
+    m.add_argument("--eval-every", type=int, help="devices evaluate every N rounds' model (default 5)")
     m.set_defaults(run=_demo)
 
     b = sub.add_parser("bench", help="benchmarks").add_subparsers(dest="bench", required=True)

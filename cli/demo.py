@@ -33,6 +33,9 @@ class DemoConfig:
     port: int = 0
     max_samples: int | None = None
     round_timeout_s: float = 300.0
+    # the devices evaluate every few rounds: a Pi 3 takes seconds to fetch and score the model, and the
+    # coordinator's held-out set scores every round anyway
+    eval_every: int = 5
 
 
 def federated_text(r: RoundRecord) -> str:
@@ -48,9 +51,9 @@ def federated_text(r: RoundRecord) -> str:
 def _line(r: RoundRecord, t0: float) -> str:
     acc = f"{r.accuracy:.4f}" if r.accuracy is not None else "n/a"
     loss = f"{r.loss:.4f}" if r.loss is not None else "n/a"
+    federated = "" if r.evaluation_asked is None else f"on the devices {federated_text(r)}  "
     return (
-        f"round {r.round:3d}  devices {r.results}/{r.devices}  accuracy {acc}  loss {loss}  "
-        f"on the devices {federated_text(r)}  "
+        f"round {r.round:3d}  devices {r.results}/{r.devices}  accuracy {acc}  loss {loss}  {federated}"
         f"{r.wall_s:6.1f} s (total {r.finished_at - t0:6.1f} s)  "
         f"up {r.bytes_up / 1e6:.2f} MB  down {r.bytes_down / 1e6:.2f} MB"
     )
@@ -70,11 +73,13 @@ def write_plot(records: list[dict], path: Path) -> None:
         "coordinator's held-out set": [r["accuracy"] for r in records],
         "devices' own test clips (federated)": [r["federated_accuracy"] for r in records],
     }
-    for name, values in curves.items():
-        if any(v is not None for v in values):  # a round without a score is a gap, never a zero
-            values = [float("nan") if v is None else v for v in values]
-            by_round.plot(rounds, values, marker="o", label=name)
-            by_time.plot(elapsed, values, marker="o", label=name)
+    styles = [{"marker": "o"}, {"marker": "s", "linestyle": "--", "markerfacecolor": "none"}]
+    for (name, values), style in zip(curves.items(), styles, strict=True):
+        # a round without a score is left out, never drawn as a zero
+        points = [(r, t, v) for r, t, v in zip(rounds, elapsed, values, strict=True) if v is not None]
+        if points:
+            by_round.plot([p[0] for p in points], [p[2] for p in points], label=name, **style)
+            by_time.plot([p[1] for p in points], [p[2] for p in points], label=name, **style)
     by_round.set(xlabel="round", ylabel="accuracy", title="accuracy per round")
     by_time.set(xlabel="wall time (s)", title="accuracy over time")
     for ax in (by_round, by_time):
@@ -94,7 +99,12 @@ def run_demo(cfg: DemoConfig) -> dict:
         check_fleet(fleet)
     shutil.rmtree(cfg.out / "state", ignore_errors=True)
     cfg.out.mkdir(parents=True, exist_ok=True)
-    config = {"ROUNDS": cfg.rounds, "ROUND_TIMEOUT_S": cfg.round_timeout_s, "STRATEGY": cfg.strategy}
+    config = {
+        "ROUNDS": cfg.rounds,
+        "ROUND_TIMEOUT_S": cfg.round_timeout_s,
+        "STRATEGY": cfg.strategy,
+        "EVAL_EVERY": cfg.eval_every,
+    }
     if cfg.epochs is not None:
         config["EPOCHS"] = cfg.epochs
     device_args = ["--max-samples", str(cfg.max_samples)] if cfg.max_samples else []
