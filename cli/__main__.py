@@ -3,13 +3,14 @@
 import argparse
 import logging
 import signal
-import sys
 import threading
 from pathlib import Path
 
-from fedspeech.coordinator.strategy import STRATEGIES
-from fedspeech.models import MODELS
+from fedspeech.models.architectures import MODELS
 from fedspeech.protocol.topics import DEFAULT_ROOT
+
+# names are checked where the strategy is made, so that the device commands never load coordinator code
+STRATEGY_NAMES = "a strategy's name (README: Strategies)"
 
 
 def _coordinator(args: argparse.Namespace) -> None:
@@ -122,7 +123,12 @@ def _record(args: argparse.Namespace) -> None:
 
 
 def _demo(args: argparse.Namespace) -> None:
+    from fedspeech.coordinator.strategies import STRATEGIES
     from fedspeech.demo import DemoConfig, run_demo
+
+    if args.strategy is not None and args.strategy not in STRATEGIES:
+        known = ", ".join(STRATEGIES)
+        raise SystemExit(f"fedspeech demo: unknown strategy {args.strategy!r}, expected one of {known}")
 
     run_demo(
         DemoConfig(
@@ -143,17 +149,14 @@ def _bench_strategies(args: argparse.Namespace) -> None:
     from fedspeech.bench import run_bench, strategies_config
 
     corpora = args.corpus or (["fsdd", "emodb"] if args.data_dir else ["fsdd"])
-    run_bench(
-        strategies_config(
-            args.out,
-            args.strategy or list(STRATEGIES),
-            args.k,
-            corpora=corpora,
-            seeds=args.seeds,
-            rounds=args.rounds,
+    try:
+        config = strategies_config(
+            args.out, args.strategy, args.k, corpora=corpora, seeds=args.seeds, rounds=args.rounds,
             data_dir=args.data_dir,
-        )
-    )
+        )  # fmt: skip
+    except ValueError as exc:
+        raise SystemExit(f"fedspeech bench strategies: {exc}") from None
+    run_bench(config)
 
 
 def _bench_growing(args: argparse.Namespace) -> None:
@@ -168,13 +171,13 @@ def _bench_growing(args: argparse.Namespace) -> None:
 
 
 def _bench_central(args: argparse.Namespace) -> None:
-    from fedspeech.bench import run_central
+    from fedspeech.bench_central import run_central
 
     run_central(args.corpus, args.out, args.seeds, args.epochs, args.data_dir)
 
 
 def _listen(args: argparse.Namespace) -> None:
-    from fedspeech.export.streaming import DetectorConfig
+    from fedspeech.edge_client.streaming import DetectorConfig
     from fedspeech.listen import ListenConfig, ListenError, list_devices, run_listen
 
     signal.signal(signal.SIGTERM, signal.default_int_handler)  # stop as on Ctrl-C, cleanly
@@ -246,7 +249,7 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--epochs", type=int, help="local epochs per round")
     c.add_argument("--batch-size", type=int)
     c.add_argument("--lr", type=float, help="local learning rate")
-    c.add_argument("--strategy", choices=list(STRATEGIES), help="how devices are picked and weighted")
+    c.add_argument("--strategy", help=f"how devices are picked and weighted: {STRATEGY_NAMES}")
     c.add_argument("--k", type=int, help="devices aggregated per round by top-K and random-K strategies")
     c.add_argument("--model", choices=MODELS, help="architecture (default cnn)")
     c.add_argument("--depth", type=int, help="a transformer's full-grown number of encoder blocks")
@@ -286,7 +289,7 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--out", type=Path, default=Path("fedspeech-demo"), help="where results go")
     m.add_argument("--fleet", type=Path, help="emulated fleet file (default deploy/fleets/pi-mix.toml)")
     m.add_argument("--full-speed", action="store_true", help="one unthrottled device per speaker instead")
-    m.add_argument("--strategy", choices=list(STRATEGIES), help="default epochs_only")
+    m.add_argument("--strategy", help=f"{STRATEGY_NAMES} (default epochs_only)")
     m.add_argument("--rounds", type=int, default=30)
     m.add_argument("--epochs", type=int, help="local epochs per round (default 2)")
     m.add_argument("--broker", help="mqtt://host:port of an existing broker (default: embedded broker)")
@@ -300,7 +303,7 @@ def build_parser() -> argparse.ArgumentParser:
     bs.add_argument("--out", type=Path, default=Path("fedspeech-bench"), help="where results go")
     bs.add_argument("--corpus", action="append", choices=["fsdd", "emodb"], help="repeatable")
     bs.add_argument("--data-dir", type=Path, help="folder holding the corpora (needed for emodb)")
-    bs.add_argument("--strategy", action="append", choices=list(STRATEGIES), help="repeatable (default all)")
+    bs.add_argument("--strategy", action="append", help=f"{STRATEGY_NAMES}; repeatable (default all)")
     bs.add_argument("--seeds", type=int, default=3)
     bs.add_argument("--rounds", type=int, default=20)
     bs.add_argument("--k", type=int, default=3, help="devices aggregated per round by top-K strategies")
@@ -365,4 +368,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main()

@@ -15,9 +15,16 @@ from typing import Any
 import numpy as np
 
 from fedspeech.coordinator.store import RoundRecord
-from fedspeech.coordinator.strategy import STRATEGIES
-from fedspeech.fleet import DEFAULT_FLEETS, FLEETS_DIR, DeviceSpec, check_fleet, hosted_fleet, load_fleet
+from fedspeech.coordinator.strategies import STRATEGIES
 from fedspeech.fleet_run import fleet_run
+from fedspeech.fleets.fleet_files import (
+    DEFAULT_FLEETS,
+    FLEETS_DIR,
+    DeviceSpec,
+    check_fleet,
+    hosted_fleet,
+    load_fleet,
+)
 
 log = logging.getLogger(__name__)
 
@@ -37,8 +44,8 @@ def strategy_arms(names: Sequence[str], k: int) -> list[Arm]:
     return [Arm(name, {"STRATEGY": name, "K": k}) for name in names]
 
 
-# seed 003: the full-depth transformer from round 1 against the one growing a block per stage, and the
-# growing one without each of its stabilisers
+# the dynamic transformer: full depth from round 1 against growing a block per stage, and the growing
+# one without each of its stabilisers
 GROWING_ARMS = [
     Arm("fixed", {"MODEL": "transformer", "DEPTH_SCHEDULE": "constant"}),
     Arm("growing", {"MODEL": "transformer", "DEPTH_SCHEDULE": "linear"}),
@@ -70,9 +77,13 @@ class BenchConfig:
 
 
 def strategies_config(
-    out: Path, strategies: Sequence[str] = tuple(STRATEGIES), k: int = 3, **kw: Any
+    out: Path, strategies: Sequence[str] | None = None, k: int = 3, **kw: Any
 ) -> BenchConfig:
-    """`bench strategies`: every strategy on the Pi-mix fleets, against FedAvg."""
+    """`bench strategies`: the strategies named (default: all) on the Pi-mix fleets, against FedAvg."""
+    strategies = list(strategies or STRATEGIES)
+    unknown = sorted(set(strategies) - set(STRATEGIES))
+    if unknown:
+        raise ValueError(f"unknown strategies {unknown}, expected some of {', '.join(STRATEGIES)}")
     return BenchConfig(out, strategy_arms(strategies, k), "fedavg", "fedspeech strategy benchmark", **kw)
 
 
@@ -80,7 +91,8 @@ def growing_config(out: Path, data_dir: Path | None = None, hosts: int = 6, **kw
     """`bench growing`: fixed-depth against growing transformers, FSDD on pi4-wifi and Speech Commands.
 
     Speech Commands has a device per speaker with training clips (over 200), hosted `hosts` to a
-    process at a Pi 4's 0.25 core each; every round samples 30 of them at random, as the seed does.
+    process at a Pi 4's 0.25 core each; every round samples 30 of them at random, as the dynamic
+    transformer's paper does.
     """
     from fedspeech.models.datasets import client_clips, load_corpus, speakers
 
@@ -113,9 +125,14 @@ class Run:
     t0: float
 
     @property
+    def accuracies(self) -> list[float]:
+        """Each round's accuracy: on the coordinator's held-out set, else pooled over the devices."""
+        return [_accuracy(r) for r in self.rounds]
+
+    @property
     def final_accuracy(self) -> float:
-        """Held-out accuracy of the last global model."""
-        return self.rounds[-1].accuracy
+        """Accuracy of the last global model."""
+        return self.accuracies[-1]
 
     @property
     def wall_s(self) -> float:
@@ -129,23 +146,36 @@ class Run:
 
     def time_to(self, target: float) -> float | None:
         """Seconds until the global model first reached the target accuracy, or None."""
-        return next((r.finished_at - self.t0 for r in self.rounds if r.accuracy >= target), None)
+        return next((r.finished_at - self.t0 for r in self.rounds if _accuracy(r) >= target), None)
 
     def rounds_to(self, target: float) -> int | None:
         """The first round whose global model reached the target accuracy, or None."""
-        return next((r.round for r in self.rounds if r.accuracy >= target), None)
+        return next((r.round for r in self.rounds if _accuracy(r) >= target), None)
+
+
+def _accuracy(record: RoundRecord) -> float:
+    """A round's accuracy on the coordinator's held-out set, else pooled over the devices' test clips."""
+    accuracy = record.accuracy if record.accuracy is not None else record.federated_accuracy
+    if accuracy is None:
+        raise ValueError(f"round {record.round} has no accuracy: give the run a held-out set")
+    return accuracy
 
 
 def run_once(cfg: BenchConfig, corpus: str, arm: Arm, seed: int) -> Run:
     """Train one arm once on the corpus' fleet, with an embedded broker and throttled devices."""
     run_dir = cfg.out / "runs" / f"{corpus}-{arm.name}-{seed}"
     shutil.rmtree(run_dir, ignore_errors=True)
-    settings = {"ROUNDS": cfg.rounds, "ROUND_TIMEOUT_S": cfg.round_timeout_s, "MIN_RESULTS": 1, "SEED": seed}
+    settings: dict[str, Any] = {
+        "ROUNDS": cfg.rounds,
+        "ROUND_TIMEOUT_S": cfg.round_timeout_s,
+        "MIN_RESULTS": 1,
+        "SEED": seed,
+    }
     # The corpus' held-out set is the union of the devices' test splits: asking the devices as well
     # would add their evaluation time to every arm and tell nothing new.
     settings["EVAL_EVERY"] = 0
     settings |= {**cfg.corpus_settings.get(corpus, {}), **arm.settings}
-    with fleet_run(cfg.fleet(corpus), corpus, run_dir, data_dir=cfg.data_dir, **settings) as run:
+    with fleet_run(cfg.fleet(corpus), corpus, run_dir, data_dir=cfg.data_dir, config=settings) as run:
         run.wait(cfg.round_timeout_s + 60)
     rounds = run.service.store.rounds()[1:]
     # Timed from the first round: device start-up (imports, loading data) is the same for every arm.
@@ -239,9 +269,9 @@ def markdown_table(corpus: str, rows: list[Summary], target: float, fleet: str, 
         accuracy = f"{row.accuracy_mean:.4f} ± {row.accuracy_std:.4f}"
         lines.append(
             f"| {row.arm} | {row.runs} | {accuracy} | {rounds} | {time} "
-            f"| {ratio(row.time_to_target_s, base and base.time_to_target_s)} | {row.wall_s:.1f} "
-            f"| {ratio(row.wall_s, base and base.wall_s)} | {row.bytes_up / 1e6:.2f} "
-            f"| {row.bytes_down / 1e6:.2f} | {ratio(row.bytes_total, base and base.bytes_total)} "
+            f"| {ratio(row.time_to_target_s, base.time_to_target_s if base else None)} | {row.wall_s:.1f} "
+            f"| {ratio(row.wall_s, base.wall_s if base else None)} | {row.bytes_up / 1e6:.2f} "
+            f"| {row.bytes_down / 1e6:.2f} | {ratio(row.bytes_total, base.bytes_total if base else None)} "
             f"| {row.p_vs_baseline:.3f} | {row.d_vs_baseline:.2f} |"
         )
     return "\n".join(lines) + "\n"
@@ -260,7 +290,7 @@ def write_plots(corpus: str, runs: Sequence[Run], rows: list[Summary], out: Path
     for run in runs:
         label = run.arm if run.seed == min(r.seed for r in runs if r.arm == run.arm) else None
         elapsed = [r.finished_at - run.t0 for r in run.rounds]
-        ax.plot(elapsed, [r.accuracy for r in run.rounds], color=colors[run.arm], alpha=0.7, label=label)
+        ax.plot(elapsed, run.accuracies, color=colors[run.arm], alpha=0.7, label=label)
     ax.set(xlabel="wall time (s)", ylabel="held-out accuracy", title=f"{corpus}: accuracy over time")
     ax.grid(alpha=0.3)
     ax.legend()
@@ -310,81 +340,4 @@ def run_bench(cfg: BenchConfig) -> Path:
     path = cfg.out / "results.md"
     path.write_text("\n".join(report))
     print(f"wrote {path}, {cfg.out / 'results.json'} and the plots beside them")
-    return path
-
-
-@dataclass(frozen=True)
-class CentralRun:
-    """The same model trained on every device's training clips pooled in one place, for comparison."""
-
-    corpus: str
-    seed: int
-    epochs: int
-    accuracy: float
-    macro_f1: float
-    seconds: float
-
-
-def central_run(
-    corpus: str, seed: int, epochs: int, data_dir: Path | None = None, model: str = "cnn", threads: int = 2
-) -> CentralRun:
-    """Train centrally on the union of the speakers' training splits; score on the union of their test splits.
-
-    The same split, model, batch size and learning rate as the federated runs: the gap between the two
-    is the price of keeping the clips on the devices.
-    """
-    import time
-
-    import torch
-
-    from fedspeech.coordinator.orchestrator import RoundConfig
-    from fedspeech.models import build_model
-    from fedspeech.models.datasets import default_spec, load_corpus, load_waveforms, server_test_clips
-    from fedspeech.models.train import evaluate, train_local
-
-    torch.set_num_threads(threads)
-    torch.manual_seed(seed)
-    data = load_corpus(corpus, data_dir)
-    spec = default_spec(data, name=model)
-    train = load_waveforms([c for c in data.clips if not c.test], spec.sample_rate, spec.num_samples)
-    test = load_waveforms(server_test_clips(data), spec.sample_rate, spec.num_samples)
-    net = build_model(spec)
-    start = time.perf_counter()
-    defaults = RoundConfig()
-    train_local(
-        net,
-        *train,
-        epochs=epochs,
-        batch_size=defaults.batch_size,
-        learning_rate=defaults.learning_rate,
-        seed=seed,
-    )
-    result = evaluate(net, *test)
-    return CentralRun(corpus, seed, epochs, result.accuracy, result.macro_f1, time.perf_counter() - start)
-
-
-def run_central(corpus: str, out: Path, seeds: int, epochs: int, data_dir: Path | None = None) -> Path:
-    """`bench central`: centralised training per seed; writes a markdown table and central.json."""
-    out.mkdir(parents=True, exist_ok=True)
-    runs = []
-    for seed in range(seeds):
-        runs.append(central_run(corpus, seed, epochs, data_dir))
-        print(
-            f"{corpus} central seed {seed}: accuracy {runs[-1].accuracy:.4f}, {runs[-1].seconds:.0f} s",
-            flush=True,
-        )
-    accuracy = [r.accuracy for r in runs]
-    std = float(np.std(accuracy, ddof=1)) if len(runs) > 1 else 0.0
-    lines = [
-        f"### {corpus}: centralised training, {epochs} epochs",
-        "",
-        "| seed | accuracy | macro-F1 | seconds |",
-        "|---|---|---|---|",
-        *(f"| {r.seed} | {r.accuracy:.4f} | {r.macro_f1:.4f} | {r.seconds:.0f} |" for r in runs),
-        f"| mean | {np.mean(accuracy):.4f} ± {std:.4f} | | |",
-    ]
-    (out / "central.json").write_text(json.dumps([asdict(r) for r in runs], indent=2))
-    path = out / "central.md"
-    path.write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
     return path

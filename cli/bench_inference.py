@@ -13,17 +13,18 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import onnx
 import soundfile
 
+from fedspeech.edge_client.onnx_model import OnnxModel
 from fedspeech.export.graph import initializers
 from fedspeech.export.quantize import quantize
-from fedspeech.export.runtime import OnnxModel
 from fedspeech.protocol.messages import ModelSpec
 
 GAP_S = 0.8  # silence between the words of the listening test
@@ -89,7 +90,7 @@ def spec_of(model: OnnxModel) -> ModelSpec:
 
 
 def _latencies(
-    engines: dict[str, Callable[[np.ndarray], object]], windows: np.ndarray, repeats: int
+    engines: Mapping[str, Callable[[np.ndarray], object]], windows: np.ndarray, repeats: int
 ) -> dict[str, list[float]]:
     """Seconds per call of each engine on one window, the engines taking turns window by window."""
     for predict in engines.values():  # warm-up: allocations, kernel selection
@@ -121,7 +122,7 @@ def _matmul_gflops(seconds: float = 0.5, size: int = 256) -> float:
 
 def _speech_file(clips: list, sample_rate: int, path: Path) -> float:
     """Write the clips, each followed by GAP_S of silence, as one mono WAV; return its seconds."""
-    from fedspeech.listen import read_audio
+    from fedspeech.edge_client.audio_file import read_audio
 
     gap = np.zeros(int(GAP_S * sample_rate), np.float32)
     audio = np.concatenate(
@@ -133,7 +134,7 @@ def _speech_file(clips: list, sample_rate: int, path: Path) -> float:
 
 def _one_per_label(clips: list) -> list:
     """The first clip of each label, in label order: one held-out speaker saying every word once."""
-    first = {}
+    first: dict[int, Any] = {}
     for clip in clips:
         first.setdefault(clip.label, clip)
     return [first[label] for label in sorted(first)]
@@ -160,8 +161,7 @@ def _listen_process(model: Path, audio: Path, labels: list[str]) -> tuple[float,
             pass  # it has just exited
         time.sleep(0.01)
     wall = time.perf_counter() - start
-    output = proc.stdout.read()
-    proc.stdout.close()
+    output, _ = proc.communicate()
     if proc.returncode != 0:
         raise RuntimeError(f"fedspeech listen failed with exit code {proc.returncode}")
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -179,7 +179,7 @@ def _cold_start(model: Path, audio: Path, labels: list[str]) -> float:
     start = time.perf_counter()
     args = [sys.executable, "-m", "fedspeech", "listen", "--model", str(model), "--input", str(audio)]
     with subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True) as proc:
-        for line in proc.stdout:
+        for line in proc.stdout or ():
             if _is_detection(line, labels):
                 elapsed = time.perf_counter() - start
                 proc.kill()

@@ -8,8 +8,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from fedspeech.coordinator.store import RoundRecord
-from fedspeech.fleet import DEFAULT_FLEETS, DeviceSpec, check_fleet, load_fleet
 from fedspeech.fleet_run import fleet_run
+from fedspeech.fleets.fleet_files import DEFAULT_FLEETS, DeviceSpec, check_fleet, load_fleet
 from fedspeech.models.datasets import load_corpus, speakers
 
 log = logging.getLogger(__name__)
@@ -110,7 +110,13 @@ def run_demo(cfg: DemoConfig) -> dict:
     device_args = ["--max-samples", str(cfg.max_samples)] if cfg.max_samples else []
     t0 = time.time()
     with fleet_run(
-        fleet, "fsdd", cfg.out, broker_url=cfg.broker_url, port=cfg.port, device_args=device_args, **config
+        fleet,
+        "fsdd",
+        cfg.out,
+        broker_url=cfg.broker_url,
+        port=cfg.port,
+        device_args=device_args,
+        config=config,
     ) as run:
         names = ", ".join(
             d.name if cfg.fleet is None else f"{d.name} ({d.cpu_share:g} core, +{d.delay_ms:g} ms)"

@@ -2,7 +2,7 @@
 
 import socket
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -10,7 +10,9 @@ from typing import Any
 
 from fedspeech.coordinator.app import Service, create_app, serve
 from fedspeech.coordinator.store import RoundRecord
-from fedspeech.fleet import DeviceProcess, DeviceSpec, launch_fleet, stop_fleet
+from fedspeech.fleets.cpu_limits import DeviceProcess
+from fedspeech.fleets.fleet_files import DeviceSpec
+from fedspeech.fleets.launch import launch_fleet, stop_fleet
 
 
 def free_port() -> int:
@@ -58,7 +60,7 @@ def fleet_run(
     broker_url: str | None = None,
     port: int = 0,
     device_args: list[str] | None = None,
-    **config: Any,
+    config: Mapping[str, Any] | None = None,
 ) -> Iterator[FleetRun]:
     """Start a coordinator (config: its upper-case settings) and the fleet's devices; stop all at exit."""
     app = create_app(
@@ -70,7 +72,7 @@ def fleet_run(
             "EVAL_CORPUS": corpus,
             "DATA_DIR": str(data_dir) if data_dir else None,
             "MIN_DEVICES": sum(len(spec.device_ids) for spec in fleet),
-            **config,
+            **(config or {}),
         }
     )
     service = app.extensions["fedspeech"]

@@ -1,4 +1,4 @@
-"""Aggregation strategies: pure functions from client updates to a new global model."""
+"""Aggregation rules: pure functions from client updates to a new global model."""
 
 from collections.abc import Sequence
 
@@ -31,7 +31,19 @@ def fedavg(updates: Sequence[Arrays], num_samples: Sequence[int]) -> Arrays:
 def hardware_weighted(
     updates: Sequence[Arrays], num_samples: Sequence[int], scores: Sequence[float]
 ) -> Arrays:
-    """Hardware-aware aggregation (seed paper): the average weighted by n_i * S_i, samples times score."""
+    """Hardware-aware aggregation: the average weighted by n_i * S_i, samples times score."""
     if len(num_samples) != len(scores):
         raise ValueError("need one hardware score per sample count")
     return weighted_average(updates, [float(n) * float(s) for n, s in zip(num_samples, scores, strict=True)])
+
+
+def coordinate_median(updates: Sequence[Arrays]) -> Arrays:
+    """The median of each weight across the updates (Yin et al. 2018); robust to a minority of outliers."""
+    if not updates:
+        raise ValueError("need at least one update")
+    return {
+        name: np.median(np.stack([u[name].astype(np.float64) for u in updates]), axis=0).astype(
+            updates[0][name].dtype
+        )
+        for name in updates[0]
+    }

@@ -7,12 +7,12 @@ from dataclasses import asdict
 from flask import Blueprint, Response, current_app, jsonify, request, send_file
 from werkzeug.exceptions import RequestEntityTooLarge
 
-from fedspeech.coordinator.orchestrator import UpdateRejected
-from fedspeech.protocol import messages
+from fedspeech.coordinator.errors import BadUpload, NotWanted
+from fedspeech.protocol import messages, routes
 from fedspeech.protocol.messages import Credentials, ProtocolError, Registration, TaskInfo
 
 log = logging.getLogger(__name__)
-bp = Blueprint("api", __name__, url_prefix="/api")
+bp = Blueprint("api", __name__, url_prefix=routes.PREFIX)
 
 MAX_UPDATE_BYTES = 64 * 1024 * 1024
 
@@ -28,7 +28,48 @@ def _error(status: int, reason: str) -> tuple[Response, int]:
     return jsonify(error=reason), status
 
 
-@bp.post("/devices")
+class _Unauthorized(Exception):
+    """No bearer token, or one the coordinator never issued."""
+
+
+class _TooLarge(Exception):
+    """A body over the size its route allows."""
+
+
+_STATUSES = {BadUpload: 400, _Unauthorized: 401, NotWanted: 409, _TooLarge: 413}
+
+
+@bp.errorhandler(BadUpload)
+@bp.errorhandler(NotWanted)
+@bp.errorhandler(_Unauthorized)
+@bp.errorhandler(_TooLarge)
+def _refused(exc: Exception) -> tuple[Response, int]:
+    return _error(_STATUSES[type(exc)], str(exc))
+
+
+def _body(limit: int) -> bytes:
+    """The request body, read no further than limit bytes; counted as the open round's traffic."""
+    request.max_content_length = limit
+    try:
+        body = request.get_data()
+    except RequestEntityTooLarge:
+        raise _TooLarge(f"body larger than {limit} bytes") from None
+    _service().orchestrator.count_upload(len(body))
+    return body
+
+
+def _device() -> str:
+    """The device whose bearer token authorises this request."""
+    auth = request.headers.get("Authorization", "")
+    if not auth.startswith("Bearer "):
+        raise _Unauthorized("missing bearer token")
+    device_id = _service().store.device_for_token(auth.removeprefix("Bearer "))
+    if device_id is None:
+        raise _Unauthorized("unknown bearer token")
+    return device_id
+
+
+@bp.post(routes.DEVICES_RULE)
 def register():
     """Register a device (or re-register it) and issue its bearer token."""
     try:
@@ -41,7 +82,7 @@ def register():
     return Response(messages.encode(Credentials(reg.device_id, token)), mimetype="application/json")
 
 
-@bp.get("/task")
+@bp.get(routes.TASK_RULE)
 def task():
     """What the fleet learns and the model it trains, for a device that is starting."""
     orchestrator = _service().orchestrator
@@ -49,7 +90,7 @@ def task():
     return Response(messages.encode(info), mimetype="application/json")
 
 
-@bp.get("/models/<int:round>/<any(weights, onnx):kind>")
+@bp.get(routes.MODEL_RULE)
 def model_file(round: int, kind: str):
     """Download the global model of a completed round."""
     service = _service()
@@ -60,48 +101,32 @@ def model_file(round: int, kind: str):
     return send_file(path, mimetype="application/octet-stream", max_age=0)
 
 
-@bp.get("/models/latest")
+@bp.get(routes.LATEST_MODEL_RULE)
 def latest_model():
     """The latest completed round's record."""
     latest = _service().store.latest_round()
     return (jsonify(asdict(latest)), 200) if latest else _error(404, "no model yet")
 
 
-@bp.post("/rounds/<int:round>/updates")
+@bp.post(routes.UPDATES_RULE)
 def upload_update(round: int):
     """Accept a device's trained weights for the open round."""
-    auth = request.headers.get("Authorization", "")
-    if not auth.startswith("Bearer "):
-        return _error(401, "missing bearer token")
-    if (request.content_length or 0) > MAX_UPDATE_BYTES:
-        return _error(413, "update too large")
-    digest = request.headers.get("X-Content-SHA256", "")
-    try:
-        device = _service().orchestrator.receive_update(round, auth[7:], request.get_data(), digest)
-    except UpdateRejected as exc:
-        return _error(exc.status, exc.reason)
+    body = _body(MAX_UPDATE_BYTES)
+    device = _device()
+    _service().orchestrator.receive_update(round, device, body, request.headers.get("X-Content-SHA256", ""))
     return jsonify(accepted=True, device_id=device, round=round)
 
 
-@bp.post("/rounds/<int:round>/evaluations")
+@bp.post(routes.EVALUATIONS_RULE)
 def upload_evaluation(round: int):
     """Accept a device's evaluation of a round's model on its own test split (counts only)."""
-    auth = request.headers.get("Authorization", "")
-    if not auth.startswith("Bearer "):
-        return _error(401, "missing bearer token")
-    request.max_content_length = messages.MAX_MESSAGE_BYTES  # read no more than a report can be
-    try:
-        body = request.get_data()
-    except RequestEntityTooLarge:
-        return _error(413, "evaluation report too large")
-    try:
-        device = _service().orchestrator.receive_evaluation(round, auth[7:], body)
-    except UpdateRejected as exc:
-        return _error(exc.status, exc.reason)
+    body = _body(messages.MAX_MESSAGE_BYTES)
+    device = _device()
+    _service().orchestrator.receive_evaluation(round, device, body)
     return jsonify(accepted=True, device_id=device, round=round)
 
 
-@bp.get("/status")
+@bp.get(routes.STATUS_RULE)
 def status():
     """What the coordinator is doing now."""
     service = _service()
@@ -116,7 +141,7 @@ def status():
     )
 
 
-@bp.get("/devices")
+@bp.get(routes.DEVICES_RULE)
 def devices():
     """Registered devices with their latest MQTT status and usable clips per label (counts only)."""
     service = _service()
@@ -135,13 +160,13 @@ def devices():
     return jsonify(listed)
 
 
-@bp.get("/rounds")
+@bp.get(routes.ROUNDS_RULE)
 def rounds():
     """Every completed round with its metrics."""
     return jsonify([asdict(r) for r in _service().store.rounds()])
 
 
-@bp.get("/rounds/<int:round>")
+@bp.get(routes.ROUND_RULE)
 def round_detail(round: int):
     """One completed round and the updates aggregated into it."""
     store = _service().store

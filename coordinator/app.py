@@ -74,7 +74,11 @@ class Service:
 
 
 def _round_config(config: Mapping[str, Any]) -> RoundConfig:
-    return RoundConfig(**{f.name: type(f.default)(config[f.name.upper()]) for f in fields(RoundConfig)})
+    """The RoundConfig fields from the app's upper-case settings, each cast to its default's type."""
+    defaults = RoundConfig()
+    return RoundConfig(
+        **{f.name: type(getattr(defaults, f.name))(config[f.name.upper()]) for f in fields(RoundConfig)}
+    )
 
 
 def _global_model(config: Mapping[str, Any]) -> GlobalModel:

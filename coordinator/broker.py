@@ -34,8 +34,9 @@ class EmbeddedBroker:
         self._thread.start()
 
         async def start() -> None:
-            self._broker = Broker(config)
-            await self._broker.start()
+            broker = Broker(config)
+            await broker.start()
+            self._broker = broker
 
         asyncio.run_coroutine_threadsafe(start(), self._loop).result(timeout=15)
         log.info("embedded MQTT broker listening on %s", self.url)

@@ -46,7 +46,7 @@ def combine(reports: dict[str, tuple[np.ndarray, float]], min_reports: int) -> F
     counted = {d: report for d, report in reports.items() if report[0].sum() > 0}
     if not counted or len(counted) < min_reports:
         return None
-    confusion = sum(report[0] for report in counted.values())
+    confusion = np.sum([report[0] for report in counted.values()], axis=0)
     clips = int(confusion.sum())
     loss_sum = sum(report[1] for report in counted.values())
     devices = [device_evaluation(d, *report) for d, report in sorted(counted.items())]

@@ -1,26 +1,18 @@
 """The coordinator's torch side: initial and grown weights, held-out evaluation and ONNX export."""
 
 import tempfile
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from fedspeech.coordinator.ports import Evaluation
 from fedspeech.protocol.messages import ModelSpec, TaskDefinition
 from fedspeech.protocol.weights import Arrays
 
 if TYPE_CHECKING:
     from fedspeech.export.onnx_export import Parity
-
-
-@dataclass(frozen=True)
-class Evaluation:
-    """A global model's scores on the coordinator's own held-out set."""
-
-    accuracy: float
-    macro_f1: float
-    loss: float
 
 
 class GlobalModel:
@@ -105,4 +97,6 @@ class GlobalModel:
         """How closely an ONNX file of these weights agrees with torch on the held-out set."""
         from fedspeech.export.onnx_export import parity
 
+        if self.heldout is None:
+            raise ValueError("no held-out set to check parity on")
         return parity(self._model(arrays), onnx_path, self.heldout[0])

@@ -8,6 +8,7 @@ import paho.mqtt.client as mqtt
 
 from fedspeech.protocol import messages
 from fedspeech.protocol.messages import DeviceStatus, ModelAnnouncement, ProtocolError, Task
+from fedspeech.protocol.mqtt import make_client, route
 from fedspeech.protocol.topics import Topics, parse_broker_url
 
 log = logging.getLogger(__name__)
@@ -23,12 +24,9 @@ class CoordinatorLink:
         self._lock = threading.Lock()
         self.status_changed = threading.Condition(self._lock)
         client_id = f"fedspeech-coordinator-{uuid.uuid4().hex[:8]}"
-        self._client = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id=client_id)
-        self._client.reconnect_delay_set(min_delay=1, max_delay=30)
+        self._client = make_client(client_id)
         self._client.on_connect = self._on_connect
-        # Routed by topic, not on_message: some brokers (amqtt 0.12) also send retained messages of topics
-        # this client never subscribed to.
-        self._client.message_callback_add(topics.all_status, self._on_status)
+        route(self._client, topics.all_status, self._on_status)
 
     def start(self) -> None:
         """Connect in the background; paho reconnects with backoff on its own."""
@@ -47,7 +45,7 @@ class CoordinatorLink:
         client.subscribe(self.topics.all_status, qos=1)
         log.info("connected to broker %s:%d", self._host, self._port)
 
-    def _on_status(self, client, userdata, msg: mqtt.MQTTMessage) -> None:
+    def _on_status(self, msg: mqtt.MQTTMessage) -> None:
         device_id = self.topics.device_of(msg.topic)
         if not msg.payload:
             return

@@ -4,21 +4,20 @@ import logging
 import threading
 import time
 import uuid
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
-from fedspeech.coordinator.evaluation import combine
-from fedspeech.coordinator.global_model import GlobalModel
-from fedspeech.coordinator.mqtt_link import CoordinatorLink
+from fedspeech.coordinator.errors import BadUpload, NotWanted
+from fedspeech.coordinator.evaluation_phase import EvaluationPhase
+from fedspeech.coordinator.ports import DeviceLink, ModelOps
 from fedspeech.coordinator.scheduling import depth_for_round
-from fedspeech.coordinator.selection import update_penalties
-from fedspeech.coordinator.store import DeviceEvaluationRecord, RoundRecord, Store, UpdateRecord
-from fedspeech.coordinator.strategy import STRATEGIES, aggregate, plan_round
+from fedspeech.coordinator.store import RoundRecord, Store, UpdateRecord
+from fedspeech.coordinator.strategies import Result, make_strategy
 from fedspeech.models import depth_of
-from fedspeech.protocol import messages, weights
-from fedspeech.protocol.messages import BlobRef, EvaluationReport, ModelAnnouncement, ModelSpec, Profile, Task
+from fedspeech.protocol import routes, weights
+from fedspeech.protocol.messages import BlobRef, ModelAnnouncement, ModelSpec, Profile, Task
 from fedspeech.protocol.weights import Arrays, WeightsError
 
 log = logging.getLogger(__name__)
@@ -38,7 +37,7 @@ class RoundConfig:
     batch_size: int = 16
     learning_rate: float = 3e-3
     seed: int = 0
-    strategy: str = "fedavg"  # a name in coordinator.strategy.STRATEGIES
+    strategy: str = "fedavg"  # a name in coordinator.strategies.STRATEGIES
     k: int = 3  # devices aggregated per round by the top-K and random-K strategies
     # a transformer's depth by round: constant, linear (in depth_stages stages, 0: one block per stage)
     # or a list of depths such as "1,2,4"; see scheduling.depth_for_round
@@ -60,24 +59,6 @@ def _optional_count(open_: "OpenRound") -> int:
     return sum(d not in open_.required for d in open_.updates)
 
 
-class UpdateRejected(Exception):
-    """An upload the coordinator refuses; status is the HTTP status to answer with."""
-
-    def __init__(self, status: int, reason: str) -> None:
-        super().__init__(reason)
-        self.status, self.reason = status, reason
-
-
-@dataclass
-class OpenEvaluation:
-    """A round's model being evaluated on the devices: the tasks handed out and the reports so far."""
-
-    round: int
-    deadline: float
-    tasks: dict[str, Task]
-    reports: dict[str, tuple[np.ndarray, float]] = field(default_factory=dict)
-
-
 @dataclass
 class OpenRound:
     """The round being trained: tasks handed out, updates accepted so far, bytes moved."""
@@ -96,16 +77,14 @@ class OpenRound:
 class Orchestrator:
     """Runs rounds until the configured number is complete; restarts resume after the last stored round."""
 
-    def __init__(self, config: RoundConfig, store: Store, link: CoordinatorLink, model: GlobalModel) -> None:
+    def __init__(self, config: RoundConfig, store: Store, link: DeviceLink, model: ModelOps) -> None:
         self.config, self.store, self.link, self.model = config, store, link, model
         self._lock = threading.Condition()
-        self.strategy = STRATEGIES[config.strategy]
+        self.strategy = make_strategy(config.strategy, k=config.k, epochs=config.epochs)
         self._open: OpenRound | None = None
-        self._evaluation: OpenEvaluation | None = None
+        self.evaluation = EvaluationPhase(store, link, model.spec.num_classes, config.eval_min_reports)
         self.settled_round = -1  # the last round whose model is stored and, where asked for, evaluated
         self._global: Arrays | None = None
-        self._penalties: dict[str, float] = {}  # deadline misses score a device down
-        self._last_aggregated: dict[str, int] = {}  # round each device's update was last aggregated
         self.finished = threading.Event()
         self._depth(1)  # a bad depth schedule fails here, at start-up
 
@@ -128,31 +107,33 @@ class Orchestrator:
             if self._open is not None and model_round == self._open.round - 1:
                 self._open.bytes_down += nbytes
 
-    def receive_update(self, round: int, token: str, body: bytes, digest: str) -> str:
-        """Check an upload and keep it for aggregation; return the device id or raise UpdateRejected."""
-        with self._lock:  # every body received counts as traffic, late or rejected ones too
+    def count_upload(self, nbytes: int) -> None:
+        """Count an upload body against the open round: every body received is traffic, refused or not."""
+        with self._lock:
             if self._open is not None:
-                self._open.bytes_up += len(body)
-        device_id = self.store.device_for_token(token)
-        if device_id is None:
-            raise UpdateRejected(401, "unknown bearer token")
+                self._open.bytes_up += nbytes
+
+    def receive_update(self, round: int, device_id: str, body: bytes, digest: str) -> None:
+        """Check a device's upload and keep it for aggregation; BadUpload or NotWanted say why not."""
         try:
             weights.check_digest(body, digest)
             arrays, meta = weights.decode(body)
         except WeightsError as exc:
-            raise UpdateRejected(400, str(exc)) from None
+            raise BadUpload(str(exc)) from None
         with self._lock:
             open_ = self._open
             if open_ is None or open_.round != round:
-                raise UpdateRejected(409, f"round {round} is not open")
+                raise NotWanted(f"round {round} is not open")
             task = open_.tasks.get(device_id)
             if task is None or meta.get("task_id") != task.task_id:
-                raise UpdateRejected(409, f"no open task {meta.get('task_id')!r} for {device_id}")
+                raise NotWanted(f"no open task {meta.get('task_id')!r} for {device_id}")
             if device_id in open_.updates:
-                raise UpdateRejected(409, f"{device_id} already sent its update for round {round}")
+                raise NotWanted(f"{device_id} already sent its update for round {round}")
             if device_id not in open_.required and _optional_count(open_) >= open_.needed:
-                raise UpdateRejected(409, f"round {round} already has the {open_.needed} results it needs")
+                raise NotWanted(f"round {round} already has the {open_.needed} results it needs")
             global_ = self._global
+        if global_ is None:
+            raise NotWanted("the coordinator has no global model yet")
         try:
             weights.check_like(arrays, global_)
             record = UpdateRecord(
@@ -163,41 +144,19 @@ class Orchestrator:
                 sha256=digest,
             )
         except (KeyError, ValueError) as exc:
-            raise UpdateRejected(400, f"bad update: {exc}") from None
+            raise BadUpload(f"bad update: {exc}") from None
         if record.num_samples < 1:
-            raise UpdateRejected(400, "num_samples must be at least 1")
+            raise BadUpload("num_samples must be at least 1")
         with self._lock:
             if self._open is not open_ or device_id in open_.updates:
-                raise UpdateRejected(409, f"round {round} closed while the update was checked")
+                raise NotWanted(f"round {round} closed while the update was checked")
             open_.updates[device_id] = (arrays, record)
             self._lock.notify_all()
         log.info("round %d: update from %s accepted (%d samples)", round, device_id, record.num_samples)
-        return device_id
 
-    def receive_evaluation(self, round: int, token: str, body: bytes) -> str:
-        """Check a device's evaluation report and keep it; return the device id or raise UpdateRejected."""
-        device_id = self.store.device_for_token(token)
-        if device_id is None:
-            raise UpdateRejected(401, "unknown bearer token")
-        try:
-            report = messages.decode(body, EvaluationReport)
-        except messages.ProtocolError as exc:
-            raise UpdateRejected(400, f"bad evaluation report: {exc}") from None
-        classes = self.model.spec.num_classes
-        if len(report.confusion) != classes:
-            raise UpdateRejected(400, f"confusion of {len(report.confusion)} classes; the task has {classes}")
-        with self._lock:
-            evaluation = self._evaluation
-            if evaluation is None or evaluation.round != round or report.round != round:
-                raise UpdateRejected(409, f"round {round} is not being evaluated")
-            task = evaluation.tasks.get(device_id)
-            if task is None or report.task_id != task.task_id:
-                raise UpdateRejected(409, f"no open evaluation {report.task_id!r} for {device_id}")
-            if device_id in evaluation.reports:
-                raise UpdateRejected(409, f"{device_id} already reported on round {round}")
-            evaluation.reports[device_id] = (np.array(report.confusion, dtype=np.int64), report.loss_sum)
-            self._lock.notify_all()
-        return device_id
+    def receive_evaluation(self, round: int, device_id: str, body: bytes) -> None:
+        """Check a device's evaluation report and keep it; BadUpload or NotWanted say why not."""
+        self.evaluation.receive(round, device_id, body)
 
     # -- the loop -------------------------------------------------------------------------------
 
@@ -236,27 +195,20 @@ class Orchestrator:
             return None
         statuses = self.link.statuses()
         profiles = {d: statuses[d].profile or UNMEASURED for d in devices if d in statuses}
-        plan = plan_round(
-            self.strategy,
-            profiles,
-            k=self.config.k,
-            e_max=self.config.epochs,
-            rng=np.random.default_rng([self.config.seed, round]),
-            penalties=self._penalties,
-            staleness={d: round - self._last_aggregated.get(d, 0) for d in profiles},
-        )
+        rng = np.random.default_rng([self.config.seed, round])
+        plan = self.strategy.configure_round(round, profiles, rng)
         started = time.time()
         deadline = started + self.config.round_timeout_s
         tasks = {
             device: self._task(
                 round,
                 deadline,
-                upload_path=f"/api/rounds/{round}/updates",
-                epochs=plan.epochs[device],
+                upload_path=routes.updates(round),
+                epochs=work.epochs,
+                config=dict(work.config),
                 seed=self.config.seed * 100_003 + round * 1009 + i,
-                proximal_mu=self.strategy.proximal_mu,
             )
-            for i, device in enumerate(plan.selected)
+            for i, (device, work) in enumerate(plan.work.items())
         }
         with self._lock:
             self._open = OpenRound(round, started, deadline, tasks, plan.needed, frozenset(plan.required))
@@ -276,26 +228,20 @@ class Orchestrator:
         if stop.is_set():
             return None
         on_time = set(open_.updates)
-        # Only a device that let the round run into its deadline is scored down; one merely beaten to
-        # the first K results by faster devices is not.
         missed = time.time() >= deadline and not self._all_in(open_)
-        self._penalties = update_penalties(self._penalties, plan.selected if missed else on_time, on_time)
         if len(open_.updates) < min(self.config.min_results, plan.needed):
             log.warning(
                 "round %d: %d of %d updates by the deadline, fewer than %d: round is run again",
                 round, len(open_.updates), len(tasks), self.config.min_results,
             )  # fmt: skip
+            self.strategy.on_round_end(round, plan, on_time, missed, [])
             return None
-        results = sorted(open_.updates.values(), key=lambda u: u[1].device_id)
-        self._last_aggregated.update({r.device_id: round for _, r in results})
-        new = aggregate(
-            self.strategy,
-            [a for a, _ in results],
-            [r.num_samples for _, r in results],
-            [plan.scores[r.device_id] for _, r in results],
-        )
+        updates = sorted(open_.updates.values(), key=lambda u: u[1].device_id)
+        results = [Result(r.device_id, arrays, r.num_samples) for arrays, r in updates]
+        new = self.strategy.aggregate(round, results)
+        self.strategy.on_round_end(round, plan, on_time, missed, [r.device_id for r in results])
         record = self._complete(
-            round, started, len(tasks), new, [r for _, r in results], open_.bytes_up, open_.bytes_down
+            round, started, len(tasks), new, [r for _, r in updates], open_.bytes_up, open_.bytes_down
         )
         if self._evaluates(round):
             self._evaluate_on_devices(record, stop)
@@ -315,46 +261,19 @@ class Orchestrator:
             rng = np.random.default_rng([config.seed, round, 1])
             devices = sorted(rng.choice(devices, config.eval_devices, replace=False).tolist())
         deadline = time.time() + config.eval_timeout_s
-        upload_path = f"/api/rounds/{round}/evaluations"
+        upload_path = routes.evaluations(round)
         tasks = {
             device: self._task(round, deadline, upload_path=upload_path, epochs=1, action="evaluate")
             for device in devices
         }
-        with self._lock:
-            self._evaluation = OpenEvaluation(round, deadline, tasks)
-        for device, task in tasks.items():
-            self.link.publish_task(task, device)
-        with self._lock:
-            while not stop.is_set() and time.time() < deadline and not self._all_reported(self._evaluation):
-                self._lock.wait(timeout=0.25)
-            evaluation, self._evaluation = self._evaluation, None
-        for device in tasks:
-            self.link.clear_task(device)
-        result = combine(evaluation.reports, config.eval_min_reports)
-        scores = (result.accuracy, result.macro_f1, result.loss) if result else None
-        per_device = [DeviceEvaluationRecord(**asdict(d)) for d in result.devices] if result else []
-        self.store.save_evaluation(round, len(tasks), scores, per_device)
-        if result is None:
-            log.warning(
-                "round %d: %d of %d devices reported test clips, fewer than %d: no federated scores",
-                round, len(evaluation.reports), len(tasks), max(1, config.eval_min_reports),
-            )  # fmt: skip
-        else:
-            log.info(
-                "round %d: federated accuracy %.4f, macro-F1 %.4f, loss %.4f over %d clips of %d devices",
-                round, result.accuracy, result.macro_f1, result.loss, result.clips, len(result.devices),
-            )  # fmt: skip
-
-    def _all_reported(self, evaluation: OpenEvaluation) -> bool:
-        online = set(self.link.online())
-        return all(d in evaluation.reports or d not in online for d in evaluation.tasks)
+        self.evaluation.run(round, tasks, deadline, stop)
 
     def _task(self, round: int, deadline: float, **work: Any) -> Task:
         """A task of the round on the latest global model: train it (the default) or evaluate it."""
         return Task(
             task_id=uuid.uuid4().hex,
             round=round,
-            spec=self.model.spec_of(self._global),
+            spec=self.model.spec_of(self._current),
             definition=self.model.definition,
             weights=self._latest_ref(),
             batch_size=self.config.batch_size,
@@ -363,13 +282,20 @@ class Orchestrator:
             **work,
         )
 
+    @property
+    def _current(self) -> Arrays:
+        """The global weights devices train now."""
+        if self._global is None:
+            raise RuntimeError("no global model yet")
+        return self._global
+
     def _latest_ref(self) -> BlobRef:
         """Where devices download the global weights of the latest completed round."""
         latest = self.store.latest_round()
         if latest is None:
             raise RuntimeError("no completed round yet")
         size = self.store.model_path(latest.round, "weights").stat().st_size
-        return BlobRef(f"/api/models/{latest.round}/weights", latest.weights_sha256, size)
+        return BlobRef(routes.model(latest.round, "weights"), latest.weights_sha256, size)
 
     def _all_in(self, open_: OpenRound) -> bool:
         """Whether the round has its needed results and its required devices, or all devices still online."""
@@ -454,14 +380,14 @@ class Orchestrator:
         self.link.announce(
             ModelAnnouncement(
                 round=record.round,
-                spec=self.model.spec_of(self._global),
+                spec=self.model.spec_of(self._current),
                 labels=self.model.labels,
                 weights=BlobRef(
-                    f"/api/models/{record.round}/weights",
+                    routes.model(record.round, "weights"),
                     record.weights_sha256,
                     self.store.model_path(record.round, "weights").stat().st_size,
                 ),
-                onnx=BlobRef(f"/api/models/{record.round}/onnx", record.onnx_sha256, onnx_path.stat().st_size)
+                onnx=BlobRef(routes.model(record.round, "onnx"), record.onnx_sha256, onnx_path.stat().st_size)
                 if record.onnx_sha256
                 else None,
                 metrics=metrics,

@@ -12,7 +12,7 @@ def fixed_epochs(devices: Iterable[str], epochs: int) -> dict[str, int]:
 
 
 def adaptive_epochs(scores: Mapping[str, float], e_max: int) -> dict[str, int]:
-    """E_i = max(1, round(e_max * S_i / S_max)) (seed paper, Eq. 5), S_max over the devices given."""
+    """E_i = max(1, round(e_max * S_i / S_max)) (Hardware-Aware FL for SER, Eq. 5), S_max over those given."""
     if e_max < 1:
         raise ValueError("e_max must be at least 1")
     if not scores:
@@ -25,7 +25,7 @@ def adaptive_epochs(scores: Mapping[str, float], e_max: int) -> dict[str, int]:
 
 
 def depth_for_round(round: int, rounds: int, max_depth: int, schedule: str, stages: int) -> int:
-    """Encoder depth l_t trained in a round (1-based) of `rounds` (seed 003's growing schedule).
+    """Encoder depth l_t trained in a round (1-based) of `rounds` (the dynamic transformer's schedule).
 
     schedule "constant": max_depth from the start. "linear": `stages` equal spans of rounds, the depth
     growing by max_depth / stages blocks at each (rounded up). Otherwise a comma-separated list of depths,

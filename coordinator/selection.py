@@ -19,9 +19,9 @@ MIN_PENALTY = 0.01
 
 @dataclass(frozen=True)
 class ScoreWeights:
-    """Weights of the normalised metrics in the hardware score S_i (seed paper, Eq. 3)."""
+    """Weights of the normalised metrics in the hardware score S_i (Hardware-Aware FL for SER, Eq. 3)."""
 
-    # The seed gives no numbers. The round lasts as long as its slowest selected device trains, so the
+    # The paper gives no numbers. The round lasts as long as its slowest selected device trains, so the
     # measured seconds per sample of the real model (T) weighs most; the benchmark throughput (CPU)
     # predicts T before it has been measured and after the model changes; the round trip (L) matters less
     # because weights travel once per round over HTTP; RAM hardly changes speed once the model fits.

@@ -2,13 +2,14 @@
 
 import hashlib
 import json
-import os
 import sqlite3
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
+
+from fedspeech.protocol.files import write_atomically
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS devices (
@@ -131,14 +132,6 @@ def token_digest(token: str) -> str:
     return hashlib.sha256(token.encode()).hexdigest()
 
 
-def _write_atomic(path: Path, data: bytes) -> None:
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_bytes(data)
-    with open(tmp, "rb") as f:
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-
-
 class Store:
     """Devices, rounds and model files under one state directory; safe to share across threads."""
 
@@ -193,9 +186,9 @@ class Store:
         self, record: RoundRecord, weights: bytes, onnx: bytes | None, updates: list[UpdateRecord]
     ) -> None:
         """Write the round's model files, then commit its record: a crash in between leaves no round."""
-        _write_atomic(self.model_path(record.round, "weights"), weights)
+        write_atomically(self.model_path(record.round, "weights"), weights)
         if onnx is not None:
-            _write_atomic(self.model_path(record.round, "onnx"), onnx)
+            write_atomically(self.model_path(record.round, "onnx"), onnx)
         columns = _ROUND_COLUMNS
         with self._connect() as db:
             db.execute(

@@ -1,7 +1,25 @@
-"""The device: learns the task, trains and evaluates on its own clips, records them, runs the global model."""
+"""The device: learns the task, trains and evaluates on its own clips, records them, runs the global model.
 
-from fedspeech.edge_client.daemon import ClientConfig, run_client
-from fedspeech.edge_client.local_data import DataSource
-from fedspeech.edge_client.profile import measure_profile, measure_rtt_ms
+Importing the package loads nothing else: a device that only listens imports the torch-free runtime
+(`onnx_model`, `streaming`, `audio_file`, `microphone`, `model_follower`, `listener`) without the daemon.
+The daemon's names below are imported on first use.
+"""
 
-__all__ = ["ClientConfig", "DataSource", "measure_profile", "measure_rtt_ms", "run_client"]
+import importlib
+from typing import Any
+
+_LAZY = {
+    "ClientConfig": "daemon",
+    "run_client": "daemon",
+    "DataSource": "local_data",
+    "measure_profile": "profile",
+    "measure_rtt_ms": "profile",
+}
+__all__ = sorted(_LAZY)
+
+
+def __getattr__(name: str) -> Any:
+    """One of the daemon's public names, imported from its module when first asked for."""
+    if name not in _LAZY:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f"{__name__}.{_LAZY[name]}"), name)

@@ -12,15 +12,17 @@ import urllib.request
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
-from fedspeech.protocol import messages, weights
+from fedspeech.protocol import messages, routes, weights
 from fedspeech.protocol.messages import BlobRef, Credentials, Registration, TaskInfo
 
 log = logging.getLogger(__name__)
 
 DOWNLOAD_ATTEMPTS = 4
 HTTP_TIMEOUT = 60.0
+MAX_ERROR_BYTES = 4096  # of an error reply read when the body is limited: enough for the coordinator's error
 # a path from a message may only name a resource of the coordinator's API, never another host or port
-_API_PATH = re.compile(r"^/api/[A-Za-z0-9_./-]{1,200}$")
+_API_PATH = re.compile(rf"^{routes.PREFIX}/[A-Za-z0-9_./-]{{1,200}}$")
+_BLOB_PATH = re.compile(r"^/[A-Za-z0-9_./-]{1,200}$")  # any path, but on the coordinator's host and port
 _CONNECTION_ERRORS = (OSError, http.client.HTTPException)
 
 
@@ -42,15 +44,19 @@ def request(
     body: bytes | None = None,
     headers: dict[str, str] | None = None,
     timeout: float = HTTP_TIMEOUT,
+    limit: int | None = None,
 ) -> Reply:
-    """One HTTP request; any status is a reply, connection problems raise OSError or HTTPException."""
+    """One HTTP request; any status is a reply, connection problems raise OSError or HTTPException.
+
+    With a limit, at most limit bytes of the body are read (of an error's, MAX_ERROR_BYTES if more).
+    """
     req = urllib.request.Request(url, data=body, headers=headers or {}, method=method)
     try:
         with urllib.request.urlopen(req, timeout=timeout) as response:
-            return Reply(response.status, response.read())
+            return Reply(response.status, response.read() if limit is None else response.read(limit))
     except urllib.error.HTTPError as exc:
         with exc:
-            return Reply(exc.code, exc.read())
+            return Reply(exc.code, exc.read() if limit is None else exc.read(max(limit, MAX_ERROR_BYTES)))
 
 
 def backoff(first: float = 0.5, maximum: float = 10.0) -> Iterator[float]:
@@ -67,6 +73,34 @@ def error_reason(reply: Reply) -> str:
         return str(json.loads(reply.body)["error"])
     except (ValueError, KeyError, TypeError):
         return reply.body[:200].decode(errors="replace") or f"HTTP {reply.status}"
+
+
+def fetch_blob(base_url: str, ref: BlobRef, stop: threading.Event | None = None) -> bytes:
+    """GET ref.path from base_url: at most ref.size bytes, sha256 checked, retried on connection errors.
+
+    Dropped if it cannot be downloaded, weights.WeightsError if what came is not the blob ref announces.
+    No token is sent: the coordinator serves its blobs to anyone, so a listening device can fetch them too.
+    """
+    if not _BLOB_PATH.match(ref.path) or ".." in ref.path:
+        raise Dropped(f"refusing the path {ref.path[:80]!r}: not a path on the coordinator")
+    stop = stop or threading.Event()
+    url = base_url.rstrip("/") + ref.path
+    for attempt, delay in enumerate(backoff(), start=1):
+        try:
+            reply = request("GET", url, limit=max(0, ref.size) + 1)
+            break
+        except _CONNECTION_ERRORS as exc:
+            if attempt == DOWNLOAD_ATTEMPTS or stop.is_set():
+                raise Dropped(f"cannot download {url}: {exc}") from None
+            log.info("download attempt %d of %s failed (%s); retrying in %.1f s", attempt, url, exc, delay)
+            stop.wait(delay)
+    if reply.status != 200:
+        raise Dropped(f"download of {url} answered HTTP {reply.status}: {error_reason(reply)}")
+    if len(reply.body) != ref.size:
+        more = " or more" if len(reply.body) > ref.size else ""
+        raise weights.WeightsError(f"size mismatch: got {len(reply.body)} bytes{more}, expected {ref.size}")
+    weights.check_digest(reply.body, ref.sha256)
+    return reply.body
 
 
 class CoordinatorClient:
@@ -103,7 +137,7 @@ class CoordinatorClient:
 
     def task_info(self) -> TaskInfo | None:
         """What the fleet learns and the model it trains; asked until answered, None if stopped first."""
-        while (reply := self._until_answered("task request", "GET", "/api/task")) is not None:
+        while (reply := self._until_answered("task request", "GET", routes.TASK)) is not None:
             try:
                 return messages.decode(reply.body, TaskInfo)
             except messages.ProtocolError as exc:
@@ -114,7 +148,7 @@ class CoordinatorClient:
     def register(self, num_samples: int, profile: messages.Profile) -> bool:
         """Register until the coordinator answers and keep the token; False if stopped first."""
         body = messages.encode(Registration(self.device_id, num_samples, profile))
-        while (reply := self._until_answered("registration", "POST", "/api/devices", body)) is not None:
+        while (reply := self._until_answered("registration", "POST", routes.DEVICES, body)) is not None:
             try:
                 self.token = messages.decode(reply.body, Credentials).token
             except messages.ProtocolError as exc:
@@ -126,23 +160,9 @@ class CoordinatorClient:
         return False
 
     def fetch(self, ref: BlobRef) -> bytes:
-        """A blob from the coordinator, digest checked; retried a few times on connection errors."""
-        url = self.url(ref.path)
-        for attempt, delay in enumerate(backoff(), start=1):
-            try:
-                reply = request("GET", url)
-                break
-            except _CONNECTION_ERRORS as exc:
-                if attempt == DOWNLOAD_ATTEMPTS or self.stop.is_set():
-                    raise Dropped(f"cannot download {url}: {exc}") from None
-                log.info(
-                    "download attempt %d of %s failed (%s); retrying in %.1f s", attempt, url, exc, delay
-                )
-                self.stop.wait(delay)
-        if reply.status != 200:
-            raise Dropped(f"download of {url} answered HTTP {reply.status}: {error_reason(reply)}")
-        weights.check_digest(reply.body, ref.sha256)
-        return reply.body
+        """A blob of the API, size and digest checked; retried a few times on connection errors."""
+        self.url(ref.path)  # Dropped for a path outside the API
+        return fetch_blob(self.base_url, ref, self.stop)
 
     def upload(
         self, path: str, body: bytes, content_type: str, deadline: float, register: Callable[[], bool]

@@ -18,7 +18,7 @@ from fedspeech.edge_client.local_data import DataSource, LocalData
 from fedspeech.edge_client.model_keeper import ModelKeeper
 from fedspeech.edge_client.mqtt_link import DeviceLink
 from fedspeech.edge_client.profile import measure_profile, measure_rtt_ms
-from fedspeech.edge_client.trainer import Trainer
+from fedspeech.edge_client.trainer import Trainer, UnknownSetting
 from fedspeech.protocol import weights
 from fedspeech.protocol.messages import DeviceStatus, ModelSpec, Profile, State, Task, TaskDefinition
 from fedspeech.protocol.topics import DEFAULT_ROOT, Topics
@@ -197,7 +197,7 @@ def _do_task(device: _Device, task: Task) -> None:
                 "round %d done: %d samples, loss %.4f, %.1f s, %d B down, %d B up",
                 task.round, trained.num_samples, trained.loss, trained.seconds, len(blob), len(body),
             )  # fmt: skip
-    except (Dropped, weights.WeightsError, FileNotFoundError) as exc:  # FileNotFoundError: the data folder
+    except (Dropped, weights.WeightsError, UnknownSetting, FileNotFoundError) as exc:  # no data folder
         log.warning("dropping task %s of round %d: %s", task.task_id, task.round, exc)
     except Exception:
         log.exception("task %s of round %d failed", task.task_id, task.round)

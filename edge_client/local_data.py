@@ -74,6 +74,8 @@ class LocalData:
         source = self.source
         if source.folder is not None:
             return list_folder(source.folder, task.labels)
+        if source.corpus is None or source.speaker is None:
+            raise ValueError("a data source is a folder, or a corpus and a speaker")
         corpus = load_corpus(source.corpus, source.corpus_dir)
         clips, skipped = [], []
         for clip in (clip for side in client_clips(corpus, source.speaker) for clip in side):

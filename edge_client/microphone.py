@@ -5,7 +5,7 @@ callback only copies each block into a queue; the caller reads the frames from i
 """
 
 import queue
-from collections.abc import Iterator
+from collections.abc import Generator
 from typing import Any
 
 import numpy as np
@@ -32,7 +32,9 @@ def list_devices() -> str:
     return str(_sounddevice().query_devices()) or "no audio devices found"
 
 
-def microphone_frames(device: str | None, sample_rate: int, frame_size: int) -> Iterator[np.ndarray]:
+def microphone_frames(
+    device: str | None, sample_rate: int, frame_size: int
+) -> Generator[np.ndarray, None, None]:
     """Open an input device (name or index) at sample_rate, mono; its frames until the iterator is closed."""
     sd = _sounddevice()
     spec = int(device) if device is not None and device.isdigit() else device
@@ -61,7 +63,7 @@ def microphone_frames(device: str | None, sample_rate: int, frame_size: int) -> 
     return _recorded(stream, blocks)
 
 
-def _recorded(stream: Any, blocks: "queue.Queue[np.ndarray]") -> Iterator[np.ndarray]:
+def _recorded(stream: Any, blocks: "queue.Queue[np.ndarray]") -> Generator[np.ndarray, None, None]:
     """The stream's blocks as they come; closing the iterator stops and closes the stream."""
     try:
         while True:

@@ -1,11 +1,11 @@
 """Keeps the latest global model in a folder as model.onnx, for `fedspeech listen` on the same device."""
 
 import logging
-import os
 from pathlib import Path
 
 from fedspeech.edge_client.coordinator_http import CoordinatorClient, Dropped
 from fedspeech.protocol import messages, weights
+from fedspeech.protocol.files import write_atomically
 from fedspeech.protocol.messages import ModelAnnouncement
 
 log = logging.getLogger(__name__)
@@ -31,8 +31,8 @@ class ModelKeeper:
             self.kept_round = announcement.round  # not retried until a newer one is announced
             return
         self.model_dir.mkdir(parents=True, exist_ok=True)
-        _write_atomically(self.model_dir / KEPT_MODEL, data)
-        _write_atomically(self.model_dir / KEPT_ANNOUNCEMENT, messages.encode(announcement))
+        write_atomically(self.model_dir / KEPT_MODEL, data)
+        write_atomically(self.model_dir / KEPT_ANNOUNCEMENT, messages.encode(announcement))
         self.kept_round = announcement.round
         log.info("kept the global model of round %d in %s", announcement.round, self.model_dir / KEPT_MODEL)
 
@@ -43,13 +43,3 @@ def _kept_round(model_dir: Path) -> int:
         return messages.decode((model_dir / KEPT_ANNOUNCEMENT).read_bytes(), ModelAnnouncement).round
     except (OSError, messages.ProtocolError):
         return -1
-
-
-def _write_atomically(path: Path, data: bytes) -> None:
-    """Write data to path so that a reader sees the old file or the new one, never half of one."""
-    tmp = path.with_name(f".{path.name}.tmp")
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)

@@ -9,6 +9,7 @@ import paho.mqtt.client as mqtt
 
 from fedspeech.protocol import messages
 from fedspeech.protocol.messages import DeviceStatus, ModelAnnouncement, Task
+from fedspeech.protocol.mqtt import LastWill, make_client, route
 from fedspeech.protocol.topics import Topics, parse_broker_url
 
 log = logging.getLogger(__name__)
@@ -27,18 +28,14 @@ class DeviceLink:
         self._withdrawn: set[str] = set()  # tasks whose round closed before they were done
         self._status: DeviceStatus | None = None
         self._lock = threading.Lock()
-        self._client = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id=device_id)
         offline = messages.encode(DeviceStatus(device_id, "offline"))
-        self._client.will_set(topics.status(device_id), offline, qos=1, retain=True)
-        self._client.reconnect_delay_set(min_delay=1, max_delay=30)
+        self._client = make_client(device_id, LastWill(topics.status(device_id), offline))
         self._client.on_connect = self._on_connect
         self._client.on_disconnect = self._on_disconnect
         self._follow_models = follow_models
-        # Routed by topic, not on_message: some brokers (amqtt 0.12) also send retained messages of topics
-        # this client never subscribed to.
-        self._client.message_callback_add(topics.task(device_id), lambda c, u, m: self._on_task(m.payload))
+        route(self._client, topics.task(device_id), lambda message: self._on_task(bytes(message.payload)))
         if follow_models:
-            self._client.message_callback_add(topics.model, lambda c, u, m: self._on_announcement(m.payload))
+            route(self._client, topics.model, lambda message: self._on_announcement(bytes(message.payload)))
         self._stopping = False
 
     def start(self, status: DeviceStatus) -> None:

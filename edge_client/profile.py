@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 import psutil
 
+from fedspeech.protocol import routes
 from fedspeech.protocol.messages import Profile
 
 log = logging.getLogger(__name__)
@@ -146,7 +147,7 @@ def measure_profile(last_seconds_per_sample: float | None = None, rtt_ms: float 
 def _get_status_ms(url: str, timeout: float) -> float | None:
     start = time.perf_counter()
     try:
-        with urllib.request.urlopen(f"{url.rstrip('/')}/api/status", timeout=timeout) as response:
+        with urllib.request.urlopen(f"{url.rstrip('/')}{routes.STATUS}", timeout=timeout) as response:
             response.read()
     except urllib.error.HTTPError as exc:
         exc.close()  # any HTTP answer is a completed round-trip

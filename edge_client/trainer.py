@@ -4,6 +4,7 @@ torch is imported here and only here, lazily, so a device that only listens neve
 """
 
 import logging
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -16,6 +17,25 @@ log = logging.getLogger(__name__)
 
 WARM_UP_SAMPLES = 32
 WARM_UP_BATCH = 16  # the coordinator's default, so the first seconds per sample is comparable
+
+
+# the training settings a strategy may send, with the values a device accepts
+SETTINGS: dict[str, tuple[float, float]] = {"proximal_mu": (0.0, 100.0)}
+
+
+class UnknownSetting(ValueError):
+    """A task asks for a training setting this device does not know or does not accept."""
+
+
+def training_settings(config: Mapping[str, float]) -> dict[str, float]:
+    """The task's settings as train_local's keyword arguments; UnknownSetting for one it cannot honour."""
+    for name, value in config.items():
+        if name not in SETTINGS:
+            raise UnknownSetting(f"unknown training setting {name!r} (known: {', '.join(SETTINGS)})")
+        low, high = SETTINGS[name]
+        if not low <= value <= high:
+            raise UnknownSetting(f"training setting {name} = {value} is outside [{low}, {high}]")
+    return dict(config)
 
 
 class Trainer:
@@ -75,7 +95,7 @@ class Trainer:
             batch_size=task.batch_size,
             learning_rate=task.learning_rate,
             seed=task.seed,
-            proximal_mu=task.proximal_mu,
+            **training_settings(task.config),
         )
         metadata = {
             "task_id": task.task_id,

@@ -1,1 +1,1 @@
-"""ONNX export and parity checks (onnx_export, needs torch) and the torch-free inference runtime (runtime)."""
+"""What needs torch or onnx: ONNX export, parity checks, quantisation (the runtime is in edge_client)."""

@@ -2,7 +2,6 @@
 
 import json
 import logging
-import os
 import warnings
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -18,7 +17,8 @@ from onnx import numpy_helper
 from torch import nn
 
 from fedspeech.export.graph import strip_debug_info
-from fedspeech.export.runtime import OnnxModel
+from fedspeech.protocol import onnx_metadata as meta
+from fedspeech.protocol.files import write_atomically
 from fedspeech.protocol.messages import ModelSpec
 
 # the wrapper holds the model as `.model`, so state-dict tensor "x.y" becomes the initializer "model.x.y"
@@ -73,6 +73,8 @@ def export_onnx(
             )
     finally:
         model.train(was_training)
+    if program is None:
+        raise RuntimeError("torch.onnx.export returned no program")
     _fold_constants(program.model, {PREFIX + name for name in model.state_dict()})
     proto = program.model_proto
     strip_debug_info(proto)
@@ -102,9 +104,9 @@ def update_onnx_weights(
         init.CopyFrom(numpy_helper.from_array(np.ascontiguousarray(value), init.name))
     metadata = {prop.key: prop.value for prop in proto.metadata_props}
     if round is not None:
-        metadata["round"] = str(round)
+        metadata[meta.ROUND] = str(round)
     if task is not None:
-        metadata["task"] = task
+        metadata[meta.TASK] = task
     del proto.metadata_props[:]
     onnx.helper.set_model_props(proto, metadata)
     return _save_atomically(proto, out)
@@ -118,7 +120,7 @@ def parity(model: nn.Module, onnx_path: Path, waveforms: np.ndarray) -> Parity:
     with torch.no_grad():
         expected = torch.softmax(model(torch.from_numpy(waveforms)), dim=-1).numpy()
     model.train(was_training)
-    actual = OnnxModel(onnx_path).predict(waveforms)
+    actual = _run_onnx(onnx_path, waveforms)
     return Parity(
         max_abs_diff=float(np.max(np.abs(expected - actual))),
         agreement=float(np.mean(expected.argmax(axis=1) == actual.argmax(axis=1))),
@@ -129,17 +131,28 @@ def _metadata(spec: ModelSpec, labels: Sequence[str], round: int | None, task: s
     if len(labels) != spec.num_classes:
         raise ValueError(f"{len(labels)} labels for a model with {spec.num_classes} classes")
     metadata = {
-        "model": spec.name,
-        "labels": json.dumps(list(labels)),
-        "sample_rate": str(spec.sample_rate),
-        "num_samples": str(spec.num_samples),
-        "task": task,
+        meta.MODEL: spec.name,
+        meta.LABELS: json.dumps(list(labels)),
+        meta.SAMPLE_RATE: str(spec.sample_rate),
+        meta.NUM_SAMPLES: str(spec.num_samples),
+        meta.TASK: task,
     }
     if spec.depth is not None:
-        metadata["depth"] = str(spec.depth)
+        metadata[meta.DEPTH] = str(spec.depth)
     if round is not None:
-        metadata["round"] = str(round)
+        metadata[meta.ROUND] = str(round)
     return metadata
+
+
+def _run_onnx(path: Path, waveforms: np.ndarray) -> np.ndarray:
+    """The exported file's output on waveforms, run as devices run it: onnxruntime on one thread."""
+    # onnxruntime directly, not the device's OnnxModel: export must not import edge_client
+    import onnxruntime
+
+    options = onnxruntime.SessionOptions()
+    options.intra_op_num_threads = options.inter_op_num_threads = 1
+    session = onnxruntime.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+    return session.run(None, {session.get_inputs()[0].name: waveforms})[0]
 
 
 @contextmanager
@@ -170,11 +183,6 @@ def _fold_constants(graph_model: onnx_ir.Model, weight_names: set[str]) -> None:
 
 
 def _save_atomically(proto: onnx.ModelProto, path: Path) -> Path:
-    path = Path(path)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        onnx.save_model(proto, tmp)
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
-    return path
+    """Write proto to path whole or not at all."""
+    write_atomically(Path(path), proto.SerializeToString())
+    return Path(path)

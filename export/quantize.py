@@ -8,6 +8,7 @@ import numpy as np
 import onnx
 
 from fedspeech.export.graph import strip_debug_info
+from fedspeech.protocol import onnx_metadata as meta
 
 _WEIGHTED = ("Conv", "MatMul", "Gemm")
 
@@ -55,7 +56,7 @@ def quantize(fp32: Path, out: Path, calibration: np.ndarray | None = None) -> Pa
             quantize_static(named, out, reader, quant_format=QuantFormat.QDQ, **options)
     quantized = onnx.load(out)
     strip_debug_info(quantized)
-    metadata = {p.key: p.value for p in source.metadata_props} | {"quantization": "int8"}
+    metadata = {p.key: p.value for p in source.metadata_props} | {meta.QUANTIZATION: "int8"}
     del quantized.metadata_props[:]
     onnx.helper.set_model_props(quantized, metadata)
     onnx.save_model(quantized, out)

@@ -4,20 +4,14 @@ import re
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
+from fedspeech.models.architectures import MAX_DEPTH, MODELS, TRANSFORMERS
 from fedspeech.protocol.messages import ModelSpec
 
 if TYPE_CHECKING:  # torch is imported only by the modules that build or train models
     from torch import nn
 
 
-# transformer variants: (pre-LayerNorm, run-time weight scaling); the last two are the seed's ablations
-TRANSFORMERS = {
-    "transformer": (True, True),
-    "transformer_post_ln": (False, True),
-    "transformer_unscaled": (True, False),
-}
-MODELS = ["cnn", *TRANSFORMERS]
-MAX_DEPTH = 4  # encoder blocks of a full-grown transformer
+__all__ = ["MAX_DEPTH", "MODELS", "TRANSFORMERS", "build_model", "depth_of"]
 
 _BLOCK = re.compile(r"^blocks\.(\d+)\.")
 

@@ -84,8 +84,9 @@ class ClipCache:
                 try:
                     self._audio[key] = load_audio(clip.path, sample_rate, num_samples)
                 except AudioError as exc:
-                    self._audio[key] = str(exc).removeprefix(f"{clip.path}: ")
-                    fresh.append(Skipped(clip.path, self._audio[key]))
+                    reason = str(exc).removeprefix(f"{clip.path}: ")
+                    self._audio[key] = reason
+                    fresh.append(Skipped(clip.path, reason))
             audio = self._audio[key]
             if isinstance(audio, np.ndarray):
                 kept.append(clip)

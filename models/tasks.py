@@ -3,7 +3,7 @@
 import tomllib
 from pathlib import Path
 
-from fedspeech.models import MAX_DEPTH, MODELS, TRANSFORMERS
+from fedspeech.models.architectures import MAX_DEPTH, MODELS, TRANSFORMERS
 from fedspeech.protocol.messages import ModelSpec, ProtocolError, TaskDefinition, check_definition
 
 FSDD_LABELS = [str(digit) for digit in range(10)]

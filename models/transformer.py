@@ -1,4 +1,4 @@
-"""A small speech transformer whose encoder can grow block by block (seed 003: the dynamic transformer).
+"""A small speech transformer whose encoder can grow block by block (FL with Dynamic Transformer for TTS).
 
 Log-mel front-end -> two strided convolutions (4x fewer frames) -> `depth` encoder blocks -> final
 LayerNorm -> mean over time -> linear head. Sized for a Pi: width 64, 4 heads, feed-forward 256, at
@@ -19,7 +19,7 @@ import torch
 from torch import Tensor, nn
 from torch.nn import functional as F
 
-from fedspeech.models import MAX_DEPTH
+from fedspeech.models.architectures import MAX_DEPTH
 from fedspeech.models.frontend import LogMel
 
 WIDTH = 64
@@ -130,7 +130,7 @@ class SpeechTransformer(nn.Module):
     def forward(self, waveform: Tensor) -> Tensor:
         x = self.input_norm(self.frontend(waveform))
         x = F.gelu(self.stem2(F.gelu(self.stem1(x))))
-        x = x.transpose(1, 2) + self.positions
+        x = x.transpose(1, 2) + self.get_buffer("positions")
         for block in self.blocks:
             x = block(x)
         return self.head(self.final_norm(x).mean(dim=1))

@@ -13,6 +13,7 @@ MAX_MESSAGE_BYTES = 64 * 1024
 DEVICE_ID = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
 NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}$")  # task names and labels: also safe as folder names
 MAX_LABELS = 64
+MAX_CONFIG = 16  # training settings a task may carry
 MAX_COUNT = 10**9  # bound on any count a device reports
 SAMPLE_RATES = (4_000, 48_000)
 MIN_CLIP_SECONDS, MAX_CLIP_SECONDS = 0.1, 10.0
@@ -128,7 +129,7 @@ class Task:
     learning_rate: float
     deadline: float
     seed: int = 0
-    proximal_mu: float = 0.0  # FedProx: > 0 keeps local training near the global model
+    config: dict[str, float] = field(default_factory=dict)  # the strategy's training settings, by name
     action: Literal["train", "evaluate"] = "train"
 
 
@@ -197,7 +198,7 @@ def _reject_constant(name: str) -> float:
     raise ProtocolError(f"non-finite number {name}")
 
 
-def decode(payload: bytes | str, kind: type[M]) -> M:
+def decode(payload: bytes | bytearray | str, kind: type[M]) -> M:
     """Parse and validate a message of the given kind; raise ProtocolError with the reason."""
     if len(payload) > MAX_MESSAGE_BYTES:
         raise ProtocolError(f"message of {len(payload)} bytes exceeds {MAX_MESSAGE_BYTES}")
@@ -234,8 +235,8 @@ def _check_values(message: Any) -> None:
         raise ProtocolError("epochs and batch_size must be at least 1")
     if isinstance(message, Task) and not (math.isfinite(message.learning_rate) and message.learning_rate > 0):
         raise ProtocolError("learning_rate must be positive")
-    if isinstance(message, Task) and not (math.isfinite(message.proximal_mu) and message.proximal_mu >= 0):
-        raise ProtocolError("proximal_mu must not be negative")
+    if isinstance(message, Task):
+        _check_config(message.config)
     definition = getattr(message, "definition", None)
     if definition is not None:
         check_definition(definition)
@@ -265,6 +266,14 @@ def check_definition(definition: TaskDefinition) -> None:
     if not (math.isfinite(seconds) and MIN_CLIP_SECONDS <= seconds <= MAX_CLIP_SECONDS):
         limits = f"{MIN_CLIP_SECONDS} and {MAX_CLIP_SECONDS}"
         raise ProtocolError(f"clip_seconds: must be between {limits}, got {seconds}")
+
+
+def _check_config(config: dict[str, float]) -> None:
+    if len(config) > MAX_CONFIG:
+        raise ProtocolError(f"config has {len(config)} settings, more than {MAX_CONFIG}")
+    for name, value in config.items():
+        if not NAME.match(name) or not math.isfinite(value):
+            raise ProtocolError(f"bad config setting {name!r}: {value!r}")
 
 
 def _check_counts(counts: dict[str, int]) -> None:

@@ -22,7 +22,7 @@ import paho.mqtt.client as mqtt
 import pytest
 from conftest import free_port
 
-from fedspeech.edge_client import ClientConfig, DataSource, measure_profile, run_client
+from fedspeech.edge_client import ClientConfig, DataSource, run_client
 from fedspeech.models.datasets import bundled_data_dir
 from fedspeech.models.tasks import BUILTIN_TASKS
 from fedspeech.protocol import messages, weights
@@ -492,6 +492,21 @@ def test_evaluation_task_reports_counts_of_the_test_split(fleet: Fleet) -> None:
     assert b"jackson" not in upload.body and b".flac" not in upload.body
 
 
+def test_a_training_setting_the_device_does_not_know_is_refused(fleet: Fleet, caplog) -> None:
+    coordinator = fleet.coordinator
+    with running_daemon(fleet):
+        unknown = replace(make_task("unknown", blob=coordinator.blob), config={"momentum_boost": 2.0})
+        fleet.publish_task(messages.encode(unknown))
+        wait_until(lambda: warnings_about(caplog, "unknown training setting 'momentum_boost'"))
+        negative = replace(make_task("negative", blob=coordinator.blob), config={"proximal_mu": -1.0})
+        fleet.publish_task(messages.encode(negative))
+        wait_until(lambda: warnings_about(caplog, "proximal_mu = -1.0 is outside"))
+        fedprox = replace(make_task("fedprox", blob=coordinator.blob), config={"proximal_mu": 0.01})
+        fleet.publish_task(messages.encode(fedprox))
+        wait_until(lambda: coordinator.uploads)
+    assert [u.path for u in coordinator.uploads] == ["/api/uploads/fedprox"]
+
+
 def test_paths_outside_the_api_are_refused(fleet: Fleet, caplog: pytest.LogCaptureFixture) -> None:
     evil = make_task("evil", blob=fleet.coordinator.blob)
     with running_daemon(fleet):
@@ -540,9 +555,3 @@ def test_a_data_folder_is_scanned_again_at_each_task(fleet: Fleet, tmp_path, cap
             k: first.test_counts.get(k, 0) for k in "012"
         }
     assert len(warnings_about(caplog, "empty.wav")) == 1, "a bad file is reported once, not at every task"
-
-
-def test_measure_profile_is_basic_and_finite() -> None:
-    profile = measure_profile(last_seconds_per_sample=0.01, rtt_ms=3.0)
-    assert profile.cpu_count >= 1 and profile.cpu_freq_mhz >= 0 and profile.ram_available_mb > 0
-    assert (profile.seconds_per_sample, profile.rtt_ms) == (0.01, 3.0)

@@ -10,9 +10,9 @@ import onnx
 import pytest
 import torch
 
+from fedspeech.edge_client.onnx_model import OnnxModel
 from fedspeech.export.onnx_export import export_onnx, parity, update_onnx_weights
 from fedspeech.export.quantize import quantize
-from fedspeech.export.runtime import OnnxModel
 from fedspeech.models import build_model
 from fedspeech.models.datasets import (
     client_clips,
@@ -123,7 +123,7 @@ def test_runtime_never_imports_torch(exported):
     code = (
         "import sys, numpy as np\n"
         "import fedspeech.export\n"
-        "from fedspeech.export.runtime import OnnxModel\n"
+        "from fedspeech.edge_client.onnx_model import OnnxModel\n"
         f"model = OnnxModel({str(path)!r})\n"
         "assert model.predict(np.zeros((2, model.num_samples), np.float32)).shape == (2, 10)\n"
         "assert 'torch' not in sys.modules, 'torch was imported'\n"

@@ -70,7 +70,7 @@ def test_growth_keeps_the_trained_blocks_and_the_function() -> None:
 
 
 def test_post_layer_norm_growth_changes_the_function() -> None:
-    # why the seed needs Front-LN: a zero block under post-LN still adds a LayerNorm to the stream
+    # why the dynamic transformer needs Front-LN: a zero block under post-LN still adds a LayerNorm
     name = "transformer_post_ln"
     before = _trained(1, name)
     after = grow(before, spec(2, name), seed=7)

@@ -21,8 +21,8 @@ import soundfile
 import soxr
 from conftest import free_port, wait_for
 
-from fedspeech.export.runtime import OnnxModel
-from fedspeech.export.streaming import DetectorConfig, StreamingDetector
+from fedspeech.edge_client.onnx_model import OnnxModel
+from fedspeech.edge_client.streaming import DetectorConfig, StreamingDetector
 from fedspeech.protocol import messages, weights
 from fedspeech.protocol.messages import BlobRef, ModelAnnouncement, ModelSpec
 from fedspeech.protocol.topics import Topics, parse_broker_url

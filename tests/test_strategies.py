@@ -1,11 +1,9 @@
-"""Selection, scheduling and hardware-aware aggregation on hand-computed cases, no network."""
-
-import dataclasses
+"""Strategies and their maths (selection, scheduling, aggregation) on hand-computed cases, no network."""
 
 import numpy as np
 import pytest
 
-from fedspeech.coordinator.aggregate import fedavg, hardware_weighted
+from fedspeech.coordinator.aggregate import coordinate_median, fedavg, hardware_weighted
 from fedspeech.coordinator.scheduling import adaptive_epochs, fixed_epochs
 from fedspeech.coordinator.selection import (
     ScoreWeights,
@@ -15,7 +13,7 @@ from fedspeech.coordinator.selection import (
     select_top_k,
     update_penalties,
 )
-from fedspeech.coordinator.strategy import STRATEGIES, RoundPlan, Strategy, aggregate, plan_round
+from fedspeech.coordinator.strategies import STRATEGIES, Result, RoundPlan, Strategy, make_strategy
 from fedspeech.protocol.messages import Profile
 
 ONLY_CPU = ScoreWeights(cpu=1.0, ram=0.0, speed=0.0, latency=0.0)
@@ -183,26 +181,50 @@ def test_hardware_weighted_multiplies_samples_by_score():
         hardware_weighted([a, b], [1, 1], [1.0])
 
 
-def test_aggregate_dispatches_on_the_strategy():
+def results(*arrays: dict, samples: list[int]) -> list[Result]:
+    return [Result(f"d{i}", a, n) for i, (a, n) in enumerate(zip(arrays, samples, strict=True))]
+
+
+def test_aggregation_hooks():
     a = {"w": np.array([0.0, 4.0], np.float32)}
     b = {"w": np.array([4.0, 0.0], np.float32)}
-    args = ([a, b], [1, 3], [1.0, 1 / 3])
+    both = results(a, b, samples=[1, 3])
     for name in ("fedavg", "fedprox", "random_k", "topk_only", "epochs_only"):
-        np.testing.assert_allclose(aggregate(STRATEGIES[name], *args)["w"], fedavg(*args[:2])["w"])
-    np.testing.assert_allclose(aggregate(STRATEGIES["hardware"], *args)["w"], [2.0, 2.0], rtol=1e-6)
-    with pytest.raises(ValueError):
-        aggregate(STRATEGIES["hardware"], *args[:2])
+        np.testing.assert_allclose(
+            make_strategy(name, 2, 1).aggregate(1, both)["w"], fedavg([a, b], [1, 3])["w"]
+        )
+    hardware = make_strategy("hardware", 2, 1)
+    hardware.scores = {"d0": 1.0, "d1": 1 / 3}  # as its plan of the round left them
+    np.testing.assert_allclose(hardware.aggregate(1, both)["w"], [2.0, 2.0], rtol=1e-6)
+    np.testing.assert_allclose(make_strategy("median", 2, 1).aggregate(1, both)["w"], [2.0, 2.0])
 
 
-def test_presets():
-    assert set(STRATEGIES) == {"fedavg", "fedprox", "random_k", "hardware", "topk_only", "epochs_only"}
-    assert all(name == s.name for name, s in STRATEGIES.items())
-    assert STRATEGIES["fedprox"].proximal_mu == 0.01
-    assert all(s.proximal_mu == 0.0 for n, s in STRATEGIES.items() if n != "fedprox")
-    hw = STRATEGIES["hardware"]
-    assert (hw.selection, hw.epochs, hw.aggregation) == ("top_k", "adaptive", "hardware")
+def test_coordinate_median_ignores_a_minority_of_outliers():
+    honest = [{"w": np.array([1.0, 2.0], np.float32)}, {"w": np.array([1.2, 1.8], np.float32)}]
+    poisoned = {"w": np.array([1e6, -1e6], np.float32)}
+    np.testing.assert_allclose(coordinate_median([*honest, poisoned])["w"], [1.2, 1.8])
+    np.testing.assert_allclose(fedavg([*honest, poisoned], [1, 1, 1])["w"][0], 333334.06, rtol=1e-6)
+    assert coordinate_median(honest)["w"].dtype == np.float32
     with pytest.raises(ValueError):
-        Strategy("bad", "best", "fixed", "fedavg")
+        coordinate_median([])
+
+
+def test_registry():
+    assert set(STRATEGIES) == {
+        "fedavg",
+        "fedprox",
+        "random_k",
+        "hardware",
+        "topk_only",
+        "epochs_only",
+        "median",
+    }
+    assert all(make_strategy(name, 3, 2).name == name for name in STRATEGIES)
+    hw = make_strategy("hardware", 3, 2)
+    assert (hw.top_k, hw.adaptive, hw.weighted, hw.max_staleness) == (True, True, True, 5)
+    assert isinstance(hw, Strategy)
+    with pytest.raises(ValueError, match="unknown strategy 'best'"):
+        make_strategy("best", 3, 2)
 
 
 # d0 is the most capable, d4 the least: gflops 5..1, equal RAM, T 0.01..0.05 s, rtt 10..50 ms.
@@ -218,26 +240,40 @@ POOL_SCORES = {
 ALL = ["d0", "d1", "d2", "d3", "d4"]
 
 
-def plan(name: str, k: int = 2, seed: int = 0, **changes) -> RoundPlan:
-    strategy = dataclasses.replace(STRATEGIES[name], **changes)
-    return plan_round(strategy, POOL, k=k, e_max=4, rng=np.random.default_rng(seed))
+def strategy(name: str, k: int = 2, **changes) -> Strategy:
+    made = make_strategy(name, k, 4)
+    for key, value in changes.items():
+        setattr(made, key, value)
+    return made
+
+
+def plan(name: str, k: int = 2, seed: int = 0, round: int = 1, **changes) -> RoundPlan:
+    return strategy(name, k, **changes).configure_round(round, POOL, np.random.default_rng(seed))
+
+
+def epochs(p: RoundPlan) -> dict[str, int]:
+    return {d: w.epochs for d, w in p.work.items()}
 
 
 def test_pool_scores():
     assert hardware_scores(POOL) == pytest.approx(POOL_SCORES)
-    assert plan("fedavg").scores == pytest.approx(POOL_SCORES)
+    hardware = strategy("hardware")
+    hardware.configure_round(1, POOL, np.random.default_rng(0))
+    assert hardware.scores == pytest.approx(POOL_SCORES)
 
 
 @pytest.mark.parametrize("name", ["fedavg", "fedprox"])
 def test_plan_all_fixed(name):
     p = plan(name)
-    assert p.selected == ALL and p.epochs == dict.fromkeys(ALL, 4) and p.needed == 5
+    assert p.selected == ALL and epochs(p) == dict.fromkeys(ALL, 4) and p.needed == 5
+    mu = {"fedavg": {}, "fedprox": {"proximal_mu": 0.01}}[name]
+    assert all(w.config == mu for w in p.work.values())
 
 
 def test_plan_random_k():
     p = plan("random_k")
     assert len(p.selected) == 2 and set(p.selected) <= set(ALL) and p.needed == 2
-    assert p.epochs == dict.fromkeys(p.selected, 4)
+    assert epochs(p) == dict.fromkeys(p.selected, 4)
     assert plan("random_k", seed=3) == plan("random_k", seed=3)
     clamped = plan("random_k", k=9)
     assert clamped.selected == ALL and clamped.needed == 5
@@ -246,53 +282,63 @@ def test_plan_random_k():
 def test_plan_hardware():
     # Top ceil(1.3 * 2) = 3; epochs 4 * S_i / S_max = 4, 2.575 -> 3, 1.78 -> 2.
     p = plan("hardware", explore=0.0)
-    assert p.selected == ["d0", "d1", "d2"] and p.epochs == {"d0": 4, "d1": 3, "d2": 2} and p.needed == 2
+    assert p.selected == ["d0", "d1", "d2"] and epochs(p) == {"d0": 4, "d1": 3, "d2": 2} and p.needed == 2
     explored = plan("hardware", seed=5)  # the preset itself, exploring at 0.1
     assert len(explored.selected) == 3 and explored.needed == 2
-    assert max(explored.epochs.values()) == 4  # the best device of the round trains e_max epochs
+    assert max(epochs(explored).values()) == 4  # the best device of the round trains e_max epochs
     clamped = plan("hardware", k=9)
     assert sorted(clamped.selected) == ALL and clamped.needed == 5
 
 
 def test_plan_hardware_uses_penalties():
-    strategy = dataclasses.replace(STRATEGIES["hardware"], explore=0.0)
-    p = plan_round(strategy, POOL, k=2, e_max=4, rng=np.random.default_rng(0), penalties={"d0": 0.25})
+    p = plan("hardware", explore=0.0, penalties={"d0": 0.25})
     # d0 falls to 0.25, below d3's 0.2875; the best selected is now d1 with 4 epochs.
     assert p.selected == ["d1", "d2", "d3"] and p.needed == 2
-    assert p.epochs == {"d1": 4, "d2": 3, "d3": 2}  # 4 * .44583/.64375 = 2.77, 4 * .2875/.64375 = 1.79
+    assert epochs(p) == {"d1": 4, "d2": 3, "d3": 2}  # 4 * .44583/.64375 = 2.77, 4 * .2875/.64375 = 1.79
+
+
+def test_a_missed_deadline_scores_down_the_late_devices_only():
+    hardware = strategy("hardware", explore=0.0)
+    p = hardware.configure_round(1, POOL, np.random.default_rng(0))
+    hardware.on_round_end(1, p, on_time={"d0", "d1"}, deadline_missed=True, aggregated=["d0", "d1"])
+    assert hardware.penalties == {"d0": 1.0, "d1": 1.0, "d2": 0.5}
+    hardware.on_round_end(2, p, on_time={"d0", "d2"}, deadline_missed=False, aggregated=["d0", "d2"])
+    assert hardware.penalties == pytest.approx({"d0": 1.0, "d1": 1.0, "d2": 0.6})  # beaten, not late
+    assert hardware.last_aggregated == {"d0": 2, "d1": 1, "d2": 2}
 
 
 def test_plan_ablations():
     top = plan("topk_only", explore=0.0)
-    assert top.selected == ["d0", "d1", "d2"] and top.epochs == dict.fromkeys(top.selected, 4)
+    assert top.selected == ["d0", "d1", "d2"] and epochs(top) == dict.fromkeys(top.selected, 4)
     assert top.needed == 2
     # epochs 4 * S_i: 4, 2.575, 1.78, 1.15, 0.58 -> 4, 3, 2, 1, 1
     p = plan("epochs_only")
-    assert p.selected == ALL and p.epochs == {"d0": 4, "d1": 3, "d2": 2, "d3": 1, "d4": 1} and p.needed == 5
+    assert p.selected == ALL and epochs(p) == {"d0": 4, "d1": 3, "d2": 2, "d3": 1, "d4": 1} and p.needed == 5
 
 
 def test_plan_refuses_bad_arguments():
     with pytest.raises(ValueError):
         plan("fedavg", k=0)
     with pytest.raises(ValueError):
-        plan_round(STRATEGIES["fedavg"], POOL, k=2, e_max=0, rng=np.random.default_rng(0))
+        make_strategy("fedavg", 2, 0)
+    with pytest.raises(ValueError):
+        STRATEGIES["hardware"](2, 4, explore=1.5)
 
 
 def test_stale_devices_are_required_on_top_of_the_first_k():
-    strategy = dataclasses.replace(STRATEGIES["hardware"], explore=0.0)
-    assert strategy.max_staleness == 5
+    hardware = strategy("hardware", explore=0.0)
+    assert hardware.max_staleness == 5
 
-    def stale_plan(staleness: dict[str, int]) -> RoundPlan:
-        return plan_round(strategy, POOL, k=2, e_max=4, rng=np.random.default_rng(0), staleness=staleness)
+    def stale_plan(staleness: dict[str, int], round: int = 20) -> RoundPlan:
+        hardware.last_aggregated = {d: round - staleness.get(d, 0) for d in POOL}
+        return hardware.configure_round(round, POOL, np.random.default_rng(0))
 
     fresh = stale_plan({"d3": 4, "d4": 4})
     assert fresh.selected == ["d0", "d1", "d2"] and fresh.required == [] and fresh.needed == 2
     stale = stale_plan({"d1": 9, "d3": 5, "d4": 4})
     # d3 (5 rounds) is waited for; d1, stale too, is among the best K anyway; d4 (4 rounds) is not asked
     assert stale.selected == ["d0", "d1", "d2", "d3"] and stale.required == ["d3"] and stale.needed == 2
-    assert stale.epochs["d3"] == 1  # 4 * .2875 / 1.0 = 1.15
-    off = plan_round(
-        dataclasses.replace(strategy, max_staleness=0), POOL, k=2, e_max=4,
-        rng=np.random.default_rng(0), staleness={"d4": 99},
-    )  # fmt: skip
+    assert stale.work["d3"].epochs == 1  # 4 * .2875 / 1.0 = 1.15
+    hardware.max_staleness = 0
+    off = stale_plan({"d4": 99})
     assert off.required == [] and "d4" not in off.selected

@@ -150,7 +150,7 @@ def expected_files(source: Path) -> set[str]:
             relative = path.relative_to(source / folder)
             if path.is_dir() or "__pycache__" in relative.parts or relative.name.startswith("."):
                 continue
-            if path.suffix == ".py" or data_folder:
+            if path.suffix == ".py" or path.name == "py.typed" or data_folder:
                 files.add("/".join([*package.split("."), *relative.parts]))
     return files
 

@@ -78,9 +78,11 @@ class DelayProxy:
         self._thread = None
 
     def __enter__(self) -> "DelayProxy":
+        """Start the proxy (see start)."""
         return self.start()
 
     def __exit__(self, *exc: object) -> None:
+        """Stop the proxy (see stop)."""
         self.stop()
 
     # ---- event loop side ----
@@ -113,7 +115,8 @@ class DelayProxy:
 
     async def _handle(self, client_reader: asyncio.StreamReader, client_writer: asyncio.StreamWriter) -> None:
         task = asyncio.current_task()
-        self._connections.add(task)
+        if task is not None:  # always, inside a connection handler
+            self._connections.add(task)
         upstream_writer = None
         try:
             try:
@@ -157,8 +160,8 @@ class DelayProxy:
             # reader blocked on a full queue)
             done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
             for task in done:
-                if task.exception() is not None:
-                    raise task.exception()
+                if (error := task.exception()) is not None:
+                    raise error
         finally:
             for task in tasks:
                 task.cancel()

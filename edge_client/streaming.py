@@ -38,7 +38,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from fedspeech.export.runtime import OnnxModel
+from fedspeech.edge_client.onnx_model import OnnxModel
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,86 @@
+"""Federated evaluation of a round's model: tasks out to the devices, their counts in, pooled and stored."""
+
+import logging
+import threading
+import time
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+
+from fedspeech.coordinator.errors import BadUpload, NotWanted
+from fedspeech.coordinator.evaluation import combine
+from fedspeech.coordinator.ports import DeviceLink
+from fedspeech.coordinator.store import DeviceEvaluationRecord, Store
+from fedspeech.protocol import messages
+from fedspeech.protocol.messages import EvaluationReport, Task
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class OpenEvaluation:
+    """A round's model being evaluated on the devices: the tasks handed out and the reports so far."""
+
+    round: int
+    tasks: dict[str, Task]
+    reports: dict[str, tuple[np.ndarray, float]] = field(default_factory=dict)
+
+
+class EvaluationPhase:
+    """One evaluation at a time: run() waits for the reports that HTTP handlers pass to receive()."""
+
+    def __init__(self, store: Store, link: DeviceLink, num_classes: int, min_reports: int) -> None:
+        self.store, self.link, self.num_classes, self.min_reports = store, link, num_classes, min_reports
+        self._lock = threading.Condition()
+        self._open: OpenEvaluation | None = None
+
+    def receive(self, round: int, device_id: str, body: bytes) -> None:
+        """Check a device's report and keep it; BadUpload or NotWanted say why not."""
+        try:
+            report = messages.decode(body, EvaluationReport)
+        except messages.ProtocolError as exc:
+            raise BadUpload(f"bad evaluation report: {exc}") from None
+        if len(report.confusion) != self.num_classes:
+            raise BadUpload(f"confusion of {len(report.confusion)} classes; the task has {self.num_classes}")
+        with self._lock:
+            evaluation = self._open
+            if evaluation is None or evaluation.round != round or report.round != round:
+                raise NotWanted(f"round {round} is not being evaluated")
+            task = evaluation.tasks.get(device_id)
+            if task is None or report.task_id != task.task_id:
+                raise NotWanted(f"no open evaluation {report.task_id!r} for {device_id}")
+            if device_id in evaluation.reports:
+                raise NotWanted(f"{device_id} already reported on round {round}")
+            evaluation.reports[device_id] = (np.array(report.confusion, dtype=np.int64), report.loss_sum)
+            self._lock.notify_all()
+
+    def run(self, round: int, tasks: dict[str, Task], deadline: float, stop: threading.Event) -> None:
+        """Hand out the tasks, wait for online devices' reports or the deadline, store the pooled result."""
+        with self._lock:
+            self._open = evaluation = OpenEvaluation(round, tasks)
+        for device, task in tasks.items():
+            self.link.publish_task(task, device)
+        with self._lock:
+            while not stop.is_set() and time.time() < deadline and not self._all_reported(evaluation):
+                self._lock.wait(timeout=0.25)
+            self._open = None
+        for device in tasks:
+            self.link.clear_task(device)
+        result = combine(evaluation.reports, self.min_reports)
+        scores = (result.accuracy, result.macro_f1, result.loss) if result else None
+        per_device = [DeviceEvaluationRecord(**asdict(d)) for d in result.devices] if result else []
+        self.store.save_evaluation(round, len(tasks), scores, per_device)
+        if result is None:
+            log.warning(
+                "round %d: %d of %d devices reported test clips, fewer than %d: no federated scores",
+                round, len(evaluation.reports), len(tasks), max(1, self.min_reports),
+            )  # fmt: skip
+        else:
+            log.info(
+                "round %d: federated accuracy %.4f, macro-F1 %.4f, loss %.4f over %d clips of %d devices",
+                round, result.accuracy, result.macro_f1, result.loss, result.clips, len(result.devices),
+            )  # fmt: skip
+
+    def _all_reported(self, evaluation: OpenEvaluation) -> bool:
+        online = set(self.link.online())
+        return all(d in evaluation.reports or d not in online for d in evaluation.tasks)

@@ -1,0 +1,76 @@
+"""What the round loop needs from outside: a link to the devices and the model's operations.
+
+The orchestrator is given these as small interfaces, so that it runs with fakes in tests: no broker,
+no HTTP and no torch. `mqtt_link.CoordinatorLink` and `global_model.GlobalModel` are the real ones.
+"""
+
+from dataclasses import dataclass
+from typing import Protocol
+
+from fedspeech.protocol.messages import DeviceStatus, ModelAnnouncement, ModelSpec, Task, TaskDefinition
+from fedspeech.protocol.weights import Arrays
+
+
+@dataclass(frozen=True)
+class Evaluation:
+    """A global model's scores on the coordinator's own held-out set."""
+
+    accuracy: float
+    macro_f1: float
+    loss: float
+
+
+class DeviceLink(Protocol):
+    """The control plane as the coordinator sees it: device statuses in, tasks and announcements out."""
+
+    def statuses(self) -> dict[str, DeviceStatus]:
+        """The latest status of every device heard from."""
+        ...
+
+    def online(self) -> list[str]:
+        """Ids of devices whose latest status is not offline."""
+        ...
+
+    def publish_task(self, task: Task, device_id: str) -> None:
+        """Send a device its task."""
+        ...
+
+    def clear_task(self, device_id: str) -> None:
+        """Withdraw a device's task."""
+        ...
+
+    def announce(self, announcement: ModelAnnouncement) -> None:
+        """Publish a new global model."""
+        ...
+
+
+class ModelOps(Protocol):
+    """The operations on the global model: build, grow, evaluate, export."""
+
+    spec: ModelSpec  # the full-grown model
+    definition: TaskDefinition
+    labels: list[str]
+
+    def spec_at(self, depth: int | None) -> ModelSpec:
+        """The spec at a depth (the spec itself for a model that does not grow)."""
+        ...
+
+    def spec_of(self, arrays: Arrays) -> ModelSpec:
+        """The spec of the model these arrays belong to."""
+        ...
+
+    def initial(self, seed: int, depth: int | None = None) -> Arrays:
+        """Freshly initialised weights, the same for the same seed."""
+        ...
+
+    def grow(self, arrays: Arrays, depth: int, seed: int) -> Arrays:
+        """The arrays with new blocks added up to depth."""
+        ...
+
+    def evaluate(self, arrays: Arrays) -> Evaluation | None:
+        """Scores on the coordinator's held-out set, or None without one."""
+        ...
+
+    def to_onnx(self, arrays: Arrays, round: int) -> bytes:
+        """The model as ONNX bytes."""
+        ...

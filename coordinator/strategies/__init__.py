@@ -1,0 +1,34 @@
+"""Strategies, one file each behind the round hooks of `base.Strategy`, and the registry that names them."""
+
+from collections.abc import Callable
+from functools import partial
+
+from fedspeech.coordinator.strategies.base import Result, RoundPlan, Strategy, Work
+from fedspeech.coordinator.strategies.fedavg import FedAvg
+from fedspeech.coordinator.strategies.fedprox import FedProx
+from fedspeech.coordinator.strategies.hardware import HardwareAware
+from fedspeech.coordinator.strategies.median import FedMedian
+from fedspeech.coordinator.strategies.random_k import RandomK
+
+# name -> a factory taking (k, epochs): k devices aggregated per round where a strategy selects,
+# epochs the local epochs of a round (the most capable device's, where epochs adapt)
+STRATEGIES: dict[str, Callable[[int, int], Strategy]] = {
+    "fedavg": FedAvg,
+    "fedprox": FedProx,
+    "random_k": RandomK,
+    "hardware": HardwareAware,
+    # the hardware-aware method's ablations: its selection alone, its adaptive epochs alone
+    "topk_only": partial(HardwareAware, name="topk_only", adaptive=False, weighted=False),
+    "epochs_only": partial(HardwareAware, name="epochs_only", top_k=False, weighted=False),
+    "median": FedMedian,
+}
+
+
+def make_strategy(name: str, k: int, epochs: int) -> Strategy:
+    """A fresh strategy by name; ValueError naming the known ones for any other."""
+    if name not in STRATEGIES:
+        raise ValueError(f"unknown strategy {name!r}, expected one of {', '.join(STRATEGIES)}")
+    return STRATEGIES[name](k, epochs)
+
+
+__all__ = ["STRATEGIES", "Result", "RoundPlan", "Strategy", "Work", "make_strategy"]

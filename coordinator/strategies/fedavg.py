@@ -1,0 +1,20 @@
+"""FedAvg (McMahan et al. 2017): every device trains the same epochs; updates weighted by samples."""
+
+from collections.abc import Mapping
+
+import numpy as np
+
+from fedspeech.coordinator.selection import select_all
+from fedspeech.coordinator.strategies.base import RoundPlan, Strategy, Work
+from fedspeech.protocol.messages import Profile
+
+
+class FedAvg(Strategy):
+    """All devices, fixed epochs, the sample-weighted average."""
+
+    name = "fedavg"
+
+    def configure_round(self, round: int, pool: Mapping[str, Profile], rng: np.random.Generator) -> RoundPlan:
+        """Every device in the pool, in id order."""
+        devices = select_all(list(pool))
+        return RoundPlan({d: Work(self.epochs) for d in devices}, needed=len(devices))

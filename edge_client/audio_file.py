@@ -1,0 +1,41 @@
+"""An audio file as a source of frames: read whole as mono at the model's rate, then cut into frames."""
+
+import time
+from collections.abc import Generator
+from pathlib import Path
+
+import numpy as np
+
+
+def read_audio(path: Path, sample_rate: int) -> np.ndarray:
+    """A whole audio file as float32 mono at sample_rate (channels mixed down, other rates resampled).
+
+    AudioError (models.datasets) says in one line why a file cannot be used.
+    """
+    import soundfile
+
+    # Decoding stays in models.datasets (torch-free), not here: the coordinator decodes clips the same way
+    # and must not import edge_client.
+    from fedspeech.models.datasets import load_audio
+
+    # load_audio checks and decodes the file as training does; asked for the file's own length at
+    # sample_rate, it neither crops nor pads
+    try:
+        info = soundfile.info(str(path))
+        length = max(1, round(info.frames * sample_rate / info.samplerate))
+    except (RuntimeError, TypeError, OSError):
+        length = 1  # unreadable: load_audio says why
+    return load_audio(path, sample_rate, length)
+
+
+def file_frames(
+    audio: np.ndarray, sample_rate: int, frame_size: int, silence_after: int = 0, realtime: bool = False
+) -> Generator[np.ndarray, None, None]:
+    """Frames of audio followed by silence_after zero samples, paced at real speed if realtime."""
+    padding = silence_after + (-(len(audio) + silence_after)) % frame_size  # whole frames only
+    audio = np.concatenate([audio, np.zeros(padding, dtype=np.float32)])
+    start = time.monotonic()
+    for i in range(0, len(audio), frame_size):
+        if realtime:  # a frame is there once its last sample has been spoken
+            time.sleep(max(0.0, start + (i + frame_size) / sample_rate - time.monotonic()))
+        yield audio[i : i + frame_size]

@@ -1,0 +1,11 @@
+"""The model architectures by name, and the transformer's depth: what code that never trains may know."""
+
+# transformer variants: (pre-LayerNorm, run-time weight scaling); the last two are the ablations of
+# "Federated Learning with Dynamic Transformer for Text to Speech"
+TRANSFORMERS = {
+    "transformer": (True, True),
+    "transformer_post_ln": (False, True),
+    "transformer_unscaled": (True, False),
+}
+MODELS = ["cnn", *TRANSFORMERS]
+MAX_DEPTH = 4  # encoder blocks of a full-grown transformer

@@ -1,0 +1,25 @@
+"""Files replaced whole: readers see the old content or the new one, never half, even after a crash."""
+
+import os
+import threading
+from pathlib import Path
+
+
+def write_atomically(path: Path, data: bytes) -> None:
+    """Write data to path through a synced temporary file beside it, renamed over path once complete."""
+    path = Path(path)
+    # hidden (data folders pass over dot files) and unique, so that two writers never share a temporary file
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+    folder = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(folder)  # the rename itself survives a power cut
+    finally:
+        os.close(folder)

@@ -1,0 +1,259 @@
+"""The round loop alone, with a fake link and a fake model: no broker, no HTTP, no torch, milliseconds."""
+
+import subprocess
+import sys
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+import numpy as np
+import pytest
+
+from fedspeech.coordinator.errors import NotWanted
+from fedspeech.coordinator.orchestrator import Orchestrator, RoundConfig
+from fedspeech.coordinator.ports import Evaluation
+from fedspeech.coordinator.store import Store
+from fedspeech.protocol import weights
+from fedspeech.protocol.messages import (
+    DeviceStatus,
+    ModelAnnouncement,
+    ModelSpec,
+    Profile,
+    Task,
+    TaskDefinition,
+)
+from fedspeech.protocol.weights import Arrays
+
+pytestmark = pytest.mark.timeout(30)
+
+DEFINITION = TaskDefinition("toy", ["a", "b"], 8000, 1.0)
+SPEC = ModelSpec("toy", 8000, 8000, 2)
+
+
+@dataclass
+class FakeModel:
+    """Two weights; the 'accuracy' of a model is its first weight, so aggregation shows in the scores."""
+
+    spec: ModelSpec = SPEC
+    definition: TaskDefinition = DEFINITION
+    labels: list[str] = field(default_factory=lambda: list(DEFINITION.labels))
+
+    def spec_at(self, depth: int | None) -> ModelSpec:
+        return self.spec
+
+    def spec_of(self, arrays: Arrays) -> ModelSpec:
+        return self.spec
+
+    def initial(self, seed: int, depth: int | None = None) -> Arrays:
+        return {"w": np.zeros(2, np.float32)}
+
+    def grow(self, arrays: Arrays, depth: int, seed: int) -> Arrays:
+        return arrays
+
+    def evaluate(self, arrays: Arrays) -> Evaluation:
+        return Evaluation(float(arrays["w"][0]), 0.0, 1.0)
+
+    def to_onnx(self, arrays: Arrays, round: int) -> bytes:
+        return f"onnx of round {round}".encode()
+
+
+Responder = Callable[[Task], None]
+
+
+@dataclass
+class FakeLink:
+    """Devices that answer a task the moment it is published (or never), through the orchestrator."""
+
+    statuses_: dict[str, DeviceStatus] = field(default_factory=dict)
+    responders: dict[str, Responder] = field(default_factory=dict)
+    published: list[tuple[str, Task]] = field(default_factory=list)
+    cleared: list[str] = field(default_factory=list)
+    refused: list[tuple[str, str]] = field(default_factory=list)
+    announced: list[ModelAnnouncement] = field(default_factory=list)
+
+    def statuses(self) -> dict[str, DeviceStatus]:
+        return dict(self.statuses_)
+
+    def online(self) -> list[str]:
+        return sorted(d for d, s in self.statuses_.items() if s.state != "offline")
+
+    def publish_task(self, task: Task, device_id: str) -> None:
+        self.published.append((device_id, task))
+        if device_id in self.responders:
+            try:
+                self.responders[device_id](task)
+            except NotWanted as exc:  # what a device hears as HTTP 409
+                self.refused.append((device_id, str(exc)))
+
+    def clear_task(self, device_id: str) -> None:
+        self.cleared.append(device_id)
+
+    def announce(self, announcement: ModelAnnouncement) -> None:
+        self.announced.append(announcement)
+
+    def tasks_of(self, round: int) -> dict[str, Task]:
+        return {d: t for d, t in self.published if t.round == round and t.action == "train"}
+
+
+def profile(gflops: float) -> Profile:
+    return Profile(1, 1000.0, 512.0, gflops, 0.01 / gflops, 5.0)
+
+
+class Fleet:
+    """An orchestrator over a real store in a temporary folder, with fake devices."""
+
+    def __init__(self, tmp_path, **config) -> None:
+        defaults = {"min_devices": 2, "min_results": 1, "round_timeout_s": 0.3, "eval_every": 0}
+        self.config = RoundConfig(**{**defaults, **config})
+        self.store = Store(tmp_path / "state")
+        self.link = FakeLink()
+        self.orchestrator = Orchestrator(self.config, self.store, self.link, FakeModel())
+
+    def device(
+        self, device_id: str, gflops: float = 1.0, value: float | None = 1.0, samples: int = 10
+    ) -> None:
+        """A registered, online device that uploads weights of `value` everywhere (None: never answers)."""
+        self.store.register_device(device_id, f"token-{device_id}", samples, {})
+        self.link.statuses_[device_id] = DeviceStatus(device_id, "online", samples, profile(gflops))
+        if value is not None:
+            self.link.responders[device_id] = lambda task: self.upload(device_id, task, value, samples)
+
+    def upload(self, device_id: str, task: Task, value: float, samples: int = 10) -> None:
+        if task.action != "train":
+            return
+        body = weights.encode(
+            {"w": np.full(2, value, np.float32)}, {"task_id": task.task_id, "num_samples": str(samples)}
+        )
+        self.orchestrator.receive_update(task.round, device_id, body, weights.sha256(body))
+
+    @contextmanager
+    def running(self) -> Iterator[threading.Event]:
+        stop = threading.Event()
+        thread = threading.Thread(target=self.orchestrator.run, args=(stop,), daemon=True)
+        thread.start()
+        try:
+            yield stop
+        finally:
+            stop.set()
+            thread.join(10)
+
+    def finish(self, timeout: float = 10.0) -> None:
+        with self.running():
+            assert self.orchestrator.finished.wait(timeout), "rounds did not finish"
+
+
+def test_rounds_aggregate_weighted_by_samples(tmp_path):
+    fleet = Fleet(tmp_path, rounds=2)
+    fleet.device("a", value=1.0, samples=10)
+    fleet.device("b", value=4.0, samples=30)
+    fleet.finish()
+    rounds = fleet.store.rounds()
+    assert [(r.round, r.devices, r.results) for r in rounds] == [(0, 0, 0), (1, 2, 2), (2, 2, 2)]
+    assert rounds[2].accuracy == pytest.approx((1 * 10 + 4 * 30) / 40)  # FedAvg of the two uploads
+    assert [a.round for a in fleet.link.announced] == [0, 1, 2]
+    assert sorted(fleet.link.cleared) == ["a", "a", "b", "b"], "every task is withdrawn when its round closes"
+
+
+def test_the_deadline_closes_a_round_with_the_results_it_has(tmp_path):
+    fleet = Fleet(tmp_path, rounds=1, min_results=1)
+    fleet.device("fast", value=2.0)
+    fleet.device("silent", value=None)
+    fleet.finish()
+    record = fleet.store.rounds()[1]
+    assert (record.devices, record.results) == (2, 1)
+    assert 0.3 <= record.wall_s < 2.0, "closed at the deadline, not before and not much after"
+    assert [u.device_id for u in fleet.store.updates(1)] == ["fast"]
+
+
+def test_too_few_results_run_the_round_again(tmp_path):
+    fleet = Fleet(tmp_path, rounds=1, min_results=2)
+    fleet.device("fast", value=2.0)
+    fleet.device("silent", value=None)
+    with fleet.running():
+        while len({t.task_id for d, t in fleet.link.published if d == "fast"}) < 2:
+            threading.Event().wait(0.05)
+        assert fleet.store.latest_round().round == 0, "no round counted with one result of the two needed"
+        fleet.link.responders["silent"] = lambda task: fleet.upload("silent", task, 4.0)
+        assert fleet.orchestrator.finished.wait(10)
+    assert fleet.store.latest_round().results == 2
+
+
+def test_the_first_k_results_close_the_round_and_late_ones_are_not_wanted(tmp_path):
+    fleet = Fleet(tmp_path, rounds=1, strategy="hardware", k=1, round_timeout_s=5.0)
+    fleet.device("strong", gflops=4.0, value=1.0)
+    late: list[Task] = []
+    fleet.device("weak", gflops=1.0, value=None)
+    fleet.link.responders["weak"] = late.append
+    fleet.finish()
+    record = fleet.store.rounds()[1]
+    assert (record.devices, record.results) == (2, 1), "ceil(1.3 x 1) = 2 asked, the first one aggregated"
+    assert record.wall_s < 1.0, "the round did not wait for the deadline"
+    assert fleet.link.cleared == ["strong", "weak"]
+    with pytest.raises(NotWanted, match="round 1 is not open"):
+        fleet.upload("weak", late[0], 9.0)
+
+
+def test_a_stale_device_is_waited_for(tmp_path):
+    # explore never: the weak device is never among the first K unless it is stale
+    fleet = Fleet(tmp_path, rounds=6, strategy="hardware", k=1, round_timeout_s=5.0)
+    fleet.orchestrator.strategy.explore = 0.0
+    fleet.device("strong", gflops=4.0, value=1.0)
+    fleet.device("middle", gflops=2.0, value=1.0)
+    fleet.device("weak", gflops=1.0, value=3.0)
+    fleet.finish()
+    aggregated = {
+        r.round: [u.device_id for u in fleet.store.updates(r.round)] for r in fleet.store.rounds()[1:]
+    }
+    assert all("weak" not in aggregated[r] for r in range(1, 5))
+    assert "weak" in aggregated[5], "5 rounds without its update: asked and waited for"
+    assert "weak" not in aggregated[6]
+    assert ("middle", "round 1 already has the 1 results it needs") in fleet.link.refused
+
+
+def test_a_restarted_orchestrator_resumes_after_the_last_round(tmp_path):
+    first = Fleet(tmp_path, rounds=2)
+    first.device("a", value=1.0)
+    first.device("b", value=1.0)
+    first.finish()
+    again = Fleet(tmp_path, rounds=3)
+    again.device("a", value=2.0)
+    again.device("b", value=2.0)
+    again.finish()
+    assert [r.round for r in again.store.rounds()] == [0, 1, 2, 3]
+    assert [a.round for a in again.link.announced] == [2, 3], "it announces the model it resumed from"
+    assert set(again.link.tasks_of(3)) == {"a", "b"} and not again.link.tasks_of(1)
+
+
+def test_the_devices_evaluate_the_new_model(tmp_path):
+    fleet = Fleet(tmp_path, rounds=1, eval_every=1, eval_timeout_s=5.0)
+    fleet.device("a")
+    fleet.device("b")
+
+    def report(device_id: str, task: Task) -> None:
+        from fedspeech.protocol import messages
+        from fedspeech.protocol.messages import EvaluationReport
+
+        if task.action == "evaluate":
+            body = messages.encode(EvaluationReport(task.task_id, task.round, [[3, 1], [0, 4]], 2.0))
+            fleet.orchestrator.receive_evaluation(task.round, device_id, body)
+        else:
+            fleet.upload(device_id, task, 1.0)
+
+    for device in ("a", "b"):
+        fleet.link.responders[device] = lambda task, d=device: report(d, task)
+    fleet.finish()
+    record = fleet.store.rounds()[1]
+    assert (record.evaluation_asked, record.evaluation_reports) == (2, 2)
+    assert record.federated_accuracy == pytest.approx(14 / 16) and record.federated_loss == pytest.approx(
+        4 / 16
+    )
+
+
+def test_the_round_loop_needs_no_torch_broker_or_web_framework():
+    code = (
+        "import sys; import fedspeech.coordinator.orchestrator, fedspeech.coordinator.strategies; "
+        "print(sorted(m for m in ('torch', 'paho', 'flask', 'onnx') if m in sys.modules))"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert result.stdout.strip() == "[]", result.stdout + result.stderr
