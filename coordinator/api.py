@@ -173,7 +173,7 @@ def round_detail(round: int):
     record = next((r for r in store.rounds() if r.round == round), None)
     if record is None:
         return _error(404, f"round {round} is not complete")
-    evaluations = [{**asdict(e), "accuracy": e.correct / e.clips} for e in store.device_evaluations(round)]
+    evaluations = [{**asdict(e), "accuracy": e.accuracy} for e in store.device_evaluations(round)]
     return jsonify(
         {**asdict(record), "updates": [asdict(u) for u in store.updates(round)], "evaluations": evaluations}
     )

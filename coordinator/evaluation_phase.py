@@ -3,14 +3,14 @@
 import logging
 import threading
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 
 import numpy as np
 
 from fedspeech.coordinator.errors import BadUpload, NotWanted
 from fedspeech.coordinator.evaluation import combine
 from fedspeech.coordinator.ports import DeviceLink
-from fedspeech.coordinator.store import DeviceEvaluationRecord, Store
+from fedspeech.coordinator.store import Store
 from fedspeech.protocol import messages
 from fedspeech.protocol.messages import EvaluationReport, Task
 
@@ -68,8 +68,7 @@ class EvaluationPhase:
             self.link.clear_task(device)
         result = combine(evaluation.reports, self.min_reports)
         scores = (result.accuracy, result.macro_f1, result.loss) if result else None
-        per_device = [DeviceEvaluationRecord(**asdict(d)) for d in result.devices] if result else []
-        self.store.save_evaluation(round, len(tasks), scores, per_device)
+        self.store.save_evaluation(round, len(tasks), scores, result.devices if result else [])
         if result is None:
             log.warning(
                 "round %d: %d of %d devices reported test clips, fewer than %d: no federated scores",

@@ -4,6 +4,7 @@ import logging
 import threading
 import time
 import uuid
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -199,17 +200,16 @@ class Orchestrator:
         plan = self.strategy.configure_round(round, profiles, rng)
         started = time.time()
         deadline = started + self.config.round_timeout_s
-        tasks = {
-            device: self._task(
-                round,
-                deadline,
-                upload_path=routes.updates(round),
-                epochs=work.epochs,
-                config=dict(work.config),
-                seed=self.config.seed * 100_003 + round * 1009 + i,
-            )
-            for i, (device, work) in enumerate(plan.work.items())
+        work = {
+            device: {
+                "upload_path": routes.updates(round),
+                "epochs": w.epochs,
+                "config": dict(w.config),
+                "seed": self.config.seed * 100_003 + round * 1009 + i,
+            }
+            for i, (device, w) in enumerate(plan.work.items())
         }
+        tasks = self._tasks(round, deadline, work)
         with self._lock:
             self._open = OpenRound(round, started, deadline, tasks, plan.needed, frozenset(plan.required))
         for device, task in tasks.items():
@@ -261,26 +261,27 @@ class Orchestrator:
             rng = np.random.default_rng([config.seed, round, 1])
             devices = sorted(rng.choice(devices, config.eval_devices, replace=False).tolist())
         deadline = time.time() + config.eval_timeout_s
-        upload_path = routes.evaluations(round)
-        tasks = {
-            device: self._task(round, deadline, upload_path=upload_path, epochs=1, action="evaluate")
-            for device in devices
-        }
+        evaluate = {"upload_path": routes.evaluations(round), "epochs": 1, "action": "evaluate"}
+        tasks = self._tasks(round, deadline, dict.fromkeys(devices, evaluate))
         self.evaluation.run(round, tasks, deadline, stop)
 
-    def _task(self, round: int, deadline: float, **work: Any) -> Task:
-        """A task of the round on the latest global model: train it (the default) or evaluate it."""
-        return Task(
-            task_id=uuid.uuid4().hex,
-            round=round,
-            spec=self.model.spec_of(self._current),
-            definition=self.model.definition,
-            weights=self._latest_ref(),
-            batch_size=self.config.batch_size,
-            learning_rate=self.config.learning_rate,
-            deadline=deadline,
-            **work,
-        )
+    def _tasks(self, round: int, deadline: float, work: Mapping[str, Mapping[str, Any]]) -> dict[str, Task]:
+        """One task per device on the latest global model, with that device's work (training by default)."""
+        ref, spec = self._latest_ref(), self.model.spec_of(self._current)
+        return {
+            device: Task(
+                task_id=uuid.uuid4().hex,
+                round=round,
+                spec=spec,
+                definition=self.model.definition,
+                weights=ref,
+                batch_size=self.config.batch_size,
+                learning_rate=self.config.learning_rate,
+                deadline=deadline,
+                **fields,
+            )
+            for device, fields in work.items()
+        }
 
     @property
     def _current(self) -> Arrays:

@@ -9,6 +9,7 @@ from contextlib import contextmanager
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
+from fedspeech.coordinator.evaluation import DeviceEvaluation
 from fedspeech.protocol.files import write_atomically
 
 SCHEMA = """
@@ -96,16 +97,6 @@ class UpdateRecord:
     train_loss: float | None
     train_seconds: float | None
     sha256: str
-
-
-@dataclass(frozen=True)
-class DeviceEvaluationRecord:
-    """One device's evaluation of a round's model on its own test split."""
-
-    device_id: str
-    clips: int
-    correct: int
-    loss_sum: float
 
 
 @dataclass(frozen=True)
@@ -205,7 +196,7 @@ class Store:
         round: int,
         asked: int,
         scores: tuple[float, float, float] | None,
-        devices: list[DeviceEvaluationRecord],
+        devices: list[DeviceEvaluation],
     ) -> None:
         """Record a round's federated evaluation: devices asked, their reports, the pooled scores or None."""
         with self._connect() as db:
@@ -218,7 +209,7 @@ class Store:
                 [(round, *asdict(d).values()) for d in devices],
             )
 
-    def device_evaluations(self, round: int) -> list[DeviceEvaluationRecord]:
+    def device_evaluations(self, round: int) -> list[DeviceEvaluation]:
         """Each device's evaluation of a round's model."""
         with self._connect() as db:
             rows = db.execute(
@@ -226,7 +217,7 @@ class Store:
                 "ORDER BY device_id",
                 (round,),
             ).fetchall()
-        return [DeviceEvaluationRecord(*r) for r in rows]
+        return [DeviceEvaluation(*r) for r in rows]
 
     def rounds(self) -> list[RoundRecord]:
         """All completed rounds in order."""

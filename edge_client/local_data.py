@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
-from fedspeech.models.datasets import Clip, client_clips, load_corpus
+from fedspeech.models.datasets import Clip, Corpus, client_clips, load_corpus
 from fedspeech.models.folders import ClipCache, Skipped, list_folder
 from fedspeech.protocol.messages import TaskDefinition
 
@@ -50,6 +50,7 @@ class LocalData:
         self.source, self.max_samples = source, max_samples
         self._cache = ClipCache()
         self._reported: set[tuple[Path, str]] = set()
+        self._corpus: Corpus | None = None
         self.train = self.test = Split(np.zeros((0, 0), dtype=np.float32), np.zeros(0, dtype=np.int64), {})
 
     def refresh(self, task: TaskDefinition) -> None:
@@ -76,7 +77,9 @@ class LocalData:
             return list_folder(source.folder, task.labels)
         if source.corpus is None or source.speaker is None:
             raise ValueError("a data source is a folder, or a corpus and a speaker")
-        corpus = load_corpus(source.corpus, source.corpus_dir)
+        if self._corpus is None:  # a bundled corpus does not change: listed once
+            self._corpus = load_corpus(source.corpus, source.corpus_dir)
+        corpus = self._corpus
         clips, skipped = [], []
         for clip in (clip for side in client_clips(corpus, source.speaker) for clip in side):
             name = corpus.labels[clip.label]
