@@ -7,19 +7,82 @@ import threading
 from pathlib import Path
 
 from fedspeech.models.architectures import MODELS
+from fedspeech.protocol.mqtt import BrokerSettings
 from fedspeech.protocol.topics import DEFAULT_ROOT
 
 # names are checked where the strategy is made, so that the device commands never load coordinator code
 STRATEGY_NAMES = "a strategy's name (README: Strategies)"
 
 
+def _add_coordinator_trust_options(parser: argparse.ArgumentParser) -> None:
+    """How a device or listener knows its coordinator: the pinned signing key and the HTTPS CA."""
+    parser.add_argument(
+        "--coordinator-key",
+        metavar="KEY|FILE",
+        help="the coordinator's public key (its state/coordinator.pub), base64 or a file; default: the key "
+        "the coordinator names when the device first registers, then kept",
+    )
+    parser.add_argument("--coordinator-ca", type=Path, metavar="FILE", help="CA of the coordinator's HTTPS")
+
+
+def _add_broker_options(parser: argparse.ArgumentParser, username_default: str) -> None:
+    """The options that say how to log in to the broker, shared by coordinator, client and listen."""
+    parser.add_argument("--broker-username", help=f"broker user name (default: {username_default})")
+    parser.add_argument("--broker-password-file", type=Path, metavar="FILE", help="the broker password")
+    parser.add_argument("--broker-ca", type=Path, metavar="FILE", help="CA of the broker's TLS certificate")
+    parser.add_argument("--broker-cert", type=Path, metavar="FILE", help="client certificate for the broker")
+    parser.add_argument("--broker-key", type=Path, metavar="FILE", help="its private key")
+
+
+def _broker_settings(args: argparse.Namespace, url: str, username: str | None) -> BrokerSettings:
+    """The broker options as settings; SystemExit with one line for settings that cannot work."""
+    settings = BrokerSettings(
+        url=url,
+        username=args.broker_username or (username if args.broker_password_file else None),
+        password_file=args.broker_password_file,
+        ca_file=args.broker_ca,
+        cert_file=args.broker_cert,
+        key_file=args.broker_key,
+    )
+    try:
+        settings.check()
+    except ValueError as exc:
+        raise SystemExit(f"fedspeech {args.command}: {exc}") from None
+    return settings
+
+
+def _read_secret(path: Path | None, what: str) -> str | None:
+    """The first line of a secret's file, or None; SystemExit if it cannot be read."""
+    if path is None:
+        return None
+    try:
+        return path.read_text().strip()[:1024] or None
+    except OSError as exc:
+        raise SystemExit(f"fedspeech: cannot read the {what} {path}: {exc.strerror}") from None
+
+
 def _coordinator(args: argparse.Namespace) -> None:
     from fedspeech.coordinator.app import create_app, serve
     from fedspeech.models.tasks import TaskFileError
 
+    if args.broker is not None:
+        _broker_settings(args, args.broker, "coordinator")  # one line for options that cannot work
+    if (args.tls_cert is None) != (args.tls_key is None):
+        raise SystemExit("fedspeech coordinator: --tls-cert and --tls-key go together")
     config = {
         "STATE_DIR": args.state,
         "BROKER_URL": args.broker,
+        "BROKER_USERNAME": args.broker_username or ("coordinator" if args.broker_password_file else None),
+        "BROKER_PASSWORD_FILE": args.broker_password_file,
+        "BROKER_CA": args.broker_ca,
+        "BROKER_CERT": args.broker_cert,
+        "BROKER_KEY": args.broker_key,
+        "OPEN_ENROLMENT": args.open_enrolment or None,
+        "TLS_CERT": args.tls_cert,
+        "TLS_KEY": args.tls_key,
+        "HTTP_TIMEOUT_S": args.http_timeout,
+        "MAX_DEVICE_SAMPLES": args.max_device_samples,
+        "MAX_DEVICES": args.max_devices,
         "EMBEDDED_BROKER_PORT": args.broker_port,
         "TOPIC_ROOT": args.topic_root,
         "TASK": args.task,
@@ -50,16 +113,23 @@ def _coordinator(args: argparse.Namespace) -> None:
         raise SystemExit(f"fedspeech coordinator: {exc}") from None
     service = app.extensions["fedspeech"]
     service.start()
-    server = serve(app, args.host, args.port)
+    try:
+        server = serve(app, args.host, args.port)
+    except (ValueError, OSError) as exc:  # a TLS file missing, the port taken
+        service.stop()
+        raise SystemExit(
+            f"fedspeech coordinator: cannot serve HTTP on {args.host}:{args.port}: {exc}"
+        ) from None
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
     stop.wait()
-    server.shutdown()
+    server.stop()
     service.stop()
 
 
 def _client(args: argparse.Namespace) -> None:
+    from fedspeech.edge_client.credentials import Refused
     from fedspeech.edge_client.daemon import ClientConfig, run_client, run_clients
     from fedspeech.edge_client.local_data import DataSource
 
@@ -76,12 +146,19 @@ def _client(args: argparse.Namespace) -> None:
             (args.device_id or s, DataSource(corpus=args.corpus, speaker=s, corpus_dir=args.data_dir))
             for s in args.speaker
         ]
+    secret = _read_secret(args.enrolment_secret_file, "enrolment secret")
+    if secret is not None and len(sources) > 1:
+        raise SystemExit("fedspeech client: an enrolment secret is one device's; give one --speaker")
     configs = [
         ClientConfig(
             coordinator_url=args.coordinator,
-            broker_url=args.broker,
+            broker=_broker_settings(args, args.broker, device_id),
             device_id=device_id,
             data=source,
+            state_dir=args.state / device_id,
+            enrolment_secret=secret,
+            coordinator_key=_coordinator_key(args),
+            coordinator_ca=args.coordinator_ca,
             topic_root=args.topic_root,
             max_samples=args.max_samples,
             torch_threads=args.threads,
@@ -89,10 +166,31 @@ def _client(args: argparse.Namespace) -> None:
         )
         for device_id, source in sources
     ]
-    if len(configs) == 1:
-        run_client(configs[0])
-    else:
-        run_clients(configs)
+    try:
+        for config in configs:
+            config.check()
+    except ValueError as exc:
+        raise SystemExit(f"fedspeech client: {exc}") from None
+    try:
+        if len(configs) == 1:
+            run_client(configs[0])
+        else:
+            run_clients(configs)
+    except Refused as exc:
+        raise SystemExit(f"fedspeech client: {exc}") from None
+
+
+def _coordinator_key(args: argparse.Namespace) -> str | None:
+    """The pinned coordinator key given as text or file, checked; SystemExit if it is not one."""
+    from fedspeech.protocol.messages import ProtocolError
+    from fedspeech.protocol.signing import load_public_key, public_key_text
+
+    if args.coordinator_key is None:
+        return None
+    try:
+        return public_key_text(load_public_key(args.coordinator_key))
+    except (ProtocolError, OSError) as exc:
+        raise SystemExit(f"fedspeech {args.command}: --coordinator-key: {exc}") from None
 
 
 def _host_device_id() -> str:
@@ -101,6 +199,36 @@ def _host_device_id() -> str:
     import socket
 
     return re.sub(r"[^A-Za-z0-9_.-]", "-", socket.gethostname())[:64] or "device"
+
+
+def _devices(args: argparse.Namespace) -> None:
+    import sys
+
+    from fedspeech.coordinator.enrolment import add_device, revoke_device
+    from fedspeech.coordinator.store import Store
+
+    if args.action != "add" and not (args.state / "state.sqlite3").exists():
+        raise SystemExit(f"fedspeech devices: no coordinator state in {args.state} (give --state)")
+    try:
+        store = Store(args.state)
+        if args.action == "add":
+            secret = add_device(store, args.device_id)
+            print(secret)
+            print(
+                f"enrolled {args.device_id}; the secret above is shown only once. On the device, keep it "
+                "in a file only the daemon's user can read and pass --enrolment-secret-file FILE.",
+                file=sys.stderr,
+            )
+        elif args.action == "revoke":
+            if not revoke_device(store, args.device_id):
+                raise SystemExit(f"fedspeech devices: no device {args.device_id!r}")
+            print(f"revoked {args.device_id}: its token no longer works; it must be enrolled again")
+        else:
+            for device in store.devices():
+                state = "registered" if device.registered else "enrolled, not registered yet"
+                print(f"{device.device_id}\t{state}")
+    except ValueError as exc:
+        raise SystemExit(f"fedspeech devices: {exc}") from None
 
 
 def _record(args: argparse.Namespace) -> None:
@@ -170,6 +298,18 @@ def _bench_growing(args: argparse.Namespace) -> None:
     run_bench(cfg)
 
 
+def _bench_poisoning(args: argparse.Namespace) -> None:
+    from fedspeech.bench import ROBUST_STRATEGIES, poisoning_config, run_bench
+
+    try:
+        config = poisoning_config(
+            args.out, args.strategy or ROBUST_STRATEGIES, seeds=args.seeds, rounds=args.rounds
+        )
+    except ValueError as exc:
+        raise SystemExit(f"fedspeech bench poisoning: {exc}") from None
+    run_bench(config)
+
+
 def _bench_central(args: argparse.Namespace) -> None:
     from fedspeech.bench_central import run_central
 
@@ -191,7 +331,9 @@ def _listen(args: argparse.Namespace) -> None:
     config = ListenConfig(
         model=args.model,
         coordinator_url=args.coordinator,
-        broker_url=args.broker,
+        broker=_broker_settings(args, args.broker, None),
+        coordinator_key=_coordinator_key(args),
+        coordinator_ca=args.coordinator_ca,
         topic_root=args.topic_root,
         input=args.input,
         device=args.device,
@@ -225,10 +367,23 @@ def build_parser() -> argparse.ArgumentParser:
 
     c = sub.add_parser("coordinator", help="run the coordinator service (HTTP API and round loop)")
     c.add_argument("--state", type=Path, default=Path("fedspeech-state"), help="state directory")
-    c.add_argument("--broker", help="mqtt://host:port of an existing broker (default: embedded broker)")
+    c.add_argument("--broker", help="mqtt:// or mqtts:// (TLS) URL of an existing broker (default: embedded)")
     c.add_argument("--broker-port", type=int, help="port of the embedded broker (default 1883)")
+    _add_broker_options(c, "coordinator, with a password file")
     c.add_argument("--host", default="127.0.0.1", help="HTTP bind address")
     c.add_argument("--port", type=int, default=8080, help="HTTP port")
+    c.add_argument("--tls-cert", type=Path, metavar="FILE", help="serve HTTPS with this certificate (PEM)")
+    c.add_argument("--tls-key", type=Path, metavar="FILE", help="and this private key")
+    c.add_argument("--http-timeout", type=float, help="seconds a connection may stay silent (default 30)")
+    c.add_argument(
+        "--open-enrolment",
+        action="store_true",
+        help="let unknown devices register without an enrolment secret (demos and emulated fleets)",
+    )
+    c.add_argument("--max-devices", type=int, help="cap on devices under open enrolment (default 1000)")
+    c.add_argument(
+        "--max-device-samples", type=int, help="cap on the samples an update may count for (default 100000)"
+    )
     c.add_argument("--topic-root", default=DEFAULT_ROOT)
     c.add_argument("--task", help="a task file, or a built-in task: fsdd (default), emodb, speech_commands")
     c.add_argument(
@@ -259,7 +414,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     d = sub.add_parser("client", help="run the device daemon")
     d.add_argument("--coordinator", default="http://127.0.0.1:8080", help="coordinator base URL")
-    d.add_argument("--broker", default="mqtt://127.0.0.1:1883", help="mqtt://host:port")
+    d.add_argument("--broker", default="mqtt://127.0.0.1:1883", help="mqtt://host:port, or mqtts:// for TLS")
     d.add_argument("--device-id", help="device id (default: the host name, or the speaker)")
     d.add_argument("--data", type=Path, metavar="DIR", help="this device's recordings, one folder per label")
     d.add_argument(
@@ -274,7 +429,28 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--max-samples", type=int, help="train on at most this many local clips")
     d.add_argument("--threads", type=int, default=1, help="torch threads")
     d.add_argument("--model-dir", type=Path, help="keep the latest global model here as model.onnx")
+    d.add_argument(
+        "--state",
+        type=Path,
+        default=Path("fedspeech-device"),
+        help="where the device keeps its token and the coordinator's key, in a folder per device id",
+    )
+    d.add_argument("--enrolment-secret-file", type=Path, metavar="FILE", help="from `fedspeech devices add`")
+    _add_coordinator_trust_options(d)
+    _add_broker_options(d, "the device id, with a password file")
     d.set_defaults(run=_client)
+
+    dv = sub.add_parser("devices", help="enrol, revoke and list devices (run beside the coordinator's state)")
+    actions = dv.add_subparsers(dest="action", required=True)
+    for action, text in (("add", "enrol a device and print its secret once"), ("revoke", "revoke a device")):
+        a = actions.add_parser(action, help=text)
+        a.add_argument("device_id", metavar="ID")
+        a.add_argument(
+            "--state", type=Path, default=Path("fedspeech-state"), help="coordinator state directory"
+        )
+    ls = actions.add_parser("list", help="the devices the coordinator knows")
+    ls.add_argument("--state", type=Path, default=Path("fedspeech-state"), help="coordinator state directory")
+    dv.set_defaults(run=_devices)
 
     r = sub.add_parser("record", help="record takes of one label from the microphone into a data folder")
     r.add_argument("--task", required=True, help="task file, or fsdd, emodb, speech_commands")
@@ -292,7 +468,7 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--strategy", help=f"{STRATEGY_NAMES} (default epochs_only)")
     m.add_argument("--rounds", type=int, default=30)
     m.add_argument("--epochs", type=int, help="local epochs per round (default 2)")
-    m.add_argument("--broker", help="mqtt://host:port of an existing broker (default: embedded broker)")
+    m.add_argument("--broker", help="mqtt:// or mqtts:// (TLS) URL of an existing broker (default: embedded)")
     m.add_argument("--port", type=int, default=0, help="coordinator HTTP port (default: a free one)")
     m.add_argument("--max-samples", type=int, help="train on at most this many clips per device")
     m.add_argument("--eval-every", type=int, help="devices evaluate every N rounds' model (default 5)")
@@ -316,6 +492,14 @@ def build_parser() -> argparse.ArgumentParser:
     bg.add_argument("--rounds", type=int, default=20)
     bg.add_argument("--target", action="append", help="CORPUS=ACCURACY for time to target, repeatable")
     bg.set_defaults(run=_bench_growing)
+    bp = b.add_parser(
+        "poisoning", help="robust aggregation against two of six devices sending poisoned updates"
+    )
+    bp.add_argument("--out", type=Path, default=Path("fedspeech-bench-poisoning"), help="where results go")
+    bp.add_argument("--strategy", action="append", help="repeatable; default: fedavg and the robust ones")
+    bp.add_argument("--seeds", type=int, default=3)
+    bp.add_argument("--rounds", type=int, default=20)
+    bp.set_defaults(run=_bench_poisoning)
     bc = b.add_parser("central", help="the same model trained on all training clips in one place")
     bc.add_argument("--corpus", choices=["fsdd", "emodb", "speech_commands"], default="fsdd")
     bc.add_argument("--out", type=Path, default=Path("fedspeech-bench-central"), help="where results go")
@@ -334,8 +518,12 @@ def build_parser() -> argparse.ArgumentParser:
     source = li.add_mutually_exclusive_group()
     source.add_argument("--model", type=Path, metavar="FILE", help="a local ONNX model file")
     source.add_argument("--coordinator", metavar="URL", help="follow the models this coordinator announces")
-    li.add_argument("--broker", default="mqtt://127.0.0.1:1883", help="mqtt://host:port, with --coordinator")
+    li.add_argument(
+        "--broker", default="mqtt://127.0.0.1:1883", help="mqtt(s)://host:port, with --coordinator"
+    )
     li.add_argument("--topic-root", default=DEFAULT_ROOT)
+    _add_coordinator_trust_options(li)
+    _add_broker_options(li, "none: anonymous")
     audio = li.add_mutually_exclusive_group()
     audio.add_argument(
         "--input",

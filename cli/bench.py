@@ -16,7 +16,7 @@ import numpy as np
 
 from fedspeech.coordinator.store import RoundRecord
 from fedspeech.coordinator.strategies import STRATEGIES
-from fedspeech.fleet_run import fleet_run
+from fedspeech.fleet_run import attacking_devices, fleet_run
 from fedspeech.fleets.fleet_files import (
     DEFAULT_FLEETS,
     FLEETS_DIR,
@@ -33,10 +33,12 @@ DEFAULT_TARGETS = {"fsdd": 0.95, "emodb": 0.5, "speech_commands": 0.5}
 
 @dataclass(frozen=True)
 class Arm:
-    """One contender: a name and the coordinator settings that make it."""
+    """One contender: a name, the coordinator settings that make it, and devices that attack it."""
 
     name: str
     settings: Mapping[str, Any]
+    attacks: Mapping[str, str] = field(default_factory=dict)  # speaker -> attack (fleets.poisoning)
+    left_out: Sequence[str] = ()  # speakers whose devices do not take part
 
 
 def strategy_arms(names: Sequence[str], k: int) -> list[Arm]:
@@ -52,6 +54,11 @@ GROWING_ARMS = [
     Arm("growing_post_ln", {"MODEL": "transformer_post_ln", "DEPTH_SCHEDULE": "linear"}),
     Arm("growing_unscaled", {"MODEL": "transformer_unscaled", "DEPTH_SCHEDULE": "linear"}),
 ]
+
+
+# one of six FSDD devices sends its update's change x100, another its change reversed
+POISONING_ATTACKS = {"george": "scale", "lucas": "sign_flip"}
+ROBUST_STRATEGIES = ("fedavg", "clipped", "median", "trimmed_mean", "clipped_trimmed_mean")
 
 
 @dataclass(frozen=True)
@@ -112,6 +119,26 @@ def growing_config(out: Path, data_dir: Path | None = None, hosts: int = 6, **kw
         corpus_settings={"speech_commands": {"STRATEGY": "random_k", "K": 30}},
         **kw,
     )
+
+
+def poisoning_config(out: Path, strategies: Sequence[str] = ROBUST_STRATEGIES, **kw: Any) -> BenchConfig:
+    """`bench poisoning`: FedAvg on an honest fleet, against each strategy with two attacking devices.
+
+    FSDD on the pi4-wifi fleet (six devices, one per speaker); in the attacked arms two of its speakers'
+    devices are replaced by attackers (POISONING_ATTACKS), which train on the same clips. The
+    honest-only arm leaves those two out: the best a defence that ignores them can do.
+    """
+    unknown = sorted(set(strategies) - set(STRATEGIES))
+    if unknown:
+        raise ValueError(f"unknown strategies {unknown}, expected some of {', '.join(STRATEGIES)}")
+    arms = [
+        Arm("clean-fedavg", {"STRATEGY": "fedavg"}),
+        Arm("honest-only-fedavg", {"STRATEGY": "fedavg"}, left_out=list(POISONING_ATTACKS)),
+    ]
+    arms += [Arm(f"attacked-{name}", {"STRATEGY": name}, POISONING_ATTACKS) for name in strategies]
+    fleets = {"fsdd": load_fleet(FLEETS_DIR / "pi4-wifi.toml")}
+    title = "fedspeech poisoning benchmark"
+    return BenchConfig(out, arms, "clean-fedavg", title, corpora=["fsdd"], fleets=fleets, **kw)
 
 
 @dataclass(frozen=True)
@@ -175,7 +202,13 @@ def run_once(cfg: BenchConfig, corpus: str, arm: Arm, seed: int) -> Run:
     # would add their evaluation time to every arm and tell nothing new.
     settings["EVAL_EVERY"] = 0
     settings |= {**cfg.corpus_settings.get(corpus, {}), **arm.settings}
-    with fleet_run(cfg.fleet(corpus), corpus, run_dir, data_dir=cfg.data_dir, config=settings) as run:
+    # an attacker replaces the fleet's device of its speaker
+    fleet = [s for s in cfg.fleet(corpus) if s.speaker not in arm.attacks and s.speaker not in arm.left_out]
+    settings["MIN_DEVICES"] = sum(len(spec.device_ids) for spec in fleet) + len(arm.attacks)
+    with (
+        fleet_run(fleet, corpus, run_dir, data_dir=cfg.data_dir, config=settings) as run,
+        attacking_devices(arm.attacks, run, corpus, run_dir, cfg.data_dir),
+    ):
         run.wait(cfg.round_timeout_s + 60)
     rounds = run.service.store.rounds()[1:]
     # Timed from the first round: device start-up (imports, loading data) is the same for every arm.

@@ -97,7 +97,8 @@ def run_demo(cfg: DemoConfig) -> dict:
     else:
         fleet = load_fleet(cfg.fleet)
         check_fleet(fleet)
-    shutil.rmtree(cfg.out / "state", ignore_errors=True)
+    for state in ("state", "devices"):  # a new fleet: a new coordinator key, new device tokens
+        shutil.rmtree(cfg.out / state, ignore_errors=True)
     cfg.out.mkdir(parents=True, exist_ok=True)
     config = {
         "ROUNDS": cfg.rounds,

@@ -1,6 +1,7 @@
 """One training run on one machine: a coordinator with an embedded broker and an emulated device fleet."""
 
 import socket
+import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
@@ -62,7 +63,11 @@ def fleet_run(
     device_args: list[str] | None = None,
     config: Mapping[str, Any] | None = None,
 ) -> Iterator[FleetRun]:
-    """Start a coordinator (config: its upper-case settings) and the fleet's devices; stop all at exit."""
+    """Start a coordinator (config: its upper-case settings) and the fleet's devices; stop all at exit.
+
+    Enrolment is open: the emulated devices register as they start, and keep their tokens and the
+    coordinator's key under RUN_DIR/devices.
+    """
     app = create_app(
         {
             "STATE_DIR": str(run_dir / "state"),
@@ -72,19 +77,65 @@ def fleet_run(
             "EVAL_CORPUS": corpus,
             "DATA_DIR": str(data_dir) if data_dir else None,
             "MIN_DEVICES": sum(len(spec.device_ids) for spec in fleet),
+            "OPEN_ENROLMENT": True,
             **(config or {}),
         }
     )
     service = app.extensions["fedspeech"]
     service.start()
     server = serve(app, "127.0.0.1", port)
-    url = f"http://127.0.0.1:{server.server_port}"
+    url = server.url
     devices: list[DeviceProcess] = []
     try:
         log_dir = run_dir / "logs"
-        devices = launch_fleet(fleet, url, service.broker_url, corpus, data_dir, log_dir, device_args)
+        args = ["--state", str(run_dir / "devices"), *(device_args or [])]
+        devices = launch_fleet(fleet, url, service.broker_url, corpus, data_dir, log_dir, args)
         yield FleetRun(service, url, devices, log_dir)
     finally:
         stop_fleet(devices)
-        server.shutdown()
+        server.stop()
         service.stop()
+
+
+@contextmanager
+def attacking_devices(
+    attacks: Mapping[str, str], run: FleetRun, corpus: str, run_dir: Path, data_dir: Path | None = None
+) -> Iterator[None]:
+    """Devices of corpus speakers (speaker -> attack) that train honestly and upload poisoned updates.
+
+    For the poisoning benchmark only: they run as threads of this process, unthrottled, each a device
+    daemon whose trainer tampers with its update (fedspeech.fleets.poisoning).
+    """
+    from fedspeech.edge_client.daemon import ClientConfig, run_client
+    from fedspeech.edge_client.local_data import DataSource
+    from fedspeech.fleets.poisoning import attacking_trainer
+    from fedspeech.protocol.mqtt import BrokerSettings
+
+    stop = threading.Event()
+    threads = [
+        threading.Thread(
+            target=run_client,
+            args=(
+                ClientConfig(
+                    coordinator_url=run.url,
+                    broker=BrokerSettings(run.service.broker_url),
+                    device_id=speaker,
+                    data=DataSource(corpus=corpus, speaker=speaker, corpus_dir=data_dir),
+                    state_dir=run_dir / "devices" / speaker,
+                    topic_root=run.service.link.topics.root,
+                    make_trainer=attacking_trainer(attack),
+                ),
+                stop,
+            ),
+            name=f"attacker-{speaker}",
+        )
+        for speaker, attack in attacks.items()
+    ]
+    for thread in threads:
+        thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        for thread in threads:
+            thread.join(timeout=30)

@@ -11,7 +11,8 @@ source:
 - a microphone is opened at the model's sample rate, one channel, with a block size of one frame.
 
 Following a coordinator, each newly announced model is downloaded, checked and loaded in the background
-and swapped in between two frames, so no audio is dropped.
+and swapped in between two frames, so no audio is dropped. Only announcements signed by the coordinator's
+key count: the one given (--coordinator-key), else the one the coordinator sends when the listener starts.
 """
 
 import sys
@@ -29,6 +30,7 @@ from fedspeech.edge_client.microphone import MicrophoneError, microphone_frames
 from fedspeech.edge_client.model_follower import ModelFollower
 from fedspeech.edge_client.onnx_model import ModelError, OnnxModel, load_model
 from fedspeech.edge_client.streaming import Detection, DetectorConfig, StreamingDetector
+from fedspeech.protocol.mqtt import BrokerSettings
 from fedspeech.protocol.topics import DEFAULT_ROOT
 
 
@@ -42,8 +44,10 @@ class ListenConfig:
 
     model: Path | None = None  # a local ONNX file, or else:
     coordinator_url: str | None = None  # follow the coordinator's announced models
-    broker_url: str = "mqtt://127.0.0.1:1883"
+    broker: BrokerSettings = field(default_factory=BrokerSettings)
     topic_root: str = DEFAULT_ROOT
+    coordinator_key: str | None = None  # base64 key its announcements are signed with (None: ask it)
+    coordinator_ca: Path | None = None  # the CA of an HTTPS coordinator's certificate (None: the system's)
     input: Path | None = None  # an audio file, or else a microphone:
     device: str | None = None  # PortAudio device name or index (default: the default input)
     realtime: bool = False
@@ -63,10 +67,16 @@ def run_listen(config: ListenConfig, out: TextIO = sys.stdout) -> list[Detection
     if config.coordinator_url is None or config.model is not None:
         raise ListenError("give either --model FILE or --coordinator URL")
     try:
-        follower = ModelFollower(config.coordinator_url, config.broker_url, config.topic_root)
+        follower = ModelFollower(
+            config.coordinator_url,
+            config.broker,
+            config.topic_root,
+            config.coordinator_key,
+            config.coordinator_ca,
+        )
+        follower.start()
     except ValueError as exc:
         raise ListenError(str(exc)) from None
-    follower.start()
     try:
         first = follower.wait()
         return [] if first is None else _stream(config, first, follower, out)

@@ -1,5 +1,6 @@
 """Aggregation rules: pure functions from client updates to a new global model."""
 
+import math
 from collections.abc import Sequence
 
 import numpy as np
@@ -47,3 +48,53 @@ def coordinate_median(updates: Sequence[Arrays]) -> Arrays:
         )
         for name in updates[0]
     }
+
+
+def trimmed_mean(updates: Sequence[Arrays], trim: float) -> Arrays:
+    """The mean of each weight across the updates without its floor(trim * n) largest and smallest values."""
+    # Coordinate-wise trimmed mean, Yin et al. 2018, "Byzantine-robust distributed learning".
+    if not 0 <= trim < 0.5:
+        raise ValueError("trim must be at least 0 and below 0.5")
+    if not updates:  # with trim below 0.5 at least one value per weight remains of any other number
+        raise ValueError("need at least one update")
+    n = len(updates)
+    cut = math.floor(trim * n + 1e-9)  # 0.29 * 100 is 28.999999999999996, and cuts 29
+    return {
+        name: np.sort(np.stack([u[name].astype(np.float64) for u in updates]), axis=0)[cut : n - cut]
+        .mean(axis=0)
+        .astype(updates[0][name].dtype)
+        for name in updates[0]
+    }
+
+
+def _delta(current: Arrays, update: Arrays) -> Arrays:
+    return {name: update[name].astype(np.float64) - current[name].astype(np.float64) for name in current}
+
+
+def update_norms(current: Arrays, updates: Sequence[Arrays]) -> list[float]:
+    """The L2 norm of each update's difference from the current model, all its arrays as one vector."""
+    return [math.sqrt(sum(float(np.sum(d**2)) for d in _delta(current, u).values())) for u in updates]
+
+
+def median_norm(current: Arrays, updates: Sequence[Arrays]) -> float:
+    """The median of the update norms: a clipping bound that follows the honest majority's scale."""
+    if not updates:
+        raise ValueError("need at least one update")
+    return float(np.median(update_norms(current, updates)))
+
+
+def clip_updates(current: Arrays, updates: Sequence[Arrays], max_norm: float) -> list[Arrays]:
+    """Each update with its difference from the current model scaled down to L2 norm max_norm at most."""
+    if not max_norm >= 0:  # also refuses NaN
+        raise ValueError("max_norm must not be negative")
+    clipped = []
+    for update, norm in zip(updates, update_norms(current, updates), strict=True):
+        if norm <= max_norm:
+            clipped.append(update)  # never scaled up, and passed on untouched
+            continue
+        scale = max_norm / norm
+        delta = _delta(current, update)
+        clipped.append(
+            {name: (current[name] + scale * d).astype(update[name].dtype) for name, d in delta.items()}
+        )
+    return clipped

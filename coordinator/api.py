@@ -1,20 +1,20 @@
 """HTTP API blueprint: registration, model downloads, update uploads, status, devices and rounds."""
 
 import logging
-import secrets
 from dataclasses import asdict
 
 from flask import Blueprint, Response, current_app, jsonify, request, send_file
-from werkzeug.exceptions import RequestEntityTooLarge
+from werkzeug.exceptions import ClientDisconnected, RequestEntityTooLarge
 
+from fedspeech.coordinator.enrolment import EnrolmentRefused
 from fedspeech.coordinator.errors import BadUpload, NotWanted
-from fedspeech.protocol import messages, routes
+from fedspeech.protocol import messages, routes, signing
 from fedspeech.protocol.messages import Credentials, ProtocolError, Registration, TaskInfo
 
 log = logging.getLogger(__name__)
 bp = Blueprint("api", __name__, url_prefix=routes.PREFIX)
 
-MAX_UPDATE_BYTES = 64 * 1024 * 1024
+MAX_UPDATE_BYTES = messages.MAX_BLOB_BYTES
 
 
 def _service():
@@ -47,23 +47,41 @@ def _refused(exc: Exception) -> tuple[Response, int]:
     return _error(_STATUSES[type(exc)], str(exc))
 
 
+@bp.errorhandler(EnrolmentRefused)
+def _enrolment_refused(exc: EnrolmentRefused) -> tuple[Response, int]:
+    return _error(exc.status, f"registration refused: {exc}")
+
+
 def _body(limit: int) -> bytes:
-    """The request body, read no further than limit bytes; counted as the open round's traffic."""
-    request.max_content_length = limit
+    """The request body, read no further than limit bytes (chunked bodies too); _TooLarge beyond."""
+    # Werkzeug 3.1 cuts a chunked body at max_content_length without an error: one byte more than the
+    # limit tells a body over it from a body at it.
+    request.max_content_length = limit + 1
     try:
         body = request.get_data()
     except RequestEntityTooLarge:
-        raise _TooLarge(f"body larger than {limit} bytes") from None
-    _service().orchestrator.count_upload(len(body))
+        body = None
+    except ClientDisconnected:
+        body = b""
+    if body is None or len(body) > limit:
+        raise _TooLarge(f"body larger than {limit} bytes")
+    if request.content_length is not None and len(body) < request.content_length:
+        raise BadUpload("the body ended before its announced length")
     return body
 
 
-def _device() -> str:
-    """The device whose bearer token authorises this request."""
+def _bearer() -> str | None:
+    """The credential of an `Authorization: Bearer` header, or None."""
     auth = request.headers.get("Authorization", "")
-    if not auth.startswith("Bearer "):
+    return auth.removeprefix("Bearer ") if auth.startswith("Bearer ") else None
+
+
+def _device() -> str:
+    """The device whose bearer token authorises this request: checked before the body is read."""
+    token = _bearer()
+    if token is None:
         raise _Unauthorized("missing bearer token")
-    device_id = _service().store.device_for_token(auth.removeprefix("Bearer "))
+    device_id = _service().store.device_for_token(token)
     if device_id is None:
         raise _Unauthorized("unknown bearer token")
     return device_id
@@ -71,15 +89,21 @@ def _device() -> str:
 
 @bp.post(routes.DEVICES_RULE)
 def register():
-    """Register a device (or re-register it) and issue its bearer token."""
+    """Register a device (or re-register it with its token or enrolment secret) and issue a new token."""
     try:
-        reg = messages.decode(request.get_data(), Registration)
+        reg = messages.decode(_body(messages.MAX_MESSAGE_BYTES), Registration)
     except ProtocolError as exc:
         return _error(400, f"bad registration: {exc}")
-    token = secrets.token_urlsafe(32)
-    _service().store.register_device(reg.device_id, token, reg.num_samples, asdict(reg.profile))
-    log.info("registered device %s (%d samples)", reg.device_id, reg.num_samples)
-    return Response(messages.encode(Credentials(reg.device_id, token)), mimetype="application/json")
+    service = _service()
+    token = service.enrolment.register(reg, _bearer())
+    credentials = Credentials(reg.device_id, token, signing.public_key_text(service.key))
+    return Response(messages.encode(credentials), mimetype="application/json")
+
+
+@bp.get(routes.KEY_RULE)
+def key():
+    """The public key the coordinator signs tasks and model announcements with."""
+    return jsonify(coordinator_key=signing.public_key_text(_service().key))
 
 
 @bp.get(routes.TASK_RULE)
@@ -111,8 +135,8 @@ def latest_model():
 @bp.post(routes.UPDATES_RULE)
 def upload_update(round: int):
     """Accept a device's trained weights for the open round."""
-    body = _body(MAX_UPDATE_BYTES)
     device = _device()
+    body = _body(MAX_UPDATE_BYTES)
     _service().orchestrator.receive_update(round, device, body, request.headers.get("X-Content-SHA256", ""))
     return jsonify(accepted=True, device_id=device, round=round)
 
@@ -120,8 +144,8 @@ def upload_update(round: int):
 @bp.post(routes.EVALUATIONS_RULE)
 def upload_evaluation(round: int):
     """Accept a device's evaluation of a round's model on its own test split (counts only)."""
-    body = _body(messages.MAX_MESSAGE_BYTES)
     device = _device()
+    body = _body(messages.MAX_MESSAGE_BYTES)
     _service().orchestrator.receive_evaluation(round, device, body)
     return jsonify(accepted=True, device_id=device, round=round)
 
@@ -131,19 +155,20 @@ def status():
     """What the coordinator is doing now."""
     service = _service()
     latest = service.store.latest_round()
+    registered = service.store.registered()  # anyone on the broker can claim a device id there
     return jsonify(
         completed_round=latest.round if latest else None,
         open_round=service.orchestrator.open_round(),
         target_rounds=service.orchestrator.config.rounds,
         finished=service.orchestrator.finished.is_set(),
-        devices_online=service.link.online(),
+        devices_online=[d for d in service.link.online() if d in registered],
         broker=service.broker_url,
     )
 
 
 @bp.get(routes.DEVICES_RULE)
 def devices():
-    """Registered devices with their latest MQTT status and usable clips per label (counts only)."""
+    """Known devices (registered or enrolled) with their latest MQTT status and clips per label."""
     service = _service()
     statuses = service.link.statuses()
     listed = []

@@ -1,4 +1,4 @@
-"""Flask app factory: builds the coordinator service from configuration and serves its HTTP API."""
+"""Flask app factory: builds the coordinator service from configuration; `serve` serves its HTTP API."""
 
 import logging
 import threading
@@ -8,25 +8,48 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from flask import Flask
-from werkzeug.serving import BaseWSGIServer, make_server
 
+from fedspeech.coordinator.api import MAX_UPDATE_BYTES
 from fedspeech.coordinator.api import bp as api_bp
 from fedspeech.coordinator.broker import EmbeddedBroker
+from fedspeech.coordinator.enrolment import MAX_DEVICES, Enrolment
 from fedspeech.coordinator.global_model import GlobalModel
+from fedspeech.coordinator.http_server import HttpServer, serve
 from fedspeech.coordinator.mqtt_link import CoordinatorLink
 from fedspeech.coordinator.orchestrator import Orchestrator, RoundConfig
-from fedspeech.coordinator.store import Store
+from fedspeech.coordinator.store import StateError, Store
+from fedspeech.protocol import signing
+from fedspeech.protocol.files import write_atomically
 from fedspeech.protocol.messages import TaskDefinition
+from fedspeech.protocol.mqtt import BrokerSettings
 from fedspeech.protocol.topics import DEFAULT_ROOT, Topics
+
+__all__ = ["DEFAULTS", "HttpServer", "Service", "create_app", "serve"]
 
 log = logging.getLogger(__name__)
 
 DEFAULTS: dict[str, Any] = {
     "STATE_DIR": "fedspeech-state",
-    "BROKER_URL": None,  # None: start an embedded broker on EMBEDDED_BROKER_HOST:PORT
+    "BROKER_URL": None,  # None: start an embedded broker on EMBEDDED_BROKER_HOST:PORT (plain mqtt://)
+    # how the coordinator logs in to its broker (BrokerSettings)
+    "BROKER_USERNAME": None,
+    "BROKER_PASSWORD_FILE": None,
+    "BROKER_CA": None,
+    "BROKER_CERT": None,
+    "BROKER_KEY": None,
     "EMBEDDED_BROKER_HOST": "127.0.0.1",
     "EMBEDDED_BROKER_PORT": 1883,
+    # who may register: only devices enrolled with a secret, or anyone (demo, emulated fleets) up to a cap
+    "OPEN_ENROLMENT": False,
+    "MAX_DEVICES": MAX_DEVICES,
+    # the HTTP server (http_server.serve): HTTPS when both TLS files are given
+    "HTTP_THREADS": 16,
+    "HTTP_TIMEOUT_S": 30.0,
+    "TLS_CERT": None,
+    "TLS_KEY": None,
+    "MAX_CONTENT_LENGTH": MAX_UPDATE_BYTES,  # Flask's bound on any body; each route has its own below it
     "TOPIC_ROOT": DEFAULT_ROOT,
     "TASK": "fsdd",  # a built-in task (fsdd, emodb, speech_commands) or the path of a task file
     # central evaluation, besides the federated one: a folder DIR/<label>/* or a corpus' held-out set
@@ -48,6 +71,8 @@ class Service:
     store: Store
     link: CoordinatorLink
     orchestrator: Orchestrator
+    enrolment: Enrolment
+    key: Ed25519PrivateKey  # signs tasks and model announcements
     broker_url: str
     broker: EmbeddedBroker | None = None
     stop_event: threading.Event = field(default_factory=threading.Event)
@@ -125,29 +150,58 @@ def _central_heldout(config: Mapping[str, Any], definition: TaskDefinition) -> t
 
 
 def create_app(config: Mapping[str, Any] | None = None) -> Flask:
-    """Build the coordinator app: defaults, then FEDSPEECH_* environment variables, then `config`."""
+    """Build the coordinator app: defaults, then FEDSPEECH_* environment variables, then `config`.
+
+    ValueError (StateError for a state directory that cannot be used) says what is wrong, in one line.
+    """
     app = Flask(__name__)
     app.config.from_mapping(DEFAULTS)
     app.config.from_prefixed_env("FEDSPEECH")
     if config:
         app.config.from_mapping(config)
 
-    broker = None
-    broker_url = app.config["BROKER_URL"]
-    if not broker_url:
-        broker = EmbeddedBroker(app.config["EMBEDDED_BROKER_HOST"], int(app.config["EMBEDDED_BROKER_PORT"]))
-        broker_url = broker.url
+    round_config = _round_config(app.config)
+    settings, broker = _broker(app.config)
+    model = _global_model(app.config)  # a bad task stops the coordinator before its state is touched
     store = Store(Path(app.config["STATE_DIR"]))
-    link = CoordinatorLink(broker_url, Topics(app.config["TOPIC_ROOT"]))
-    orchestrator = Orchestrator(_round_config(app.config), store, link, _global_model(app.config))
-    app.extensions["fedspeech"] = Service(store, link, orchestrator, broker_url, broker)
+    store.remove_unfinished_writes()
+    key = _signing_key(store.dir)
+    link = CoordinatorLink(settings, Topics(app.config["TOPIC_ROOT"]), key)
+    enrolment = Enrolment(store, bool(app.config["OPEN_ENROLMENT"]), int(app.config["MAX_DEVICES"]))
+    orchestrator = Orchestrator(round_config, store, link, model)
+    app.extensions["fedspeech"] = Service(store, link, orchestrator, enrolment, key, settings.url, broker)
     app.register_blueprint(api_bp)
     return app
 
 
-def serve(app: Flask, host: str, port: int) -> BaseWSGIServer:
-    """Serve the app from a background thread; returns the server (its port is server.server_port)."""
-    server = make_server(host, port, app, threaded=True)
-    threading.Thread(target=server.serve_forever, name="http", daemon=True).start()
-    log.info("coordinator HTTP API on http://%s:%d", host, server.server_port)
-    return server
+def _broker(config: Mapping[str, Any]) -> tuple[BrokerSettings, EmbeddedBroker | None]:
+    """How to reach the broker, and the embedded one to start when no broker is configured."""
+    login = ("BROKER_USERNAME", "BROKER_PASSWORD_FILE", "BROKER_CA", "BROKER_CERT", "BROKER_KEY")
+    if not config["BROKER_URL"]:
+        if any(config[name] for name in login):
+            raise ValueError(
+                "broker credentials and certificates need a broker URL: the embedded one has none"
+            )
+        broker = EmbeddedBroker(config["EMBEDDED_BROKER_HOST"], int(config["EMBEDDED_BROKER_PORT"]))
+        return BrokerSettings(broker.url), broker
+    paths = [Path(config[name]) if config[name] else None for name in login[1:]]
+    settings = BrokerSettings(config["BROKER_URL"], config["BROKER_USERNAME"] or None, *paths)
+    settings.check()
+    return settings, None
+
+
+def _signing_key(state_dir: Path) -> Ed25519PrivateKey:
+    """The coordinator's signing key, STATE_DIR/coordinator.key, with its public half in coordinator.pub."""
+    path = state_dir / "coordinator.key"
+    try:
+        key = signing.load_or_create_key(path)
+    except (ValueError, TypeError) as exc:
+        raise StateError(
+            f"{path} is not a usable signing key ({exc}): restore it from a backup; a new key (the file "
+            "moved away) must then be given to every device that pinned the old one"
+        ) from None
+    public = state_dir / "coordinator.pub"  # for the operator to give devices (--coordinator-key)
+    text = signing.public_key_text(key) + "\n"
+    if not public.exists() or public.read_text() != text:
+        write_atomically(public, text.encode())
+    return key

@@ -1,10 +1,12 @@
 """The round loop: select devices, hand out tasks, collect and check updates, aggregate, store, announce."""
 
 import logging
+import math
+import re
 import threading
 import time
 import uuid
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -14,16 +16,19 @@ from fedspeech.coordinator.errors import BadUpload, NotWanted
 from fedspeech.coordinator.evaluation_phase import EvaluationPhase
 from fedspeech.coordinator.ports import DeviceLink, ModelOps
 from fedspeech.coordinator.scheduling import depth_for_round
-from fedspeech.coordinator.store import RoundRecord, Store, UpdateRecord
+from fedspeech.coordinator.store import RoundRecord, StateWriteError, Store, UpdateRecord
 from fedspeech.coordinator.strategies import Result, make_strategy
 from fedspeech.models import depth_of
-from fedspeech.protocol import routes, weights
+from fedspeech.protocol import messages, routes, weights
 from fedspeech.protocol.messages import BlobRef, ModelAnnouncement, ModelSpec, Profile, Task
 from fedspeech.protocol.weights import Arrays, WeightsError
 
 log = logging.getLogger(__name__)
 
 UNMEASURED = Profile(cpu_count=1, cpu_freq_mhz=0.0, ram_available_mb=0.0)  # a device that sent no profile
+RETRY_S = 5.0  # before a round that failed is run again
+_COUNT = re.compile(r"^[0-9]{1,18}$")  # an update's num_samples: a plain decimal count, parsed cheaply
+_MAX_NUMBER_CHARS = 64  # an update's train_loss or train_seconds
 
 
 @dataclass(frozen=True)
@@ -49,10 +54,42 @@ class RoundConfig:
     eval_devices: int = 0  # devices asked, sampled from those online; 0: all of them
     eval_timeout_s: float = 60.0
     eval_min_reports: int = 1  # fewer reports than this give no federated scores
+    # an update counts for at most the samples its device reported, and at most this many
+    max_device_samples: int = 100_000
+
+    def __post_init__(self) -> None:
+        bounds = [
+            ("epochs", self.epochs, 1, messages.MAX_EPOCHS),
+            ("batch_size", self.batch_size, 1, messages.MAX_BATCH_SIZE),
+            ("learning_rate", self.learning_rate, 1e-12, messages.MAX_LEARNING_RATE),
+            ("round_timeout_s", self.round_timeout_s, 1e-3, messages.MAX_TASK_SECONDS),
+            ("eval_timeout_s", self.eval_timeout_s, 1e-3, messages.MAX_TASK_SECONDS),
+            ("max_device_samples", self.max_device_samples, 1, messages.MAX_COUNT),
+        ]
+        for name, value, low, high in bounds:
+            if not low <= value <= high:  # also refuses NaN
+                raise ValueError(
+                    f"{name} must be between {low:g} and {high:g} (a task's bounds), got {value}"
+                )
 
 
-def _optional_float(text: str | None) -> float | None:
-    return None if text is None else float(text)
+def _optional_number(meta: Mapping[str, str], key: str) -> float | None:
+    """A number from an update's metadata, None if absent or not finite; ValueError if it is not a number."""
+    text = meta.get(key)
+    if text is None:
+        return None
+    if len(text) > _MAX_NUMBER_CHARS:
+        raise ValueError(f"{key} is not a number")
+    value = float(text)
+    return value if math.isfinite(value) else None
+
+
+def _claimed_samples(meta: Mapping[str, str]) -> int:
+    """An update's num_samples; ValueError unless it is a whole number of at most 18 digits."""
+    text = meta.get("num_samples")
+    if text is None or not _COUNT.match(text):
+        raise ValueError("num_samples must be a whole number of at most 18 digits")
+    return int(text)
 
 
 def _optional_count(open_: "OpenRound") -> int:
@@ -108,14 +145,11 @@ class Orchestrator:
             if self._open is not None and model_round == self._open.round - 1:
                 self._open.bytes_down += nbytes
 
-    def count_upload(self, nbytes: int) -> None:
-        """Count an upload body against the open round: every body received is traffic, refused or not."""
-        with self._lock:
-            if self._open is not None:
-                self._open.bytes_up += nbytes
-
     def receive_update(self, round: int, device_id: str, body: bytes, digest: str) -> None:
-        """Check a device's upload and keep it for aggregation; BadUpload or NotWanted say why not."""
+        """Check a device's upload and keep it for aggregation; BadUpload or NotWanted say why not.
+
+        Only an accepted update counts as the round's upload traffic.
+        """
         try:
             weights.check_digest(body, digest)
             arrays, meta = weights.decode(body)
@@ -127,7 +161,7 @@ class Orchestrator:
                 raise NotWanted(f"round {round} is not open")
             task = open_.tasks.get(device_id)
             if task is None or meta.get("task_id") != task.task_id:
-                raise NotWanted(f"no open task {meta.get('task_id')!r} for {device_id}")
+                raise NotWanted(f"no open task {str(meta.get('task_id'))[:80]!r} for {device_id}")
             if device_id in open_.updates:
                 raise NotWanted(f"{device_id} already sent its update for round {round}")
             if device_id not in open_.required and _optional_count(open_) >= open_.needed:
@@ -137,23 +171,40 @@ class Orchestrator:
             raise NotWanted("the coordinator has no global model yet")
         try:
             weights.check_like(arrays, global_)
+            claimed = _claimed_samples(meta)
             record = UpdateRecord(
                 device_id=device_id,
-                num_samples=int(meta["num_samples"]),
-                train_loss=_optional_float(meta.get("train_loss")),
-                train_seconds=_optional_float(meta.get("train_seconds")),
+                num_samples=min(claimed, self._reported_samples(device_id)),
+                train_loss=_optional_number(meta, "train_loss"),
+                train_seconds=_optional_number(meta, "train_seconds"),
                 sha256=digest,
             )
-        except (KeyError, ValueError) as exc:
+        except ValueError as exc:
             raise BadUpload(f"bad update: {exc}") from None
         if record.num_samples < 1:
-            raise BadUpload("num_samples must be at least 1")
+            raise BadUpload("num_samples must be at least 1 (and the device must have reported its samples)")
+        if record.num_samples < claimed:
+            log.warning(
+                "round %d: %s claims %d samples; counted as %d (its reported count, at most %d)",
+                round, device_id, claimed, record.num_samples, self.config.max_device_samples,
+            )  # fmt: skip
         with self._lock:
             if self._open is not open_ or device_id in open_.updates:
                 raise NotWanted(f"round {round} closed while the update was checked")
             open_.updates[device_id] = (arrays, record)
+            open_.bytes_up += len(body)
             self._lock.notify_all()
         log.info("round %d: update from %s accepted (%d samples)", round, device_id, record.num_samples)
+
+    def _reported_samples(self, device_id: str) -> int:
+        """The most samples an update of this device counts for: its reported count, within the cap."""
+        status = self.link.statuses().get(device_id)
+        device = self.store.device(device_id)
+        if status is not None and status.num_samples > 0:
+            reported = status.num_samples
+        else:
+            reported = device.num_samples if device is not None else 0
+        return min(reported, self.config.max_device_samples)
 
     def receive_evaluation(self, round: int, device_id: str, body: bytes) -> None:
         """Check a device's evaluation report and keep it; BadUpload or NotWanted say why not."""
@@ -162,16 +213,24 @@ class Orchestrator:
     # -- the loop -------------------------------------------------------------------------------
 
     def run(self, stop: threading.Event) -> None:
-        """Run rounds until done or stopped."""
-        latest = self._resume()
-        while latest.round < self.config.rounds and not stop.is_set():
+        """Run rounds until done or stopped; a round that fails (a full disk, a bug) is run again."""
+        latest: RoundRecord | None = None
+        while not stop.is_set():
+            next_round = latest.round + 1 if latest else 0
             try:
-                latest = self._run_round(latest.round + 1, stop) or latest
+                if latest is None:
+                    latest = self._resume()
+                elif latest.round >= self.config.rounds:
+                    break
+                else:
+                    latest = self._run_round(next_round, stop) or latest
+            except StateWriteError as exc:
+                log.error("%s; round %d is run again in %.0f s", exc, next_round, RETRY_S)
+                stop.wait(RETRY_S)
             except Exception:
-                # A bug or a full disk must not end the service; the round is run again.
-                log.exception("round %d failed", latest.round + 1)
-                stop.wait(5)
-        if latest.round >= self.config.rounds:
+                log.exception("round %d failed; it is run again in %.0f s", next_round, RETRY_S)
+                stop.wait(RETRY_S)
+        if latest is not None and latest.round >= self.config.rounds:
             log.info("all %d rounds complete", self.config.rounds)
             self.finished.set()
 
@@ -238,15 +297,52 @@ class Orchestrator:
             return None
         updates = sorted(open_.updates.values(), key=lambda u: u[1].device_id)
         results = [Result(r.device_id, arrays, r.num_samples) for arrays, r in updates]
-        new = self.strategy.aggregate(round, results)
-        self.strategy.on_round_end(round, plan, on_time, missed, [r.device_id for r in results])
-        record = self._complete(
-            round, started, len(tasks), new, [r for _, r in updates], open_.bytes_up, open_.bytes_down
-        )
+        aggregated = self._aggregate(round, results)
+        if aggregated is None:
+            self.strategy.on_round_end(round, plan, on_time, missed, [])
+            return None
+        new, kept = aggregated
+        self.strategy.on_round_end(round, plan, on_time, missed, [r.device_id for r in kept])
+        kept_ids = {r.device_id for r in kept}
+        records = [r for _, r in updates if r.device_id in kept_ids]
+        record = self._complete(round, started, len(tasks), new, records, open_.bytes_up, open_.bytes_down)
         if self._evaluates(round):
-            self._evaluate_on_devices(record, stop)
+            try:
+                self._evaluate_on_devices(record, stop)
+            except StateWriteError as exc:  # the round itself is stored: it stands
+                log.error("%s; the round stands without it", exc)
         self.settled_round = round
         return record
+
+    def _aggregate(self, round: int, results: Sequence[Result]) -> tuple[Arrays, list[Result]] | None:
+        """The strategy's new global weights and the results in them; None if no result can be aggregated.
+
+        Results that break the aggregation on their own (it raises, or gives weights that are not finite)
+        are dropped, and the others aggregated without them.
+        """
+        new = self._try_aggregate(round, results)
+        if new is not None:
+            return new, list(results)
+        kept = [r for r in results if self._try_aggregate(round, [r]) is not None]
+        dropped = sorted({r.device_id for r in results} - {r.device_id for r in kept})
+        log.warning(
+            "round %d: dropped the updates of %s: each breaks the aggregation", round, dropped or "none"
+        )
+        new = self._try_aggregate(round, kept) if kept else None
+        if new is None:
+            log.error("round %d: the updates cannot be aggregated; the round is run again", round)
+            return None
+        return new, kept
+
+    def _try_aggregate(self, round: int, results: Sequence[Result]) -> Arrays | None:
+        """The strategy's aggregate of the results, or None if it raises or its weights are unusable."""
+        try:
+            new = self.strategy.aggregate(round, results, self._current)
+            weights.check_like(new, self._current)
+        except Exception as exc:
+            log.debug("round %d: aggregating %s failed: %s", round, [r.device_id for r in results], exc)
+            return None
+        return new
 
     def _evaluates(self, round: int) -> bool:
         every = self.config.eval_every
@@ -255,7 +351,7 @@ class Orchestrator:
     def _evaluate_on_devices(self, record: RoundRecord, stop: threading.Event) -> None:
         """Ask online devices to evaluate the round's model on their test splits; store what they report."""
         round, config = record.round, self.config
-        registered = {d.device_id for d in self.store.devices()}
+        registered = self.store.registered()
         devices = [d for d in self.link.online() if d in registered]
         if 0 < config.eval_devices < len(devices):
             rng = np.random.default_rng([config.seed, round, 1])
@@ -306,9 +402,8 @@ class Orchestrator:
         return all(answered) or (required_in and _optional_count(open_) >= open_.needed)
 
     def _wait_for_devices(self, stop: threading.Event) -> list[str]:
-        registered = set()
         while not stop.is_set():
-            registered = {d.device_id for d in self.store.devices()}
+            registered = self.store.registered()
             ready = [d for d in self.link.online() if d in registered]
             if len(ready) >= self.config.min_devices:
                 return ready

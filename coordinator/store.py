@@ -12,13 +12,16 @@ from pathlib import Path
 from fedspeech.coordinator.evaluation import DeviceEvaluation
 from fedspeech.protocol.files import write_atomically
 
+# token_sha256 and secret_sha256 are '' where a device has none: enrolled but not registered yet, or
+# registered under open enrolment without a secret
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS devices (
     device_id TEXT PRIMARY KEY,
     token_sha256 TEXT NOT NULL,
     num_samples INTEGER NOT NULL,
     profile TEXT NOT NULL,
-    registered_at REAL NOT NULL
+    registered_at REAL NOT NULL,
+    secret_sha256 TEXT NOT NULL DEFAULT ''
 );
 CREATE TABLE IF NOT EXISTS rounds (
     round INTEGER PRIMARY KEY,
@@ -101,12 +104,30 @@ class UpdateRecord:
 
 @dataclass(frozen=True)
 class DeviceRecord:
-    """A registered device."""
+    """A device the coordinator knows: registered (it holds a token), enrolled by the operator, or both."""
 
     device_id: str
     num_samples: int
     profile: dict
-    registered_at: float
+    registered_at: float  # of its latest registration, or of its enrolment before it registered
+    registered: bool  # it holds a token
+    enrolled: bool  # the operator gave it an enrolment secret
+
+
+@dataclass(frozen=True)
+class DeviceCredentials:
+    """What the store keeps of a device's credentials: sha256 digests, '' for none."""
+
+    token_sha256: str
+    secret_sha256: str
+
+
+class StateError(ValueError):
+    """The state directory cannot be used as it is; the text says which file and what to do."""
+
+
+class StateWriteError(Exception):
+    """The state directory did not take a write (a full disk, a read-only folder); nothing half written."""
 
 
 # the rounds table holds what training produced; the federated evaluation is joined from its own table
@@ -119,8 +140,15 @@ _SELECT_ROUNDS = (
 
 
 def token_digest(token: str) -> str:
-    """What the store keeps of a bearer token: its sha256, never the token."""
+    """What the store keeps of a bearer token or an enrolment secret: its sha256, never the text."""
     return hashlib.sha256(token.encode()).hexdigest()
+
+
+_DEVICE_COLUMNS = "device_id, num_samples, profile, registered_at, token_sha256 != '', secret_sha256 != ''"
+
+
+def _device(row: tuple) -> DeviceRecord:
+    return DeviceRecord(row[0], row[1], json.loads(row[2]), row[3], bool(row[4]), bool(row[5]))
 
 
 class Store:
@@ -129,10 +157,24 @@ class Store:
     def __init__(self, state_dir: Path) -> None:
         self.dir = Path(state_dir).resolve()  # Flask serves files relative to the package, not the cwd
         self.models_dir = self.dir / "models"
-        self.models_dir.mkdir(parents=True, exist_ok=True)
+        try:
+            self.models_dir.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise StateError(f"cannot use the state directory {self.dir}: {exc.strerror}") from None
         self._db = self.dir / "state.sqlite3"
-        with self._connect() as db:
-            db.executescript(SCHEMA)
+        try:
+            with self._connect() as db:
+                if db.execute("PRAGMA quick_check").fetchone() != ("ok",):
+                    raise sqlite3.DatabaseError("its integrity check failed")
+                db.executescript(SCHEMA)
+                columns = {row[1] for row in db.execute("PRAGMA table_info(devices)")}
+                if "secret_sha256" not in columns:  # a state directory from before enrolment secrets
+                    db.execute("ALTER TABLE devices ADD COLUMN secret_sha256 TEXT NOT NULL DEFAULT ''")
+        except sqlite3.Error as exc:
+            raise StateError(
+                f"{self._db} cannot be used ({exc}): restore it from a backup, or move it away to start "
+                "afresh (devices then register again and rounds start from 0)"
+            ) from None
 
     @contextmanager
     def _connect(self) -> Iterator[sqlite3.Connection]:
@@ -143,13 +185,46 @@ class Store:
         finally:
             db.close()
 
+    def remove_unfinished_writes(self) -> None:
+        """Delete model files a crash left half-written; only while no coordinator runs on this state."""
+        for unfinished in self.models_dir.glob(".round-*.tmp"):
+            unfinished.unlink(missing_ok=True)
+
     def register_device(self, device_id: str, token: str, num_samples: int, profile: dict) -> None:
-        """Add a device or replace its token, sample count and profile."""
+        """Add a device or replace its token, sample count and profile; an enrolment secret is kept."""
         with self._connect() as db:
             db.execute(
-                "INSERT OR REPLACE INTO devices VALUES (?, ?, ?, ?, ?)",
+                "INSERT INTO devices (device_id, token_sha256, num_samples, profile, registered_at) "
+                "VALUES (?, ?, ?, ?, ?) ON CONFLICT (device_id) DO UPDATE SET "
+                "token_sha256 = excluded.token_sha256, num_samples = excluded.num_samples, "
+                "profile = excluded.profile, registered_at = excluded.registered_at",
                 (device_id, token_digest(token), num_samples, json.dumps(profile), time.time()),
             )
+
+    def enrol_device(self, device_id: str, secret: str) -> bool:
+        """Add a device that may register with this secret; False if the id is taken."""
+        try:
+            with self._connect() as db:
+                db.execute(
+                    "INSERT INTO devices VALUES (?, '', 0, '{}', ?, ?)",
+                    (device_id, time.time(), token_digest(secret)),
+                )
+        except sqlite3.IntegrityError:
+            return False
+        return True
+
+    def delete_device(self, device_id: str) -> bool:
+        """Forget a device, its token and its enrolment; False if there was none."""
+        with self._connect() as db:
+            return db.execute("DELETE FROM devices WHERE device_id = ?", (device_id,)).rowcount > 0
+
+    def credentials(self, device_id: str) -> DeviceCredentials | None:
+        """The digests of a device's token and enrolment secret, or None for an unknown device."""
+        with self._connect() as db:
+            row = db.execute(
+                "SELECT token_sha256, secret_sha256 FROM devices WHERE device_id = ?", (device_id,)
+            ).fetchone()
+        return DeviceCredentials(*row) if row else None
 
     def device_for_token(self, token: str) -> str | None:
         """The device a bearer token was issued to, or None."""
@@ -161,12 +236,29 @@ class Store:
         return row[0] if row else None
 
     def devices(self) -> list[DeviceRecord]:
-        """All registered devices."""
+        """Every device known: registered, enrolled, or both."""
         with self._connect() as db:
-            rows = db.execute(
-                "SELECT device_id, num_samples, profile, registered_at FROM devices ORDER BY device_id"
-            ).fetchall()
-        return [DeviceRecord(r[0], r[1], json.loads(r[2]), r[3]) for r in rows]
+            rows = db.execute(f"SELECT {_DEVICE_COLUMNS} FROM devices ORDER BY device_id").fetchall()
+        return [_device(r) for r in rows]
+
+    def device(self, device_id: str) -> DeviceRecord | None:
+        """One device, or None."""
+        with self._connect() as db:
+            row = db.execute(
+                f"SELECT {_DEVICE_COLUMNS} FROM devices WHERE device_id = ?", (device_id,)
+            ).fetchone()
+        return _device(row) if row else None
+
+    def registered(self) -> set[str]:
+        """The ids of the devices that hold a token."""
+        with self._connect() as db:
+            rows = db.execute("SELECT device_id FROM devices WHERE token_sha256 != ''").fetchall()
+        return {r[0] for r in rows}
+
+    def count_devices(self) -> int:
+        """How many devices the store knows."""
+        with self._connect() as db:
+            return db.execute("SELECT COUNT(*) FROM devices").fetchone()[0]
 
     def model_path(self, round: int, kind: str) -> Path:
         """Where the global model of a round lives: kind 'weights' (safetensors) or 'onnx'."""
@@ -176,20 +268,35 @@ class Store:
     def save_round(
         self, record: RoundRecord, weights: bytes, onnx: bytes | None, updates: list[UpdateRecord]
     ) -> None:
-        """Write the round's model files, then commit its record: a crash in between leaves no round."""
-        write_atomically(self.model_path(record.round, "weights"), weights)
-        if onnx is not None:
-            write_atomically(self.model_path(record.round, "onnx"), onnx)
-        columns = _ROUND_COLUMNS
+        """Write the round's model files, then commit its record: a crash in between leaves no round.
+
+        StateWriteError if the disk does not take them; the files and records of earlier rounds stay as
+        they were. ValueError for a round that is already stored.
+        """
         with self._connect() as db:
-            db.execute(
-                f"INSERT INTO rounds ({', '.join(columns)}) VALUES ({', '.join('?' * len(columns))})",
-                [getattr(record, c) for c in columns],
-            )
-            db.executemany(
-                "INSERT INTO updates VALUES (?, ?, ?, ?, ?, ?)",
-                [(record.round, *asdict(u).values()) for u in updates],
-            )
+            stored = db.execute("SELECT 1 FROM rounds WHERE round = ?", (record.round,)).fetchone()
+        if stored:
+            raise ValueError(f"round {record.round} is already stored")
+        files = [(self.model_path(record.round, "weights"), weights)]
+        if onnx is not None:
+            files.append((self.model_path(record.round, "onnx"), onnx))
+        columns = _ROUND_COLUMNS
+        try:
+            for path, data in files:
+                write_atomically(path, data)
+            with self._connect() as db:
+                db.execute(
+                    f"INSERT INTO rounds ({', '.join(columns)}) VALUES ({', '.join('?' * len(columns))})",
+                    [getattr(record, c) for c in columns],
+                )
+                db.executemany(
+                    "INSERT INTO updates VALUES (?, ?, ?, ?, ?, ?)",
+                    [(record.round, *asdict(u).values()) for u in updates],
+                )
+        except (OSError, sqlite3.Error) as exc:
+            for path, _ in files:  # files of a round without a record: never served, and they take space
+                path.unlink(missing_ok=True)
+            raise StateWriteError(f"could not store round {record.round} in {self.dir}: {exc}") from None
 
     def save_evaluation(
         self,
@@ -198,16 +305,24 @@ class Store:
         scores: tuple[float, float, float] | None,
         devices: list[DeviceEvaluation],
     ) -> None:
-        """Record a round's federated evaluation: devices asked, their reports, the pooled scores or None."""
-        with self._connect() as db:
-            db.execute(
-                "INSERT OR REPLACE INTO federated_evaluations VALUES (?, ?, ?, ?, ?, ?)",
-                (round, asked, len(devices), *(scores or (None, None, None))),
-            )
-            db.executemany(
-                "INSERT OR REPLACE INTO device_evaluations VALUES (?, ?, ?, ?, ?)",
-                [(round, *asdict(d).values()) for d in devices],
-            )
+        """Record a round's federated evaluation: devices asked, their reports, the pooled scores or None.
+
+        StateWriteError if the disk does not take it.
+        """
+        try:
+            with self._connect() as db:
+                db.execute(
+                    "INSERT OR REPLACE INTO federated_evaluations VALUES (?, ?, ?, ?, ?, ?)",
+                    (round, asked, len(devices), *(scores or (None, None, None))),
+                )
+                db.executemany(
+                    "INSERT OR REPLACE INTO device_evaluations VALUES (?, ?, ?, ?, ?)",
+                    [(round, *asdict(d).values()) for d in devices],
+                )
+        except (OSError, sqlite3.Error) as exc:
+            raise StateWriteError(
+                f"could not store the evaluation of round {round} in {self.dir}: {exc}"
+            ) from None
 
     def device_evaluations(self, round: int) -> list[DeviceEvaluation]:
         """Each device's evaluation of a round's model."""

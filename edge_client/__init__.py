@@ -10,6 +10,7 @@ from typing import Any
 
 _LAZY = {
     "ClientConfig": "daemon",
+    "Refused": "credentials",
     "run_client": "daemon",
     "DataSource": "local_data",
     "measure_profile": "profile",

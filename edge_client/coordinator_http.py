@@ -1,17 +1,20 @@
 """The device's HTTP side: what the fleet learns, registration, blob downloads and uploads, with retries."""
 
+import functools
 import http.client
 import json
 import logging
 import random
-import re
+import ssl
 import threading
 import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 
+from fedspeech.edge_client.credentials import DeviceCredentials, Refused
 from fedspeech.protocol import messages, routes, weights
 from fedspeech.protocol.messages import BlobRef, Credentials, Registration, TaskInfo
 
@@ -19,10 +22,8 @@ log = logging.getLogger(__name__)
 
 DOWNLOAD_ATTEMPTS = 4
 HTTP_TIMEOUT = 60.0
-MAX_ERROR_BYTES = 4096  # of an error reply read when the body is limited: enough for the coordinator's error
-# a path from a message may only name a resource of the coordinator's API, never another host or port
-_API_PATH = re.compile(rf"^{routes.PREFIX}/[A-Za-z0-9_./-]{{1,200}}$")
-_BLOB_PATH = re.compile(r"^/[A-Za-z0-9_./-]{1,200}$")  # any path, but on the coordinator's host and port
+MAX_REPLY_BYTES = messages.MAX_MESSAGE_BYTES + 1  # of a JSON reply: one byte more shows it is too long
+MAX_ERROR_BYTES = 4096  # of an error reply: enough for the coordinator's error
 _CONNECTION_ERRORS = (OSError, http.client.HTTPException)
 
 
@@ -38,25 +39,39 @@ class Reply:
     body: bytes
 
 
+def https_context(ca_file: Path | None) -> ssl.SSLContext | None:
+    """TLS settings trusting ca_file (a coordinator with a private CA's certificate); None: the system's CAs.
+
+    ValueError if ca_file is not a usable CA certificate.
+    """
+    if ca_file is None:
+        return None
+    try:
+        return ssl.create_default_context(cafile=str(ca_file))
+    except (OSError, ssl.SSLError) as exc:
+        raise ValueError(f"cannot use {ca_file} as the coordinator's CA: {exc}") from None
+
+
 def request(
     method: str,
     url: str,
     body: bytes | None = None,
     headers: dict[str, str] | None = None,
     timeout: float = HTTP_TIMEOUT,
-    limit: int | None = None,
+    limit: int = MAX_REPLY_BYTES,
+    context: ssl.SSLContext | None = None,
 ) -> Reply:
-    """One HTTP request; any status is a reply, connection problems raise OSError or HTTPException.
+    """One HTTP(S) request; any status is a reply, connection problems raise OSError or HTTPException.
 
-    With a limit, at most limit bytes of the body are read (of an error's, MAX_ERROR_BYTES if more).
+    At most limit bytes of the body are read (of an error's, MAX_ERROR_BYTES).
     """
     req = urllib.request.Request(url, data=body, headers=headers or {}, method=method)
     try:
-        with urllib.request.urlopen(req, timeout=timeout) as response:
-            return Reply(response.status, response.read() if limit is None else response.read(limit))
+        with urllib.request.urlopen(req, timeout=timeout, context=context) as response:
+            return Reply(response.status, response.read(limit))
     except urllib.error.HTTPError as exc:
         with exc:
-            return Reply(exc.code, exc.read() if limit is None else exc.read(max(limit, MAX_ERROR_BYTES)))
+            return Reply(exc.code, exc.read(MAX_ERROR_BYTES))
 
 
 def backoff(first: float = 0.5, maximum: float = 10.0) -> Iterator[float]:
@@ -70,24 +85,34 @@ def backoff(first: float = 0.5, maximum: float = 10.0) -> Iterator[float]:
 def error_reason(reply: Reply) -> str:
     """The coordinator's error text from a reply, or its status."""
     try:
-        return str(json.loads(reply.body)["error"])
+        return str(json.loads(reply.body)["error"])[:200]
     except (ValueError, KeyError, TypeError):
         return reply.body[:200].decode(errors="replace") or f"HTTP {reply.status}"
 
 
-def fetch_blob(base_url: str, ref: BlobRef, stop: threading.Event | None = None) -> bytes:
-    """GET ref.path from base_url: at most ref.size bytes, sha256 checked, retried on connection errors.
+def api_url(base_url: str, path: str) -> str:
+    """The URL of an API path taken from a message; Dropped if it would leave the coordinator's API."""
+    try:
+        return routes.url(base_url, path)
+    except ValueError:
+        raise Dropped(f"refusing the path {path[:80]!r}: not a path of the coordinator's API") from None
+
+
+def fetch_blob(
+    base_url: str, ref: BlobRef, stop: threading.Event | None = None, context: ssl.SSLContext | None = None
+) -> bytes:
+    """GET ref.path from base_url: at most ref.size + 1 bytes, size and sha256 checked, retried on errors.
 
     Dropped if it cannot be downloaded, weights.WeightsError if what came is not the blob ref announces.
     No token is sent: the coordinator serves its blobs to anyone, so a listening device can fetch them too.
     """
-    if not _BLOB_PATH.match(ref.path) or ".." in ref.path:
-        raise Dropped(f"refusing the path {ref.path[:80]!r}: not a path on the coordinator")
+    url = api_url(base_url, ref.path)
+    if not 0 < ref.size <= messages.MAX_BLOB_BYTES:
+        raise Dropped(f"refusing a blob of {ref.size} bytes (at most {messages.MAX_BLOB_BYTES})")
     stop = stop or threading.Event()
-    url = base_url.rstrip("/") + ref.path
     for attempt, delay in enumerate(backoff(), start=1):
         try:
-            reply = request("GET", url, limit=max(0, ref.size) + 1)
+            reply = request("GET", url, limit=ref.size + 1, context=context)  # one byte more: too long
             break
         except _CONNECTION_ERRORS as exc:
             if attempt == DOWNLOAD_ATTEMPTS or stop.is_set():
@@ -104,30 +129,42 @@ def fetch_blob(base_url: str, ref: BlobRef, stop: threading.Event | None = None)
 
 
 class CoordinatorClient:
-    """The coordinator's HTTP API as one device uses it; every wait ends early when stop is set."""
+    """The coordinator's HTTP API as one device uses it; every wait ends early when stop is set.
 
-    def __init__(self, base_url: str, device_id: str, stop: threading.Event) -> None:
+    credentials hold the device's token and the coordinator's pinned key; enrolment_secret is what the
+    operator's `fedspeech devices add` printed, offered when the device has no token the coordinator takes.
+    """
+
+    def __init__(
+        self,
+        base_url: str,
+        device_id: str,
+        stop: threading.Event,
+        credentials: DeviceCredentials,
+        enrolment_secret: str | None = None,
+        context: ssl.SSLContext | None = None,
+    ) -> None:
         self.base_url, self.device_id, self.stop = base_url.rstrip("/"), device_id, stop
-        self.token = ""
+        self.credentials, self.enrolment_secret, self.context = credentials, enrolment_secret, context
 
     def url(self, path: str) -> str:
         """The URL of an API path taken from a message; Dropped if the path is not one."""
-        if not _API_PATH.match(path) or ".." in path:
-            raise Dropped(f"refusing the path {path[:80]!r}: not a path of the coordinator's API")
-        return self.base_url + path
+        return api_url(self.base_url, path)
 
-    def _until_answered(self, what: str, method: str, path: str, body: bytes | None = None) -> Reply | None:
-        """Ask until the coordinator answers 2xx; None if stopped first, RuntimeError on a 4xx."""
+    def _until_answered(
+        self, what: str, method: str, path: str, body: bytes | None = None, credential: str | None = None
+    ) -> Reply | None:
+        """Ask until the coordinator answers below 500 (asking again would not help); None if stopped."""
         headers = {"Content-Type": "application/json"} if body else {}
+        if credential:
+            headers["Authorization"] = f"Bearer {credential}"
         for attempt, delay in enumerate(backoff(), start=1):
             if self.stop.is_set():
                 return None
             try:
-                reply = request(method, self.base_url + path, body, headers, timeout=10.0)
-                if reply.status == 200:
+                reply = request(method, self.url(path), body, headers, timeout=10.0, context=self.context)
+                if reply.status < 500:
                     return reply
-                if 400 <= reply.status < 500:  # asking again will not change the answer
-                    raise RuntimeError(f"the coordinator refused the {what}: {error_reason(reply)}")
                 reason = f"HTTP {reply.status}: {error_reason(reply)}"
             except _CONNECTION_ERRORS as exc:
                 reason = str(exc)
@@ -138,6 +175,8 @@ class CoordinatorClient:
     def task_info(self) -> TaskInfo | None:
         """What the fleet learns and the model it trains; asked until answered, None if stopped first."""
         while (reply := self._until_answered("task request", "GET", routes.TASK)) is not None:
+            if reply.status != 200:
+                raise RuntimeError(f"the coordinator refused the task request: {error_reason(reply)}")
             try:
                 return messages.decode(reply.body, TaskInfo)
             except messages.ProtocolError as exc:
@@ -146,23 +185,52 @@ class CoordinatorClient:
         return None
 
     def register(self, num_samples: int, profile: messages.Profile) -> bool:
-        """Register until the coordinator answers and keep the token; False if stopped first."""
+        """Register, keep the new token and check the coordinator's key; False if stopped first.
+
+        The kept token is offered first, then the enrolment secret, then nothing. Refused if the
+        coordinator refuses them all, or names a key other than the pinned one.
+        """
         body = messages.encode(Registration(self.device_id, num_samples, profile))
-        while (reply := self._until_answered("registration", "POST", routes.DEVICES, body)) is not None:
+        offers = [(self.credentials.token, "kept token"), (self.enrolment_secret, "enrolment secret")]
+        # last, nothing: a coordinator with open enrolment that forgot this device takes it as a new one
+        for credential, name in [(c, name) for c, name in offers if c] + [(None, "nothing")]:
+            answer = self._post_registration(body, credential)
+            if answer is None:
+                return False
+            if isinstance(answer, Credentials):
+                self.credentials.keep(answer, self.base_url)
+                log.info("registered %s with %s (%d samples)", self.device_id, self.base_url, num_samples)
+                return True
+            reason = f"HTTP {answer.status}: {error_reason(answer)}"
+            log.info("the coordinator refused to register %s with its %s (%s)", self.device_id, name, reason)
+        message = (
+            f"the coordinator at {self.base_url} refused to register {self.device_id} ({reason}). "
+            f"Enrol it on the coordinator with `fedspeech devices add {self.device_id}` and start this "
+            "device with --enrolment-secret-file FILE, FILE holding the secret that command prints"
+        )
+        log.warning("%s", message)
+        raise Refused(message)
+
+    def _post_registration(self, body: bytes, credential: str | None) -> Credentials | Reply | None:
+        """The coordinator's credentials, or its refusal (a 401 or 403 reply); None if stopped first."""
+        ask = functools.partial(
+            self._until_answered, "registration", "POST", routes.DEVICES, body, credential
+        )
+        while (reply := ask()) is not None:
+            if reply.status in (401, 403):
+                return reply
+            if reply.status != 200:
+                raise Refused(f"the coordinator refused the registration: {error_reason(reply)}")
             try:
-                self.token = messages.decode(reply.body, Credentials).token
+                return messages.decode(reply.body, Credentials)
             except messages.ProtocolError as exc:
                 log.warning("bad credentials from the coordinator (%s); registering again", exc)
                 self.stop.wait(5.0)
-                continue
-            log.info("registered %s with %s (%d samples)", self.device_id, self.base_url, num_samples)
-            return True
-        return False
+        return None
 
     def fetch(self, ref: BlobRef) -> bytes:
         """A blob of the API, size and digest checked; retried a few times on connection errors."""
-        self.url(ref.path)  # Dropped for a path outside the API
-        return fetch_blob(self.base_url, ref, self.stop)
+        return fetch_blob(self.base_url, ref, self.stop, self.context)
 
     def upload(
         self, path: str, body: bytes, content_type: str, deadline: float, register: Callable[[], bool]
@@ -175,19 +243,21 @@ class CoordinatorClient:
             if self.stop.is_set():
                 raise Dropped("stopping")
             headers = {
-                "Authorization": f"Bearer {self.token}",
+                "Authorization": f"Bearer {self.credentials.token}",
                 "Content-Type": content_type,
                 "X-Content-SHA256": weights.sha256(body),
             }
             try:
-                reply = request("POST", url, body, headers)
+                reply = request("POST", url, body, headers, context=self.context)
             except _CONNECTION_ERRORS as exc:
                 reason = str(exc)
             else:
                 if reply.status == 200:
                     return
                 if reply.status == 401 and not registered_again:
-                    log.info("the coordinator does not know our token; registering again")
+                    log.warning(
+                        "the coordinator refused our token: %s; registering again", error_reason(reply)
+                    )
                     registered_again = True
                     if not register():
                         raise Dropped("stopped while registering again")

@@ -1,6 +1,8 @@
 """The device daemon: learn the task, load local data, register, then train or evaluate each task it is sent.
 
-With a model directory it also keeps the latest global model there as ONNX, for `fedspeech listen`.
+It keeps its token and the coordinator's pinned key in its own state folder, takes only tasks signed by
+that key, and stops for good (Refused) if the coordinator refuses it or names another key. With a
+model directory it also keeps the latest global model there as ONNX, for `fedspeech listen`.
 """
 
 import functools
@@ -13,36 +15,60 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from fedspeech.edge_client.coordinator_http import CoordinatorClient, Dropped
+from fedspeech.edge_client.coordinator_http import CoordinatorClient, Dropped, https_context
+from fedspeech.edge_client.credentials import DeviceCredentials, Refused
 from fedspeech.edge_client.local_data import DataSource, LocalData
 from fedspeech.edge_client.model_keeper import ModelKeeper
 from fedspeech.edge_client.mqtt_link import DeviceLink
 from fedspeech.edge_client.profile import measure_profile, measure_rtt_ms
-from fedspeech.edge_client.trainer import Trainer, UnknownSetting
-from fedspeech.protocol import weights
+from fedspeech.edge_client.trainer import Trainer, TrainingStopped, UnknownSetting
+from fedspeech.protocol import messages, routes, signing, weights
 from fedspeech.protocol.messages import DeviceStatus, ModelSpec, Profile, State, Task, TaskDefinition
+from fedspeech.protocol.mqtt import BrokerSettings
 from fedspeech.protocol.topics import DEFAULT_ROOT, Topics
 
 log = logging.getLogger(__name__)
 
+MAX_SECRET_CHARS = 256
+
 
 @dataclass
 class ClientConfig:
-    """Where the coordinator and broker are, who this device is and which local data it trains on."""
+    """Where the coordinator and broker are, who this device is, whom it trusts, which data it trains on."""
 
     coordinator_url: str
-    broker_url: str
+    broker: BrokerSettings
     device_id: str
     data: DataSource
+    state_dir: Path  # this device's own folder: its token (0600) and the coordinator's key (coordinator.pub)
     topic_root: str = DEFAULT_ROOT
     max_samples: int | None = None
     torch_threads: int = 1
     model_dir: Path | None = None  # where the latest global model is kept as ONNX (None: not kept)
+    enrolment_secret: str | None = None  # printed by `fedspeech devices add` on the coordinator
+    coordinator_key: str | None = None  # base64 Ed25519 key to pin (None: the kept one, else the first named)
+    coordinator_ca: Path | None = None  # the CA of an HTTPS coordinator's certificate (None: the system's)
+    make_trainer: Callable[[str, int], Trainer] = Trainer  # (device_id, torch_threads) -> its trainer
+
+    def check(self) -> None:
+        """ValueError, in words a user can act on, for settings that cannot work."""
+        if not messages.DEVICE_ID.match(self.device_id):
+            raise ValueError(f"device id {self.device_id!r}: use 1 to 64 letters, digits, '_', '.' or '-'")
+        routes.url(self.coordinator_url, routes.STATUS)  # an http:// or https:// URL
+        self.broker.check()
+        https_context(self.coordinator_ca)
+        if self.coordinator_key is not None:
+            signing.parse_public_key(self.coordinator_key)
+        secret = self.enrolment_secret
+        if secret is not None and not (0 < len(secret) <= MAX_SECRET_CHARS and secret.isascii()):
+            raise ValueError(f"the enrolment secret must be 1 to {MAX_SECRET_CHARS} ASCII characters")
+        if secret is not None and not all(c.isprintable() and not c.isspace() for c in secret):
+            raise ValueError("the enrolment secret holds spaces or control characters")
 
 
 @dataclass
 class _Device:
-    """What the main loop works with; the link's MQTT thread only fills its queue and flags."""
+    """What the main loop works with; the link's MQTT thread only fills its queue and offers models."""
 
     config: ClientConfig
     http: CoordinatorClient
@@ -53,7 +79,12 @@ class _Device:
 
 
 def run_client(config: ClientConfig, stop: threading.Event | None = None) -> None:
-    """Run the device daemon until stop is set or SIGTERM/SIGINT arrives, then go offline cleanly."""
+    """Run the device daemon until stop is set or SIGTERM/SIGINT arrives, then go offline cleanly.
+
+    ValueError for settings that cannot work (ClientConfig.check), Refused if the coordinator
+    refuses this device or is not the one it trusts.
+    """
+    config.check()
     stop = stop or threading.Event()
     restore = _install_signal_handlers(stop)
     try:
@@ -66,11 +97,23 @@ def run_clients(configs: list[ClientConfig]) -> None:
     """Run several devices in this process, one thread each, until SIGTERM/SIGINT; all go offline cleanly.
 
     For emulating fleets larger than the machine has room for processes: the devices share the
-    process' CPU and its torch import, and each is otherwise a device of its own.
+    process' CPU and its torch import, and each is otherwise a device of its own. A device that cannot
+    go on (Refused) stops alone; the first such error is raised once all have stopped.
     """
+    for config in configs:
+        config.check()
     stop = threading.Event()
     restore = _install_signal_handlers(stop)
-    threads = [threading.Thread(target=_run, args=(c, stop), name=c.device_id) for c in configs]
+    errors: list[Refused] = []
+
+    def run(config: ClientConfig) -> None:
+        try:
+            _run(config, stop)
+        except Refused as exc:
+            log.error("%s stopped: %s", config.device_id, exc)
+            errors.append(exc)
+
+    threads = [threading.Thread(target=run, args=(c,), name=c.device_id) for c in configs]
     try:
         for thread in threads:
             thread.start()
@@ -81,6 +124,8 @@ def run_clients(configs: list[ClientConfig]) -> None:
         for thread in threads:
             thread.join()
         restore()
+    if errors:
+        raise errors[0]
 
 
 def _install_signal_handlers(stop: threading.Event) -> Callable[[], None]:
@@ -100,32 +145,42 @@ def _install_signal_handlers(stop: threading.Event) -> Callable[[], None]:
 
 def _run(config: ClientConfig, stop: threading.Event) -> None:
     """The device's life: learn the task, warm up, register, go online, do tasks until stopped."""
-    http = CoordinatorClient(config.coordinator_url, config.device_id, stop)
+    context = https_context(config.coordinator_ca)
+    credentials = DeviceCredentials(config.state_dir, config.coordinator_key)
+    http = CoordinatorClient(
+        config.coordinator_url, config.device_id, stop, credentials, config.enrolment_secret, context
+    )
     info = http.task_info()
     if info is None:
         return
     data = LocalData(config.data, config.max_samples)
     data.refresh(info.definition)
     _log_data(data, config)
-    trainer = Trainer(config.device_id, config.torch_threads)
+    trainer = config.make_trainer(config.device_id, config.torch_threads)
+    trainer.stop = stop  # training ends between two batches once the daemon is stopping
     seconds_per_sample = trainer.warm_up(info.spec, data.train)
     profile = replace(
         measure_profile(),
         seconds_per_sample=seconds_per_sample,
-        rtt_ms=measure_rtt_ms(config.coordinator_url),
+        rtt_ms=measure_rtt_ms(config.coordinator_url, context=context),
     )
-    if not http.register(len(data.train.labels), profile):
+    if stop.is_set() or not http.register(len(data.train.labels), profile):
         return
+    assert credentials.key is not None  # pinned by the registration
+    keeper = ModelKeeper(config.model_dir) if config.model_dir is not None else None
     link = DeviceLink(
-        config.broker_url, Topics(config.topic_root), config.device_id, config.model_dir is not None
+        config.broker,
+        Topics(config.topic_root),
+        config.device_id,
+        credentials.key,
+        on_announcement=keeper.offer if keeper is not None else None,
     )
     device = _Device(config, http, data, trainer, link, profile)
-    keeper = ModelKeeper(config.model_dir) if config.model_dir is not None else None
     link.start(_status(device, "online"))
     try:
         while not stop.is_set():
             if keeper is not None:
-                keeper.keep(link.announced, http)
+                keeper.keep(http)
             try:
                 task = link.tasks.get(timeout=0.5)
             except queue.Empty:
@@ -197,12 +252,16 @@ def _do_task(device: _Device, task: Task) -> None:
                 "round %d done: %d samples, loss %.4f, %.1f s, %d B down, %d B up",
                 task.round, trained.num_samples, trained.loss, trained.seconds, len(blob), len(body),
             )  # fmt: skip
-    except (Dropped, weights.WeightsError, UnknownSetting, FileNotFoundError) as exc:  # no data folder
-        log.warning("dropping task %s of round %d: %s", task.task_id, task.round, exc)
+    except (Dropped, TrainingStopped, weights.WeightsError, UnknownSetting, FileNotFoundError) as exc:
+        log.warning("dropping task %s of round %d: %s", task.task_id, task.round, exc)  # (no data folder)
+    except Refused:
+        raise  # the coordinator no longer takes this device: it stops
     except Exception:
         log.exception("task %s of round %d failed", task.task_id, task.round)
+    if device.http.stop.is_set():
+        return  # going offline
     if trained is not None:  # a training run measured this device's speed on the real model
-        rtt_ms = measure_rtt_ms(device.config.coordinator_url)
+        rtt_ms = measure_rtt_ms(device.config.coordinator_url, context=device.http.context)
         device.profile = measure_profile(trained.seconds_per_sample, rtt_ms)
     device.link.publish_status(_status(device, "online"))
 

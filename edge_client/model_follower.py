@@ -1,62 +1,122 @@
 """Follows the coordinator's retained model announcement and loads each new ONNX model it announces.
 
-Torch-free. On paho's network thread each newly announced model is downloaded (its size and sha256 checked,
-as the device daemon does) and loaded, then handed over: the listening thread takes it with `take` and
-swaps it in between two frames, so no audio is dropped. A model that cannot be downloaded, does not match
-its announcement or does not load is logged and the current one kept.
+Torch-free. An announcement counts only if the coordinator's key signed it and its round is newer than
+the model loaded (an old announcement replayed is ignored). Each such model is downloaded on a thread
+of the follower's own (its size and sha256 checked, as the device daemon does) and loaded, then handed
+over: the listening thread takes it with `take` and swaps it in between two frames, so no audio is
+dropped. A model that cannot be downloaded, does not match its announcement or does not load is logged,
+the current one kept, and tried again RETRY_S later unless a newer one is announced.
 """
 
+import http.client
+import json
 import logging
 import threading
 import uuid
+from pathlib import Path
 from typing import Any
 
-from fedspeech.edge_client.coordinator_http import Dropped, fetch_blob
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+
+from fedspeech.edge_client.coordinator_http import (
+    Dropped,
+    backoff,
+    error_reason,
+    fetch_blob,
+    https_context,
+    request,
+)
 from fedspeech.edge_client.onnx_model import ModelError, OnnxModel, load_model
-from fedspeech.protocol import messages
+from fedspeech.protocol import messages, routes, signing
 from fedspeech.protocol.messages import ModelAnnouncement
-from fedspeech.protocol.topics import DEFAULT_ROOT, Topics, parse_broker_url
+from fedspeech.protocol.mqtt import BrokerSettings, connect, make_client, route
+from fedspeech.protocol.topics import DEFAULT_ROOT, Topics
 
 log = logging.getLogger(__name__)
 
+KEY_ATTEMPTS = 5
+RETRY_S = 30.0  # between two attempts at a model that could not be downloaded or loaded
+
 
 class ModelFollower:
-    """The newest announced model, loaded in the background; ValueError for a broker URL that is not one."""
+    """The newest announced model, loaded in the background.
 
-    def __init__(self, coordinator_url: str, broker_url: str, topic_root: str = DEFAULT_ROOT):
-        self._broker = parse_broker_url(broker_url)
+    coordinator_key (base64) is the key announcements must be signed with; without it, start fetches
+    the coordinator's own. ValueError for settings that cannot work (broker, CA, key).
+    """
+
+    def __init__(
+        self,
+        coordinator_url: str,
+        broker: BrokerSettings,
+        topic_root: str = DEFAULT_ROOT,
+        coordinator_key: str | None = None,
+        coordinator_ca: Path | None = None,
+    ) -> None:
+        broker.check()
         self.coordinator_url = coordinator_url.rstrip("/")
-        self.broker_url = broker_url
+        routes.url(self.coordinator_url, routes.KEY)  # ValueError for a URL that is not a coordinator's
+        self.broker = broker
         self.topic = Topics(topic_root).model
+        self._context = https_context(coordinator_ca)
+        self._key: Ed25519PublicKey | None = None
+        if coordinator_key is not None:
+            self._key = signing.parse_public_key(coordinator_key)
         self._lock = threading.Lock()
         self._ready = threading.Event()
-        self._stop = threading.Event()  # ends a download's retries
+        self._wake = threading.Event()  # a newer model is wanted, or stop
+        self._stop = threading.Event()  # ends the worker and a download's retries
         self._pending: OnnxModel | None = None
-        self._digest: str | None = None  # of the newest model loaded
+        self._round = -1  # of the newest model loaded
+        self._wanted: ModelAnnouncement | None = None  # newer than it, not loaded yet
         self._client: Any = None
 
     def start(self) -> None:
-        """Connect to the broker (reconnecting by itself) and subscribe to the model announcement."""
-        from fedspeech.protocol.mqtt import make_client, route
-
-        client = make_client(f"fedspeech-listen-{uuid.uuid4().hex[:8]}")
+        """Connect to the broker (reconnecting by itself), follow the announcement; ValueError if no key."""
+        if self._key is None:
+            self._key = self._fetch_key()
+        client = make_client(self.broker, f"fedspeech-listen-{uuid.uuid4().hex[:8]}")
 
         def on_connect(client, userdata, flags, reason_code, properties) -> None:
             if reason_code.is_failure:
-                log.warning("broker %s refused the connection: %s", self.broker_url, reason_code)
+                log.warning("broker %s refused the connection: %s", self.broker.url, reason_code)
                 return
-            log.info("connected to broker %s, following %s", self.broker_url, self.topic)
+            log.info("connected to broker %s, following %s", self.broker.url, self.topic)
             client.subscribe(self.topic, qos=1)
 
         client.on_connect = on_connect
         route(client, self.topic, lambda message: self._on_model(bytes(message.payload)))
-        client.connect_async(*self._broker)
-        client.loop_start()
+        threading.Thread(target=self._follow, name="model-follower", daemon=True).start()
+        connect(client, self.broker)
         self._client = client
 
+    def _fetch_key(self) -> Ed25519PublicKey:
+        """The coordinator's signing key, asked for over HTTP(S), trusted as it comes; ValueError if none."""
+        url = routes.url(self.coordinator_url, routes.KEY)
+        for attempt, delay in enumerate(backoff(), start=1):
+            try:
+                reply = request("GET", url, timeout=10.0, context=self._context)
+                break
+            except (OSError, http.client.HTTPException) as exc:  # the coordinator is not up yet, maybe
+                if attempt == KEY_ATTEMPTS or self._stop.is_set():
+                    raise ValueError(f"cannot get the coordinator's key from {url}: {exc}") from None
+                log.info("asking %s for its key failed (%s); again in %.1f s", url, exc, delay)
+                self._stop.wait(delay)
+        if reply.status != 200:
+            raise ValueError(f"cannot get the coordinator's key: {url} answered {error_reason(reply)}")
+        text = _key_text(reply.body)
+        key = signing.parse_public_key(text)
+        log.warning(
+            "trusting the key %s that %s sent: pin it with --coordinator-key %s so that an impostor "
+            "cannot hand this listener its models",
+            text, url, text,
+        )  # fmt: skip
+        return key
+
     def stop(self) -> None:
-        """Disconnect from the broker."""
+        """Disconnect from the broker and end the downloads."""
         self._stop.set()
+        self._wake.set()
         if self._client is not None:
             self._client.disconnect()
             self._client.loop_stop()
@@ -72,7 +132,7 @@ class ModelFollower:
 
     def wait(self) -> OnnxModel | None:
         """Block until a model is loaded and return it; None if interrupted first."""
-        log.info("waiting for a model announcement on %s at %s", self.topic, self.broker_url)
+        log.info("waiting for a model announcement on %s at %s", self.topic, self.broker.url)
         try:
             while not self._ready.wait(0.5):
                 pass
@@ -81,29 +141,67 @@ class ModelFollower:
         return self.take()
 
     def _on_model(self, payload: bytes) -> None:
-        """Download, check and load an announced model (on the MQTT thread); log and drop a bad one."""
-        if not payload:
+        """Note a signed announcement of a newer model (on the MQTT thread); log and drop anything else."""
+        if not payload or self._key is None:
             return  # the retained announcement was cleared
         try:
-            announcement = messages.decode(payload, ModelAnnouncement)
+            body = signing.verify(self._key, self.topic, payload)
+            announcement = messages.decode(body, ModelAnnouncement)
         except messages.ProtocolError as exc:
-            log.warning("dropping malformed model announcement: %s", exc)
+            log.warning("dropping a model announcement: %s", exc)
             return
-        ref = announcement.onnx
-        if ref is None:
+        if announcement.onnx is None:
             log.warning("round %d: ignoring it, it has no ONNX model", announcement.round)
             return
-        if ref.sha256 == self._digest:
-            return  # the retained announcement again, after a reconnect
-        url = self.coordinator_url + ref.path
-        try:
-            data = fetch_blob(self.coordinator_url, ref, self._stop)
-            model = load_model(data, url)
-        except (Dropped, ValueError, ModelError) as exc:  # ValueError: weights.WeightsError, or a bad URL
-            log.warning("round %d: ignoring its model: %s", announcement.round, exc)
-            return
-        log.info("downloaded %s (%d bytes) from %s", model.describe(), len(data), url)
         with self._lock:
-            self._pending = model
-            self._digest = ref.sha256
+            newest = max(self._round, self._wanted.round if self._wanted else -1)
+            if announcement.round == newest:
+                log.info("round %d: its model is loaded already or on its way", newest)
+                return
+            if announcement.round < newest:
+                log.warning(
+                    "round %d: ignoring it, round %d is newer (an old announcement replayed?)",
+                    announcement.round,
+                    newest,
+                )
+                return
+            self._wanted = announcement
+        self._wake.set()
+
+    def _follow(self) -> None:
+        """Download and load each wanted model (on the follower's thread) until stopped."""
+        while not self._stop.is_set():
+            with self._lock:
+                wanted = self._wanted
+            if wanted is None or not self._load(wanted):
+                self._wake.wait(None if wanted is None else RETRY_S)
+                self._wake.clear()
+
+    def _load(self, announcement: ModelAnnouncement) -> bool:
+        """Download, check and load an announced model and hand it over; False (logged) if it cannot be."""
+        assert announcement.onnx is not None
+        ref = announcement.onnx
+        try:
+            data = fetch_blob(self.coordinator_url, ref, self._stop, self._context)
+            model = load_model(data, self.coordinator_url + ref.path)
+        except (Dropped, ValueError, ModelError) as exc:  # ValueError: weights.WeightsError
+            log.warning("round %d: ignoring its model: %s", announcement.round, exc)
+            return False
+        log.info("downloaded %s (%d bytes) from %s", model.describe(), len(data), ref.path)
+        with self._lock:
+            self._pending, self._round = model, announcement.round
+            if self._wanted is announcement:
+                self._wanted = None
             self._ready.set()
+        return True
+
+
+def _key_text(body: bytes) -> str:
+    """The key in GET /api/key's reply {"coordinator_key": "<base64>"}; ValueError if there is none."""
+    try:
+        text = json.loads(body)["coordinator_key"]
+    except (ValueError, KeyError, TypeError):
+        text = None
+    if not isinstance(text, str):
+        raise ValueError(f'{routes.KEY} answered no {{"coordinator_key": ...}}: {body[:80]!r}')
+    return text

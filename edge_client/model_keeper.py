@@ -1,6 +1,12 @@
-"""Keeps the latest global model in a folder as model.onnx, for `fedspeech listen` on the same device."""
+"""Keeps the latest global model in a folder as model.onnx, for `fedspeech listen` on the same device.
+
+Rounds only move forward: an announcement of the round kept or an older one (a replay) is ignored, and
+a model that cannot be downloaded leaves the kept one in place, to be tried again RETRY_S later.
+"""
 
 import logging
+import threading
+import time
 from pathlib import Path
 
 from fedspeech.edge_client.coordinator_http import CoordinatorClient, Dropped
@@ -11,6 +17,7 @@ from fedspeech.protocol.messages import ModelAnnouncement
 log = logging.getLogger(__name__)
 
 KEPT_MODEL, KEPT_ANNOUNCEMENT = "model.onnx", "model.json"
+RETRY_S = 30.0  # between two attempts at a model that could not be downloaded
 
 
 class ModelKeeper:
@@ -19,22 +26,49 @@ class ModelKeeper:
     def __init__(self, model_dir: Path) -> None:
         self.model_dir = model_dir
         self.kept_round = _kept_round(model_dir)
+        self._wanted: ModelAnnouncement | None = None  # newer than the kept one, not downloaded yet
+        self._retry_at = 0.0  # time.monotonic() before which the wanted one is not tried again
+        self._lock = threading.Lock()
 
-    def keep(self, announcement: ModelAnnouncement | None, http: CoordinatorClient) -> None:
-        """Fetch the announced model if it is newer than the one kept; a failure waits for the next one."""
-        if announcement is None or announcement.onnx is None or announcement.round <= self.kept_round:
+    def offer(self, announcement: ModelAnnouncement) -> None:
+        """Take note of a verified announcement (on the MQTT thread) if its round is newer than any seen."""
+        if announcement.onnx is None:
+            log.info("round %d has no ONNX model to keep", announcement.round)
+            return
+        with self._lock:
+            newest = max(self.kept_round, self._wanted.round if self._wanted else -1)
+            if announcement.round == newest:
+                log.info("the model of round %d is kept already or on its way", newest)
+                return
+            if announcement.round < newest:
+                log.warning(
+                    "ignoring the announcement of round %d: round %d is newer (an old one replayed?)",
+                    announcement.round,
+                    newest,
+                )
+                return
+            self._wanted, self._retry_at = announcement, 0.0
+
+    def keep(self, http: CoordinatorClient) -> None:
+        """Download the newest announced model if there is one to fetch now; a failure is retried later."""
+        with self._lock:
+            wanted = self._wanted
+        if wanted is None or wanted.onnx is None or time.monotonic() < self._retry_at:
             return
         try:
-            data = http.fetch(announcement.onnx)
+            data = http.fetch(wanted.onnx)
         except (Dropped, weights.WeightsError) as exc:
-            log.warning("not keeping the model of round %d: %s", announcement.round, exc)
-            self.kept_round = announcement.round  # not retried until a newer one is announced
+            log.warning("not keeping the model of round %d: %s; again in %.0f s", wanted.round, exc, RETRY_S)
+            self._retry_at = time.monotonic() + RETRY_S
             return
         self.model_dir.mkdir(parents=True, exist_ok=True)
         write_atomically(self.model_dir / KEPT_MODEL, data)
-        write_atomically(self.model_dir / KEPT_ANNOUNCEMENT, messages.encode(announcement))
-        self.kept_round = announcement.round
-        log.info("kept the global model of round %d in %s", announcement.round, self.model_dir / KEPT_MODEL)
+        write_atomically(self.model_dir / KEPT_ANNOUNCEMENT, messages.encode(wanted))
+        with self._lock:
+            self.kept_round = wanted.round
+            if self._wanted is wanted:
+                self._wanted = None
+        log.info("kept the global model of round %d in %s", wanted.round, self.model_dir / KEPT_MODEL)
 
 
 def _kept_round(model_dir: Path) -> int:

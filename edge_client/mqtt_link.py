@@ -1,57 +1,72 @@
-"""The device's MQTT side: its retained status with a last will, its tasks in, model announcements in."""
+"""The device's MQTT side: its retained status with a last will, its signed tasks in, model announcements in.
+
+Tasks and announcements count only when signed by the coordinator's pinned key for their topic: anyone
+who can publish on the broker could otherwise hand the device work or a model.
+"""
 
 import logging
 import queue
 import threading
 import time
+from collections.abc import Callable
 
 import paho.mqtt.client as mqtt
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
-from fedspeech.protocol import messages
+from fedspeech.protocol import messages, signing
 from fedspeech.protocol.messages import DeviceStatus, ModelAnnouncement, Task
-from fedspeech.protocol.mqtt import LastWill, make_client, route
-from fedspeech.protocol.topics import Topics, parse_broker_url
+from fedspeech.protocol.mqtt import BrokerSettings, LastWill, connect, make_client, route
+from fedspeech.protocol.topics import Topics
 
 log = logging.getLogger(__name__)
 
 MAX_REMEMBERED_TASKS = 1000  # task ids kept to ignore re-deliveries
+MAX_QUEUED_TASKS = 16  # tasks waiting for the device; more are dropped
 
 
 class DeviceLink:
-    """One paho client per device; its callbacks only fill the queue and the fields below."""
+    """One paho client per device; its callbacks only fill the queue and call on_announcement.
 
-    def __init__(self, broker_url: str, topics: Topics, device_id: str, follow_models: bool = False) -> None:
-        self.broker_url, self.topics, self.device_id = broker_url, topics, device_id
-        self.tasks: queue.Queue[Task] = queue.Queue()
-        self.announced: ModelAnnouncement | None = None  # the newest global model announced
+    on_announcement, if given, is called on the MQTT thread with each verified model announcement.
+    ValueError for broker settings that cannot work.
+    """
+
+    def __init__(
+        self,
+        broker: BrokerSettings,
+        topics: Topics,
+        device_id: str,
+        key: Ed25519PublicKey,
+        on_announcement: Callable[[ModelAnnouncement], None] | None = None,
+    ) -> None:
+        self.broker, self.topics, self.device_id, self.key = broker, topics, device_id, key
+        self.tasks: queue.Queue[Task] = queue.Queue(MAX_QUEUED_TASKS)
         self._seen: dict[str, None] = {}  # task ids in arrival order
         self._withdrawn: set[str] = set()  # tasks whose round closed before they were done
         self._status: DeviceStatus | None = None
         self._lock = threading.Lock()
         offline = messages.encode(DeviceStatus(device_id, "offline"))
-        self._client = make_client(device_id, LastWill(topics.status(device_id), offline))
+        self._client = make_client(broker, device_id, LastWill(topics.status(device_id), offline))
         self._client.on_connect = self._on_connect
         self._client.on_disconnect = self._on_disconnect
-        self._follow_models = follow_models
+        self._on_announcement = on_announcement
         route(self._client, topics.task(device_id), lambda message: self._on_task(bytes(message.payload)))
-        if follow_models:
-            route(self._client, topics.model, lambda message: self._on_announcement(bytes(message.payload)))
+        if on_announcement is not None:
+            route(self._client, topics.model, lambda message: self._on_model(bytes(message.payload)))
         self._stopping = False
 
     def start(self, status: DeviceStatus) -> None:
         """Connect in the background (paho reconnects with backoff) and publish status on every connect."""
         self._status = status
-        host, port = parse_broker_url(self.broker_url)
-        self._client.connect_async(host, port)
-        self._client.loop_start()
+        connect(self._client, self.broker)
 
     def _on_connect(self, client, userdata, flags, reason_code, properties) -> None:
         if reason_code.is_failure:
-            log.warning("broker %s refused the connection: %s", self.broker_url, reason_code)
+            log.warning("broker %s refused the connection: %s", self.broker.url, reason_code)
             return
-        log.info("connected to broker %s", self.broker_url)
+        log.info("connected to broker %s", self.broker.url)
         client.subscribe(self.topics.task(self.device_id), qos=1)
-        if self._follow_models:
+        if self._on_announcement is not None:
             client.subscribe(self.topics.model, qos=1)
         self.publish_status()
 
@@ -71,41 +86,60 @@ class DeviceLink:
             )
 
     def _on_task(self, payload: bytes) -> None:
-        """Queue a valid, new, unexpired task; log and drop anything else."""
+        """Queue a signed, valid, new task due within MAX_TASK_SECONDS; log and drop anything else."""
         if not payload:
             # The coordinator clears the task when its round closes: whatever is not done yet is not wanted,
             # and uploading it would only cost the device's bandwidth.
             self._withdrawn.update(self._seen)
             return
         try:
-            task = messages.decode(payload, Task)
+            body = signing.verify(self.key, self.topics.task(self.device_id), payload)
+            task = messages.decode(body, Task)
         except messages.ProtocolError as exc:
-            log.warning("dropping malformed task: %s", exc)
+            log.warning("dropping a task: %s", exc)
             return
         if task.task_id in self._seen:
             return  # re-delivered after a reconnect
-        if task.deadline < time.time():
+        now = time.time()
+        if task.deadline < now:
             log.info("ignoring task %s of round %d: its deadline has passed", task.task_id, task.round)
+            return
+        if task.deadline > now + messages.MAX_TASK_SECONDS:
+            log.warning(
+                "dropping task %s of round %d: its deadline is %.0f s away, more than a task's %d s",
+                task.task_id, task.round, task.deadline - now, messages.MAX_TASK_SECONDS,
+            )  # fmt: skip
+            return
+        try:
+            self.tasks.put_nowait(task)
+        except queue.Full:
+            log.warning(
+                "dropping task %s of round %d: %d tasks wait already",
+                task.task_id,
+                task.round,
+                MAX_QUEUED_TASKS,
+            )
             return
         self._seen[task.task_id] = None
         if len(self._seen) > MAX_REMEMBERED_TASKS:
             oldest = next(iter(self._seen))
             del self._seen[oldest]
             self._withdrawn.discard(oldest)
-        self.tasks.put(task)
 
     def withdrawn(self, task: Task) -> bool:
         """Whether the coordinator withdrew the task (its round took the results it needed)."""
         return task.task_id in self._withdrawn
 
-    def _on_announcement(self, payload: bytes) -> None:
+    def _on_model(self, payload: bytes) -> None:
+        if not payload or self._on_announcement is None:
+            return  # the retained announcement was cleared
         try:
-            announcement = messages.decode(payload, ModelAnnouncement)
+            body = signing.verify(self.key, self.topics.model, payload)
+            announcement = messages.decode(body, ModelAnnouncement)
         except messages.ProtocolError as exc:
-            log.warning("dropping malformed model announcement: %s", exc)
+            log.warning("dropping a model announcement: %s", exc)
             return
-        if announcement.onnx is not None:
-            self.announced = announcement
+        self._on_announcement(announcement)
 
     def go_offline(self) -> None:
         """Publish the retained offline status, wait for the broker to take it, disconnect."""

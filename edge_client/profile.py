@@ -8,6 +8,7 @@ numpy and psutil only: importing this module must stay light (no torch).
 import http.client
 import logging
 import os
+import ssl
 import statistics
 import time
 import urllib.error
@@ -21,6 +22,8 @@ from fedspeech.protocol import routes
 from fedspeech.protocol.messages import Profile
 
 log = logging.getLogger(__name__)
+
+_MAX_STATUS_BYTES = 64 * 1024  # of the status reply read: its time is what counts, not its content
 
 # The benchmark: a stack of float32 64x64 matrix products. 64^3 multiply-adds is below OpenBLAS' (and
 # MKL's) threshold for splitting one GEMM across threads, so each product runs on the calling thread
@@ -144,24 +147,30 @@ def measure_profile(last_seconds_per_sample: float | None = None, rtt_ms: float 
     )
 
 
-def _get_status_ms(url: str, timeout: float) -> float | None:
+def _get_status_ms(url: str, timeout: float, context: ssl.SSLContext | None) -> float | None:
     start = time.perf_counter()
     try:
-        with urllib.request.urlopen(f"{url.rstrip('/')}{routes.STATUS}", timeout=timeout) as response:
-            response.read()
+        status_url = routes.url(url, routes.STATUS)
+        with urllib.request.urlopen(status_url, timeout=timeout, context=context) as response:
+            response.read(_MAX_STATUS_BYTES)
     except urllib.error.HTTPError as exc:
         exc.close()  # any HTTP answer is a completed round-trip
-    except (OSError, http.client.HTTPException) as exc:
+    except (OSError, http.client.HTTPException, ValueError) as exc:  # ValueError: not a coordinator's URL
         log.debug("round-trip to %s failed: %s", url, exc)
         return None
     return (time.perf_counter() - start) * 1000.0
 
 
-def measure_rtt_ms(url: str, timeout: float = 5.0, attempts: int = 3) -> float | None:
-    """Median milliseconds of a few GETs of {url}/api/status, or None if the coordinator cannot be reached."""
+def measure_rtt_ms(
+    url: str, timeout: float = 5.0, attempts: int = 3, context: ssl.SSLContext | None = None
+) -> float | None:
+    """Median milliseconds of a few GETs of {url}/api/status, or None if the coordinator cannot be reached.
+
+    context: TLS settings of an HTTPS coordinator whose certificate a private CA signed.
+    """
     samples = []
     for _ in range(max(1, attempts)):
-        elapsed = _get_status_ms(url, timeout)
+        elapsed = _get_status_ms(url, timeout, context)
         if elapsed is None:
             break  # unreachable: one timeout is enough, do not wait for three
         samples.append(elapsed)

@@ -4,6 +4,8 @@ torch is imported here and only here, lazily, so a device that only listens neve
 """
 
 import logging
+import threading
+import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -27,6 +29,10 @@ class UnknownSetting(ValueError):
     """A task asks for a training setting this device does not know or does not accept."""
 
 
+class TrainingStopped(Exception):
+    """A training run ended between two batches: the device is stopping, or the task's deadline passed."""
+
+
 def training_settings(config: Mapping[str, float]) -> dict[str, float]:
     """The task's settings as train_local's keyword arguments; UnknownSetting for one it cannot honour."""
     for name, value in config.items():
@@ -39,10 +45,15 @@ def training_settings(config: Mapping[str, float]) -> dict[str, float]:
 
 
 class Trainer:
-    """Builds the model once per spec and runs training and evaluation tasks on it."""
+    """Builds the model once per spec and runs training and evaluation tasks on it.
+
+    Setting stop (the daemon gives its own) ends a training run between two batches, as does the task's
+    deadline: TrainingStopped.
+    """
 
     def __init__(self, device_id: str, torch_threads: int = 1) -> None:
         self.device_id, self.torch_threads = device_id, torch_threads
+        self.stop = threading.Event()
         self._model: tuple[ModelSpec, Any] | None = None
 
     def model(self, spec: ModelSpec) -> Any:
@@ -62,41 +73,53 @@ class Trainer:
         A slow device spends a minute here; done before registering, it is not charged to its first round.
         The figure is the second of two passes, so one-off allocation is not counted.
         """
-        from fedspeech.models.train import train_local
+        from fedspeech.models.train import Interrupted, train_local
 
         if len(train.labels) == 0:
             return None
         model = self.model(spec)
         few = slice(0, WARM_UP_SAMPLES)
         for _ in range(2):
-            result = train_local(
-                model,
-                train.waveforms[few],
-                train.labels[few],
-                epochs=1,
-                batch_size=WARM_UP_BATCH,
-                learning_rate=0.0,
-            )
+            try:
+                result = train_local(
+                    model,
+                    train.waveforms[few],
+                    train.labels[few],
+                    epochs=1,
+                    batch_size=WARM_UP_BATCH,
+                    learning_rate=0.0,
+                    should_stop=self.stop.is_set,
+                )
+            except Interrupted:
+                return None
         log.info("warmed up: %.4f s per training sample", result.seconds_per_sample)
         return result.seconds_per_sample
 
     def train(self, task: Task, arrays: weights.Arrays, train: Split) -> tuple[Any, bytes]:
-        """Train from the given weights on the local training split; return the result and the upload."""
-        from fedspeech.models.train import get_arrays, set_arrays, train_local
+        """Train from the given weights on the local training split; return the result and the upload.
+
+        TrainingStopped if stop is set or the task's deadline passes before the last batch.
+        """
+        from fedspeech.models.train import Interrupted, get_arrays, set_arrays, train_local
 
         model = self.model(task.spec)
         weights.check_like(arrays, get_arrays(model))
         set_arrays(model, arrays)
-        result = train_local(
-            model,
-            train.waveforms,
-            train.labels,
-            epochs=task.epochs,
-            batch_size=task.batch_size,
-            learning_rate=task.learning_rate,
-            seed=task.seed,
-            **training_settings(task.config),
-        )
+        try:
+            result = train_local(
+                model,
+                train.waveforms,
+                train.labels,
+                epochs=task.epochs,
+                batch_size=task.batch_size,
+                learning_rate=task.learning_rate,
+                seed=task.seed,
+                should_stop=lambda: self.stop.is_set() or time.time() > task.deadline,
+                **training_settings(task.config),
+            )
+        except Interrupted:
+            reason = "the device is stopping" if self.stop.is_set() else "its deadline passed during training"
+            raise TrainingStopped(reason) from None
         metadata = {
             "task_id": task.task_id,
             "device_id": self.device_id,

@@ -38,8 +38,8 @@ def load_task(name_or_path: str | Path) -> TaskDefinition:
         raise TaskFileError(f"{path}: no such task file, nor a built-in task ({builtin})") from None
     except (OSError, UnicodeDecodeError) as exc:
         raise TaskFileError(f"{path}: cannot read it: {exc}") from None
-    except tomllib.TOMLDecodeError as exc:
-        raise TaskFileError(f"{path}: not valid TOML: {exc}") from None
+    except (tomllib.TOMLDecodeError, ValueError, RecursionError) as exc:
+        raise TaskFileError(f"{path}: not valid TOML: {exc}"[:300]) from None
     return task_from_mapping(document, str(path))
 
 
@@ -54,17 +54,29 @@ def task_from_mapping(document: dict, where: str = "task") -> TaskDefinition:
         value = document[key]
         numeric = kind is float and isinstance(value, int) and not isinstance(value, bool)
         if not (isinstance(value, kind) and not isinstance(value, bool)) and not numeric:
-            raise TaskFileError(f"{where}: key {key!r} must be {_TYPE_NAMES[kind]}, got {value!r}")
+            raise TaskFileError(f"{where}: key {key!r} must be {_TYPE_NAMES[kind]}, got {_shown(value)}")
     if not all(isinstance(label, str) for label in document["labels"]):
-        raise TaskFileError(f"{where}: key 'labels' must be a list of strings, got {document['labels']!r}")
-    definition = TaskDefinition(
-        document["name"], list(document["labels"]), document["sample_rate"], float(document["clip_seconds"])
-    )
+        raise TaskFileError(
+            f"{where}: key 'labels' must be a list of strings, got {_shown(document['labels'])}"
+        )
+    for key in ("sample_rate", "clip_seconds"):
+        if abs(document[key]) > 2**53:  # as in messages; larger ones overflow float() and str()
+            raise TaskFileError(f"{where}: key {key!r} is out of range")
+    seconds = float(document["clip_seconds"])
+    definition = TaskDefinition(document["name"], list(document["labels"]), document["sample_rate"], seconds)
     try:
         check_definition(definition)
     except ProtocolError as exc:
         raise TaskFileError(f"{where}: key {exc}") from None
     return definition
+
+
+def _shown(value: object) -> str:
+    """repr of a value for a message, even of an integer too long to print."""
+    try:
+        return repr(value)[:100]
+    except ValueError:
+        return "a number too large to show"
 
 
 _TYPE_NAMES = {str: "a string", list: "a list of strings", int: "a whole number", float: "a number"}

@@ -1,6 +1,7 @@
 """The local training step, evaluation, and moving weights between a model and named numpy arrays."""
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -28,6 +29,10 @@ def set_arrays(model: nn.Module, arrays: dict[str, np.ndarray]) -> None:
         raise ValueError(f"tensor names differ: missing {sorted(missing)}, unexpected {sorted(extra)}")
     state = {name: torch.from_numpy(np.ascontiguousarray(value)) for name, value in arrays.items()}
     model.load_state_dict(state, strict=False)
+
+
+class Interrupted(Exception):
+    """train_local stopped between two batches because its should_stop said so; the model is half trained."""
 
 
 @dataclass
@@ -66,10 +71,12 @@ def train_local(
     learning_rate: float,
     seed: int = 0,
     proximal_mu: float = 0.0,
+    should_stop: Callable[[], bool] | None = None,
 ) -> TrainResult:
     """Train in place: Adam, cosine-decayed lr, shuffled time-shifted minibatches; deterministic per seed.
 
     proximal_mu > 0 adds FedProx's term mu/2 * ||w - w_start||^2, keeping the model near where it started.
+    should_stop is asked before each batch; when it answers True, Interrupted is raised.
     """
     if len(waveforms) == 0:
         raise ValueError("no training samples")
@@ -87,6 +94,8 @@ def train_local(
     for _ in range(epochs):
         total, count = 0.0, 0
         for batch in np.array_split(rng.permutation(len(waveforms)), num_batches):
+            if should_stop is not None and should_stop():
+                raise Interrupted("stopped between two batches")
             inputs = torch.from_numpy(_time_shift(waveforms[batch], rng, max_shift))
             loss = nn.functional.cross_entropy(model(inputs), targets[batch])
             total += loss.item() * len(batch)

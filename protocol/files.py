@@ -5,13 +5,17 @@ import threading
 from pathlib import Path
 
 
-def write_atomically(path: Path, data: bytes) -> None:
-    """Write data to path through a synced temporary file beside it, renamed over path once complete."""
+def write_atomically(path: Path, data: bytes, private: bool = False) -> None:
+    """Write data to path through a synced temporary file beside it, renamed over path once complete.
+
+    A private file (a key, a token) is readable by its owner only, from the moment it is created.
+    """
     path = Path(path)
     # hidden (data folders pass over dot files) and unique, so that two writers never share a temporary file
     tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+    mode = 0o600 if private else 0o666  # less the umask, as open() does
     try:
-        with open(tmp, "wb") as f:
+        with open(tmp, "wb", opener=lambda name, flags: os.open(name, flags, mode)) as f:
             f.write(data)
             f.flush()
             os.fsync(f.fileno())

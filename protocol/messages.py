@@ -8,15 +8,25 @@ from typing import Any, Literal, TypeVar
 
 import dacite
 
+from fedspeech.protocol import routes
+
 SCHEMA_VERSION = 1
 MAX_MESSAGE_BYTES = 64 * 1024
-DEVICE_ID = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
-NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}$")  # task names and labels: also safe as folder names
+DEVICE_ID = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}\Z")  # not "." or "..": it names a folder
+NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}\Z")  # task names and labels: also safe as folder names
 MAX_LABELS = 64
 MAX_CONFIG = 16  # training settings a task may carry
 MAX_COUNT = 10**9  # bound on any count a device reports
 SAMPLE_RATES = (4_000, 48_000)
 MIN_CLIP_SECONDS, MAX_CLIP_SECONDS = 0.1, 10.0
+MAX_BLOB_BYTES = 64 * 1024 * 1024  # a model's weights or ONNX file, and a device's upload
+# what a task may ask of a device: an attacker's task must not keep it busy for ever
+MAX_EPOCHS, MAX_BATCH_SIZE, MAX_LEARNING_RATE = 100, 1024, 10.0
+MAX_TASK_SECONDS = 6 * 3600  # from the moment a device receives a task to its deadline
+MAX_DEPTH = 64
+TASK_ID = re.compile(r"^[A-Za-z0-9_-]{1,64}\Z")
+TOKEN = re.compile(r"^[A-Za-z0-9_-]{16,128}\Z")
+SHA256 = re.compile(r"^[0-9a-f]{64}\Z")
 
 
 class ProtocolError(ValueError):
@@ -89,10 +99,14 @@ class Registration:
 
 @dataclass(frozen=True)
 class Credentials:
-    """HTTP reply to a registration: the bearer token the device sends with its uploads."""
+    """HTTP reply to a registration: the device's bearer token and the key the coordinator signs with.
+
+    coordinator_key is the Ed25519 public key (base64) of the tasks' and announcements' signatures.
+    """
 
     device_id: str
     token: str
+    coordinator_key: str
 
 
 State = Literal["online", "training", "evaluating", "offline"]
@@ -175,7 +189,10 @@ _KINDS: dict[type, str] = {
 def _float_hook(value: Any) -> float:
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise ProtocolError(f"expected a number, got {value!r}")
-    return float(value)
+    try:
+        return float(value)
+    except OverflowError:
+        raise ProtocolError("number out of range") from None
 
 
 def _int_hook(value: Any) -> Any:
@@ -204,7 +221,7 @@ def decode(payload: bytes | bytearray | str, kind: type[M]) -> M:
         raise ProtocolError(f"message of {len(payload)} bytes exceeds {MAX_MESSAGE_BYTES}")
     try:
         body = json.loads(payload, parse_constant=_reject_constant)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+    except ValueError as exc:  # also UnicodeDecodeError, JSONDecodeError, an integer of > 4300 digits
         raise ProtocolError(f"not JSON: {exc}") from None
     except RecursionError:
         raise ProtocolError("JSON nested too deeply") from None
@@ -216,7 +233,7 @@ def decode(payload: bytes | bytearray | str, kind: type[M]) -> M:
         raise ProtocolError(f"kind {body.get('kind')!r}, expected {_KINDS[kind]!r}")
     try:
         message = dacite.from_dict(kind, body, config=_CONFIG)
-    except dacite.DaciteError as exc:
+    except (dacite.DaciteError, ValueError, TypeError) as exc:  # dacite's dict() of a list, for one
         raise ProtocolError(str(exc)) from None
     _check_values(message)
     return message
@@ -227,19 +244,27 @@ def _check_values(message: Any) -> None:
     device_id = getattr(message, "device_id", None)
     if device_id is not None and not DEVICE_ID.match(device_id):
         raise ProtocolError(f"bad device id {device_id!r}")
-    for name in ("num_samples", "epochs", "batch_size", "round"):
+    for name in ("num_samples", "round"):
         value = getattr(message, name, None)
-        if value is not None and value < 0:
-            raise ProtocolError(f"{name} must not be negative")
-    if isinstance(message, Task) and (message.epochs < 1 or message.batch_size < 1):
-        raise ProtocolError("epochs and batch_size must be at least 1")
-    if isinstance(message, Task) and not (math.isfinite(message.learning_rate) and message.learning_rate > 0):
-        raise ProtocolError("learning_rate must be positive")
+        if value is not None and not 0 <= value <= MAX_COUNT:
+            raise ProtocolError(f"{name} must be between 0 and {MAX_COUNT}")
+    task_id = getattr(message, "task_id", None)
+    if task_id is not None and not TASK_ID.match(task_id):
+        raise ProtocolError(f"bad task id {task_id[:80]!r}")
+    spec, profile = getattr(message, "spec", None), getattr(message, "profile", None)
+    if spec is not None:
+        _check_spec(spec)
+    if profile is not None:
+        _check_profile(profile)
     if isinstance(message, Task):
-        _check_config(message.config)
+        _check_task(message)
     definition = getattr(message, "definition", None)
     if definition is not None:
         check_definition(definition)
+    if isinstance(message, Credentials) and not TOKEN.match(message.token):
+        raise ProtocolError("bad token")
+    if isinstance(message, ModelAnnouncement):
+        _check_announcement(message)
     if isinstance(message, DeviceStatus):
         for counts in (message.train_counts, message.test_counts):
             _check_counts(counts)
@@ -266,6 +291,71 @@ def check_definition(definition: TaskDefinition) -> None:
     if not (math.isfinite(seconds) and MIN_CLIP_SECONDS <= seconds <= MAX_CLIP_SECONDS):
         limits = f"{MIN_CLIP_SECONDS} and {MAX_CLIP_SECONDS}"
         raise ProtocolError(f"clip_seconds: must be between {limits}, got {seconds}")
+
+
+def _check_blob(ref: BlobRef, kind: str) -> int:
+    """The round a blob of a kind ('weights', 'onnx') belongs to; ProtocolError unless it is well formed."""
+    if not SHA256.match(ref.sha256) or not 0 < ref.size <= MAX_BLOB_BYTES:
+        raise ProtocolError(f"bad {kind} reference: sha256 of 64 hex digits, size 1 to {MAX_BLOB_BYTES}")
+    try:
+        return routes.model_round(ref.path, kind)
+    except ValueError as exc:
+        raise ProtocolError(str(exc)) from None
+
+
+def _check_task(task: "Task") -> None:
+    if not (1 <= task.epochs <= MAX_EPOCHS and 1 <= task.batch_size <= MAX_BATCH_SIZE):
+        raise ProtocolError(f"epochs must be 1 to {MAX_EPOCHS} and batch_size 1 to {MAX_BATCH_SIZE}")
+    if not (math.isfinite(task.learning_rate) and 0 < task.learning_rate <= MAX_LEARNING_RATE):
+        raise ProtocolError(f"learning_rate must be above 0 and at most {MAX_LEARNING_RATE}")
+    if not math.isfinite(task.deadline):
+        raise ProtocolError("deadline must be a finite time")
+    # the model trained in a round is the one the previous round produced; an evaluation, the round's own
+    if _check_blob(task.weights, "weights") > task.round:
+        raise ProtocolError("a task's weights must come from its round or an earlier one")
+    kind = "updates" if task.action == "train" else "evaluations"
+    try:
+        upload_round = routes.result_round(task.upload_path, kind)
+    except ValueError as exc:
+        raise ProtocolError(str(exc)) from None
+    if upload_round != task.round:
+        raise ProtocolError(f"upload path of round {upload_round} in a task of round {task.round}")
+    _check_config(task.config)
+
+
+def _check_announcement(announcement: "ModelAnnouncement") -> None:
+    refs = [("weights", announcement.weights)] + ([("onnx", announcement.onnx)] if announcement.onnx else [])
+    for kind, ref in refs:
+        if _check_blob(ref, kind) != announcement.round:
+            raise ProtocolError(
+                f"the {kind} of another round in the announcement of round {announcement.round}"
+            )
+    if not 2 <= len(announcement.labels) <= MAX_LABELS or not all(NAME.match(x) for x in announcement.labels):
+        raise ProtocolError(f"labels: 2 to {MAX_LABELS} names of letters, digits, '_', '.', '-'")
+    if len(announcement.metrics) > MAX_CONFIG:
+        raise ProtocolError(f"more than {MAX_CONFIG} metrics")
+    _check_config(announcement.metrics)
+
+
+def _check_spec(spec: "ModelSpec") -> None:
+    low, high = SAMPLE_RATES
+    if (
+        not NAME.match(spec.name)
+        or not low <= spec.sample_rate <= high
+        or not 2 <= spec.num_classes <= MAX_LABELS
+    ):
+        raise ProtocolError(f"bad model spec {spec}")
+    if not 1 <= spec.num_samples <= high * MAX_CLIP_SECONDS or not (
+        spec.depth is None or 1 <= spec.depth <= MAX_DEPTH
+    ):
+        raise ProtocolError(f"bad model spec {spec}")
+
+
+def _check_profile(profile: "Profile") -> None:
+    values = [profile.cpu_freq_mhz, profile.ram_available_mb, profile.cpu_gflops, profile.seconds_per_sample]
+    values.append(profile.rtt_ms)
+    if not 1 <= profile.cpu_count <= 4096 or any(v is not None and not 0 <= v <= 1e9 for v in values):
+        raise ProtocolError("profile values out of range")
 
 
 def _check_config(config: dict[str, float]) -> None:

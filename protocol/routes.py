@@ -1,4 +1,11 @@
-"""The HTTP API's paths, defined once: Flask rules for the coordinator, path builders for everyone else."""
+"""The HTTP API's paths, defined once: Flask rules for the coordinator, path builders for everyone else.
+
+A path that arrives in a message is accepted only in exactly the form built here, and joined to the
+coordinator's URL only if the result stays on its host and port.
+"""
+
+import re
+from urllib.parse import urlsplit
 
 PREFIX = "/api"
 
@@ -12,10 +19,12 @@ EVALUATIONS_RULE = "/rounds/<int:round>/evaluations"
 STATUS_RULE = "/status"
 ROUNDS_RULE = "/rounds"
 ROUND_RULE = "/rounds/<int:round>"
+KEY_RULE = "/key"  # the public key tasks and announcements are signed with: {"coordinator_key": base64}
 
 TASK = PREFIX + TASK_RULE
 DEVICES = PREFIX + DEVICES_RULE
 STATUS = PREFIX + STATUS_RULE
+KEY = PREFIX + KEY_RULE
 
 
 def model(round: int, kind: str) -> str:
@@ -33,3 +42,34 @@ def updates(round: int) -> str:
 def evaluations(round: int) -> str:
     """Where devices upload their evaluation of a round's model."""
     return f"{PREFIX}/rounds/{round}/evaluations"
+
+
+_MODEL_PATH = re.compile(rf"^{PREFIX}/models/(\d{{1,9}})/(weights|onnx)$")
+_ROUND_PATH = re.compile(rf"^{PREFIX}/rounds/(\d{{1,9}})/(updates|evaluations)$")
+
+
+def model_round(path: str, kind: str) -> int:
+    """The round of a path of exactly model(round, kind)'s form; ValueError for any other path."""
+    match = _MODEL_PATH.match(path)
+    if match is None or match[2] != kind or path != model(int(match[1]), kind):
+        raise ValueError(f"not the path of a round's {kind}: {path[:80]!r}")
+    return int(match[1])
+
+
+def result_round(path: str, kind: str) -> int:
+    """The round of a path of exactly updates(round)'s or evaluations(round)'s form; ValueError otherwise."""
+    match = _ROUND_PATH.match(path)
+    if match is None or match[2] != kind or path != f"{PREFIX}/rounds/{int(match[1])}/{kind}":
+        raise ValueError(f"not the path of a round's {kind}: {path[:80]!r}")
+    return int(match[1])
+
+
+def url(base_url: str, path: str) -> str:
+    """base_url joined with an absolute API path; ValueError if the result leaves base_url's host and port."""
+    if not path.startswith(PREFIX + "/") or any(c in path for c in "?#@\\%") or ".." in path:
+        raise ValueError(f"not a path of the coordinator's API: {path[:80]!r}")
+    joined = base_url.rstrip("/") + path
+    base, result = urlsplit(base_url), urlsplit(joined)
+    if (result.scheme, result.netloc) != (base.scheme, base.netloc) or base.scheme not in ("http", "https"):
+        raise ValueError(f"{path[:80]!r} does not stay on the coordinator {base_url}")
+    return joined

@@ -6,12 +6,18 @@ from urllib.parse import urlsplit
 DEFAULT_ROOT = "fedspeech/v1"
 
 
+DEFAULT_PORTS = {"mqtt": 1883, "mqtts": 8883}
+
+
 def parse_broker_url(url: str) -> tuple[str, int]:
-    """(host, port) of an mqtt://host[:port] URL; the port defaults to 1883."""
+    """(host, port) of an mqtt://host[:port] or, with TLS, mqtts://host[:port] URL."""
     parts = urlsplit(url)
-    if parts.scheme != "mqtt" or not parts.hostname:
-        raise ValueError(f"broker URL must look like mqtt://host:port, got {url!r}")
-    return parts.hostname, parts.port or 1883
+    if parts.scheme not in DEFAULT_PORTS or not parts.hostname:
+        raise ValueError(f"broker URL must look like mqtt://host:port or mqtts://host:port, got {url!r}")
+    try:
+        return parts.hostname, parts.port or DEFAULT_PORTS[parts.scheme]
+    except ValueError:
+        raise ValueError(f"bad port in broker URL {url!r}") from None
 
 
 @dataclass(frozen=True)

@@ -30,7 +30,7 @@ def decode(data: bytes) -> tuple[Arrays, dict[str, str]]:
         arrays = safetensors.numpy.load(data)
         header_len = int.from_bytes(data[:8], "little")
         metadata = json.loads(data[8 : 8 + header_len]).get("__metadata__") or {}
-    except (safetensors.SafetensorError, ValueError, TypeError) as exc:
+    except (safetensors.SafetensorError, ValueError, TypeError, KeyError) as exc:
         raise WeightsError(f"not a safetensors blob: {exc}") from None
     return arrays, metadata
 

@@ -20,9 +20,10 @@ from typing import Any
 
 import paho.mqtt.client as mqtt
 import pytest
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
 from fedspeech.fleet_run import free_port  # noqa: F401 - the tests import it from here
-from fedspeech.protocol import messages, weights
+from fedspeech.protocol import messages, signing, weights
 from fedspeech.protocol.messages import Credentials, DeviceStatus, ModelSpec, Profile, Registration, Task
 from fedspeech.protocol.topics import Topics, parse_broker_url
 
@@ -110,7 +111,7 @@ def start_clients(
     topic_root: str,
     max_samples: int,
 ) -> list[subprocess.Popen]:
-    """One device daemon per FSDD speaker."""
+    """One device daemon per FSDD speaker, keeping its token in the test's folder."""
     return [
         processes.start(
             f"client-{s}",
@@ -120,6 +121,7 @@ def start_clients(
             "--broker", broker_url,
             "--topic-root", topic_root,
             "--max-samples", str(max_samples),
+            "--state", str(processes.log_dir / "devices"),
         )
         for s in speakers
     ]  # fmt: skip
@@ -129,15 +131,17 @@ def start_clients(
 def one_round_coordinator(tmp_path: Path, broker_url: str, topic_root: str, device_id: str, **config: Any):
     """An in-process coordinator for one round of one device, and that device, which the test speaks for.
 
-    Yields (app, service, device); config adds or overrides the coordinator's settings.
+    Yields (app, service, device); config adds or overrides the coordinator's settings (open enrolment by
+    default).
     """
     from fedspeech.coordinator.app import create_app
 
     settings = {"STATE_DIR": str(tmp_path / "state"), "BROKER_URL": broker_url, "TOPIC_ROOT": topic_root}
-    app = create_app({**settings, "ROUNDS": 1, "MIN_DEVICES": 1, "MIN_RESULTS": 1, **config})
+    rounds = {"ROUNDS": 1, "MIN_DEVICES": 1, "MIN_RESULTS": 1, "OPEN_ENROLMENT": True}
+    app = create_app({**settings, **rounds, **config})
     service = app.extensions["fedspeech"]
     service.start()
-    device = ScriptedDevice(device_id, broker_url, Topics(topic_root))
+    device = ScriptedDevice(device_id, broker_url, Topics(topic_root), service.key.public_key())
     try:
         yield app, service, device
     finally:
@@ -146,12 +150,17 @@ def one_round_coordinator(tmp_path: Path, broker_url: str, topic_root: str, devi
 
 
 class ScriptedDevice:
-    """A device the test speaks for, step by step: a paho client on the real broker plus plain HTTP."""
+    """A device the test speaks for, step by step: a paho client on the real broker plus plain HTTP.
 
-    def __init__(self, device_id: str, broker_url: str, topics: Topics) -> None:
+    Tasks must be signed by the coordinator's key: given, or pinned from the first registration.
+    """
+
+    def __init__(
+        self, device_id: str, broker_url: str, topics: Topics, coordinator_key: Ed25519PublicKey | None = None
+    ) -> None:
         host, port = parse_broker_url(broker_url)
-        self.device_id, self.topics = device_id, topics
-        self.tasks: queue.Queue[Task] = queue.Queue()
+        self.device_id, self.topics, self.coordinator_key = device_id, topics, coordinator_key
+        self.tasks: queue.Queue[tuple[str, bytes]] = queue.Queue()
         self.token = ""
         self.mqtt = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2)
         self.mqtt.on_connect = lambda c, *_: c.subscribe(topics.task(device_id), qos=1)
@@ -161,18 +170,23 @@ class ScriptedDevice:
 
     def _on_task(self, client, userdata, msg) -> None:
         if msg.payload:
-            self.tasks.put(messages.decode(msg.payload, Task))
+            self.tasks.put((msg.topic, bytes(msg.payload)))
 
     def publish(self, topic: str, payload: bytes) -> None:
         """Publish retained, waiting for the broker to take it."""
         self.mqtt.publish(topic, payload, qos=1, retain=True).wait_for_publish(5)
 
-    def register(self, coordinator_url: str, num_samples: int) -> str:
-        """Register over HTTP and keep the token."""
+    def register(self, coordinator_url: str, num_samples: int, credential: str | None = None) -> str:
+        """Register over HTTP with a credential (default: its current token, if any); keep the new token."""
         body = messages.encode(Registration(self.device_id, num_samples, Profile(1, 0.0, 256.0)))
-        request = urllib.request.Request(f"{coordinator_url}/api/devices", data=body, method="POST")
+        credential = credential or self.token
+        headers = {"Authorization": f"Bearer {credential}"} if credential else {}
+        request = urllib.request.Request(f"{coordinator_url}/api/devices", body, headers, method="POST")
         with urllib.request.urlopen(request, timeout=10) as reply:
-            self.token = messages.decode(reply.read(), Credentials).token
+            credentials = messages.decode(reply.read(), Credentials)
+        self.token = credentials.token
+        if self.coordinator_key is None:
+            self.coordinator_key = signing.parse_public_key(credentials.coordinator_key)
         return self.token
 
     def go_online(self, num_samples: int) -> None:
@@ -181,11 +195,13 @@ class ScriptedDevice:
         self.publish(self.topics.status(self.device_id), messages.encode(status))
 
     def next_task(self, timeout: float) -> Task:
-        """The next task the coordinator hands out."""
+        """The next task the coordinator hands out, its signature checked."""
         try:
-            return self.tasks.get(timeout=timeout)
+            topic, payload = self.tasks.get(timeout=timeout)
         except queue.Empty:
             pytest.fail(f"{self.device_id} got no task within {timeout} s")
+        assert self.coordinator_key is not None, "register first, or give the coordinator's key"
+        return messages.decode(signing.verify(self.coordinator_key, topic, payload), Task)
 
     def send_back_unchanged(self, coordinator_url: str, task: Task, num_samples: int) -> int:
         """Download the task's model and upload it untouched; return the HTTP status."""

@@ -83,6 +83,8 @@ def test_bad_uploads_and_messages_never_touch_the_global_model(coordinator, capl
         "NaN": (_upload(http, task, token, body(shifted(**{name: np.full_like(first, np.nan)}))), 400, "NaN"),
         "wrong task": (_upload(http, task, token, body(task_id="x")), 409, "task"),
         "no samples": (_upload(http, task, token, body(num_samples="0")), 400, "num_samples"),
+        "400-digit samples": (_upload(http, task, token, body(num_samples=str(10**400))), 400, "num_samples"),
+        "negative samples": (_upload(http, task, token, body(num_samples="-5")), 400, "num_samples"),
         "wrong round": (_upload(http, wrong_round, token, body()), 409, "not open"),
     }
     for case, (reply, status, reason) in bad.items():
@@ -94,7 +96,8 @@ def test_bad_uploads_and_messages_never_touch_the_global_model(coordinator, capl
     assert [r.round for r in service.store.rounds()] == [0], "no bad update made a round"
     assert service.store.model_path(0, "weights").read_bytes() == model_bytes
 
-    good = weights.encode(shifted(), meta)
+    # it claims far more samples than the 50 it reported: it counts for 50
+    good = weights.encode(shifted(), {**meta, "num_samples": str(10**12)})
     assert _upload(http, task, token, good).status_code == 200
     assert _upload(http, task, token, good).status_code == 409, "one update per device per round"
     wait_for(service.orchestrator.finished.is_set, 60, "the round to complete with the good update")
@@ -102,3 +105,6 @@ def test_bad_uploads_and_messages_never_touch_the_global_model(coordinator, capl
     for k, v in shifted().items():
         np.testing.assert_allclose(new_arrays[k], v, rtol=1e-6)
     assert http.get("/api/status").get_json()["completed_round"] == 1
+    assert [(u.device_id, u.num_samples) for u in service.store.updates(1)] == [(DEVICE, 50)]
+    assert f"claims {10**12} samples; counted as 50" in caplog.text
+    assert service.store.rounds()[1].bytes_up == len(good), "only the accepted body counts as traffic"

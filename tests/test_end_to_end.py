@@ -9,10 +9,11 @@ from contextlib import contextmanager
 import paho.mqtt.client as mqtt
 import pytest
 from conftest import free_port, get_json, start_clients, wait_for
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
 from fedspeech.coordinator.app import create_app, serve
 from fedspeech.models.datasets import client_clips, load_corpus
-from fedspeech.protocol import messages, weights
+from fedspeech.protocol import messages, signing, weights
 from fedspeech.protocol.messages import ModelAnnouncement
 from fedspeech.protocol.topics import Topics, parse_broker_url
 
@@ -20,7 +21,8 @@ SPEAKERS = ["jackson", "nicolas", "theo"]
 ROUNDS = 2
 
 
-def _retained_model(broker_url: str, topic_root: str) -> ModelAnnouncement:
+def _retained_model(broker_url: str, topic_root: str, key: Ed25519PublicKey) -> ModelAnnouncement:
+    """The retained model announcement, its signature checked with the coordinator's key."""
     host, port = parse_broker_url(broker_url)
     got = threading.Event()
     box = []
@@ -35,21 +37,26 @@ def _retained_model(broker_url: str, topic_root: str) -> ModelAnnouncement:
         client.loop_stop()
         client.disconnect()
     assert box[0].retain
-    return messages.decode(box[0].payload, ModelAnnouncement)
+    return messages.decode(signing.verify(key, box[0].topic, box[0].payload), ModelAnnouncement)
 
 
 @contextmanager
 def running_coordinator(tmp_path, **config):
-    """An in-process coordinator serving HTTP on a free port; yields (service, base URL)."""
-    defaults = {"STATE_DIR": str(tmp_path / "state"), "EVAL_CORPUS": "fsdd", "ROUND_TIMEOUT_S": 120}
+    """An in-process coordinator on a free port, open to any device; yields (service, base URL)."""
+    defaults = {
+        "STATE_DIR": str(tmp_path / "state"),
+        "EVAL_CORPUS": "fsdd",
+        "ROUND_TIMEOUT_S": 120,
+        "OPEN_ENROLMENT": True,
+    }
     app = create_app({**defaults, **config})
     service = app.extensions["fedspeech"]
     service.start()
     server = serve(app, "127.0.0.1", 0)
     try:
-        yield service, f"http://127.0.0.1:{server.server_port}"
+        yield service, server.url
     finally:
-        server.shutdown()
+        server.stop()
         service.stop()
 
 
@@ -108,7 +115,7 @@ def test_rounds_over_a_real_broker(broker, request, tmp_path, topic_root, proces
         assert get_json(f"{url}/api/status")["completed_round"] == ROUNDS
         assert {d["device_id"] for d in get_json(f"{url}/api/devices")} == set(SPEAKERS)
 
-        announced = _retained_model(service.broker_url, topic_root)
+        announced = _retained_model(service.broker_url, topic_root, service.key.public_key())
         assert announced.round == ROUNDS
         assert announced.weights.sha256 == rounds[-1].weights_sha256
         onnx = service.store.model_path(ROUNDS, "onnx").read_bytes()
@@ -148,6 +155,7 @@ def test_one_process_hosts_a_device_per_speaker(tmp_path, topic_root, processes)
             "--broker", service.broker_url,
             "--topic-root", topic_root,
             "--max-samples", "24",
+            "--state", str(tmp_path / "devices"),
         )  # fmt: skip
         wait_until_finished(service, [host])
         for r in service.store.rounds()[1:]:

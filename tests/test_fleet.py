@@ -248,7 +248,8 @@ def test_launched_daemon_is_slower_and_further_away(http_server, mosquitto_url, 
     coordinator = f"http://127.0.0.1:{http_server.server_port}"
     devices, profiles = {}, {}
     try:
-        started = launch_fleet([near, far], coordinator, mosquitto_url, "fsdd", None, tmp_path)
+        state = ["--state", str(tmp_path / "devices")]
+        started = launch_fleet([near, far], coordinator, mosquitto_url, "fsdd", None, tmp_path, state)
         devices = {spec.name: device for spec, device in zip([near, far], started, strict=True)}
         assert (len(devices["near"].proxies), len(devices["far"].proxies)) == (0, 2)
         while len(profiles) < 2:

@@ -1,6 +1,5 @@
 """`fedspeech listen`: streaming detection on files, a virtual microphone and a followed coordinator."""
 
-import functools
 import json
 import os
 import re
@@ -10,7 +9,8 @@ import subprocess
 import sys
 import threading
 import time
-from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
+from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import numpy as np
@@ -20,10 +20,11 @@ import pytest
 import soundfile
 import soxr
 from conftest import free_port, wait_for
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from fedspeech.edge_client.onnx_model import OnnxModel
 from fedspeech.edge_client.streaming import DetectorConfig, StreamingDetector
-from fedspeech.protocol import messages, weights
+from fedspeech.protocol import messages, signing, weights
 from fedspeech.protocol.messages import BlobRef, ModelAnnouncement, ModelSpec
 from fedspeech.protocol.topics import Topics, parse_broker_url
 
@@ -43,7 +44,7 @@ pytestmark = pytest.mark.timeout(180)
 @pytest.fixture(scope="module")
 def models(fsdd_model, tmp_path_factory) -> dict[str, Path]:
     """The session's trained CNN; it with labels reversed; it posing as a 16 kHz model."""
-    folder = tmp_path_factory.mktemp("models")  # served as one folder by file_server
+    folder = tmp_path_factory.mktemp("models")
     path = Path(shutil.copy(fsdd_model.onnx_path, folder / "model.onnx"))
     return {
         "model": path,
@@ -265,34 +266,59 @@ def test_swap_to_another_rate_is_refused(models):
 # ---- following a coordinator ----
 
 
-class QuietHandler(SimpleHTTPRequestHandler):
-    def log_message(self, format: str, *args: object) -> None:
-        pass
+@dataclass
+class ModelServer:
+    """The coordinator as a listener sees it: its key, and each round's ONNX file at /api/models/N/onnx."""
+
+    url: str
+    key: Ed25519PrivateKey
+    files: dict[str, bytes]
+
+    @property
+    def public_key(self) -> str:
+        return signing.public_key_text(self.key)
 
 
 @pytest.fixture
-def file_server(models):
-    """The models folder served over HTTP, as the coordinator serves its ONNX files."""
-    handler = functools.partial(QuietHandler, directory=str(models["model"].parent))
-    server = ThreadingHTTPServer(("127.0.0.1", free_port()), handler)
+def model_server():
+    """A ModelServer on a free port."""
+    key, files = Ed25519PrivateKey.generate(), {}
+
+    class Handler(BaseHTTPRequestHandler):
+        def log_message(self, format: str, *args: object) -> None:
+            pass
+
+        def do_GET(self) -> None:
+            body = files.get(self.path)
+            if self.path == "/api/key":
+                body = json.dumps({"coordinator_key": signing.public_key_text(key)}).encode()
+            self.send_response(200 if body is not None else 404)
+            self.send_header("Content-Length", str(len(body or b"")))
+            self.end_headers()
+            self.wfile.write(body or b"")
+
+    server = ThreadingHTTPServer(("127.0.0.1", free_port()), Handler)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
-    yield f"http://127.0.0.1:{server.server_port}"
+    yield ModelServer(f"http://127.0.0.1:{server.server_port}", key, files)
     server.shutdown()
     server.server_close()
 
 
-def announce(client: mqtt.Client, topic: str, round: int, path: Path, sha256: str | None = None) -> None:
-    """Publish a retained announcement of an ONNX file served at /<name>."""
+def announce(
+    client: mqtt.Client, topic: str, server: ModelServer, round: int, path: Path, sha256: str | None = None
+) -> None:
+    """Serve an ONNX file as round's model and publish its announcement, retained and signed."""
     data = path.read_bytes()
-    onnx_ref = BlobRef(f"/{path.name}", sha256 or weights.sha256(data), len(data))
-    weights_ref = BlobRef(f"/api/models/{round}/weights", "0" * 64, 0)  # listening devices never fetch it
+    server.files[f"/api/models/{round}/onnx"] = data
+    onnx_ref = BlobRef(f"/api/models/{round}/onnx", sha256 or weights.sha256(data), len(data))
+    weights_ref = BlobRef(f"/api/models/{round}/weights", "0" * 64, 1)  # listening devices never fetch it
     body = messages.encode(ModelAnnouncement(round, SPEC, DIGITS, weights_ref, onnx_ref))
-    client.publish(topic, body, qos=1, retain=True).wait_for_publish(5)
+    client.publish(topic, signing.sign(server.key, topic, body), qos=1, retain=True).wait_for_publish(5)
 
 
 def test_follows_the_coordinator_and_swaps_without_dropping_audio(
-    models, digits_wav, mosquitto_url, topic_root, file_server, processes
+    models, digits_wav, mosquitto_url, topic_root, model_server, processes
 ):
     wav, _ = digits_wav
     topic = Topics(topic_root).model
@@ -300,11 +326,12 @@ def test_follows_the_coordinator_and_swaps_without_dropping_audio(
     publisher.connect(*parse_broker_url(mosquitto_url))
     publisher.loop_start()
     try:
-        announce(publisher, topic, 1, models["model"])
+        announce(publisher, topic, model_server, 1, models["model"])
         proc = processes.start(
             "listen",
             "listen",
-            "--coordinator", file_server,
+            "--coordinator", model_server.url,
+            "--coordinator-key", model_server.public_key,
             "--broker", mosquitto_url,
             "--topic-root", topic_root,
             "--input", str(wav),
@@ -312,11 +339,14 @@ def test_follows_the_coordinator_and_swaps_without_dropping_audio(
         )  # fmt: skip
         log = proc.log_path
         wait_for(lambda: detections(log.read_text()), 30, "a first detection with the round 1 model")
-        announce(publisher, topic, 2, models["reversed"], sha256="0" * 64)  # corrupted on the way
+        announce(publisher, topic, model_server, 2, models["reversed"], sha256="0" * 64)  # corrupted
         refused = "round 2: ignoring its model: sha256 mismatch"
         wait_for(lambda: refused in log.read_text(), 15, "the corrupted model refused")
-        announce(publisher, topic, 3, models["reversed"])
+        announce(publisher, topic, model_server, 3, models["reversed"])
         wait_for(lambda: "swapped in model cnn round 3" in log.read_text(), 15, "the round 3 model")
+        stranger = ModelServer(model_server.url, Ed25519PrivateKey.generate(), model_server.files)
+        announce(publisher, topic, stranger, 4, models["model"])  # a model signed by another key
+        wait_for(lambda: "bad signature" in log.read_text(), 15, "the stranger's model refused")
         assert proc.wait(timeout=60) == 0
         publisher.publish(topic, b"", qos=1, retain=True).wait_for_publish(5)
     finally:
@@ -329,6 +359,7 @@ def test_follows_the_coordinator_and_swaps_without_dropping_audio(
     before = [label for time_s, label, _ in found if time_s < swap_s]
     after = [str(9 - int(label)) for time_s, label, _ in found if time_s >= swap_s]  # labels reversed
     assert before and len(after) >= 5
+    assert text.count("swapped in") == 1 and "/api/models/4/onnx" not in text
     assert_digits_in_order(before + after)
     # every frame of the file went through the detector: its length plus one window of trailing silence
     samples = len(soundfile.read(wav)[0]) + RATE

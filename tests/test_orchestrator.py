@@ -1,8 +1,12 @@
 """The round loop alone, with a fake link and a fake model: no broker, no HTTP, no torch, milliseconds."""
 
+import logging
+import resource
+import signal
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -10,11 +14,12 @@ from dataclasses import dataclass, field
 import numpy as np
 import pytest
 
-from fedspeech.coordinator.errors import NotWanted
+from fedspeech.coordinator import orchestrator as orchestrator_module
+from fedspeech.coordinator.errors import BadUpload, NotWanted
 from fedspeech.coordinator.orchestrator import Orchestrator, RoundConfig
 from fedspeech.coordinator.ports import Evaluation
 from fedspeech.coordinator.store import Store
-from fedspeech.protocol import weights
+from fedspeech.protocol import messages, weights
 from fedspeech.protocol.messages import (
     DeviceStatus,
     ModelAnnouncement,
@@ -38,6 +43,7 @@ class FakeModel:
     spec: ModelSpec = SPEC
     definition: TaskDefinition = DEFINITION
     labels: list[str] = field(default_factory=lambda: list(DEFINITION.labels))
+    onnx_bytes: int = 0  # the size of its "ONNX export", padded
 
     def spec_at(self, depth: int | None) -> ModelSpec:
         return self.spec
@@ -55,7 +61,7 @@ class FakeModel:
         return Evaluation(float(arrays["w"][0]), 0.0, 1.0)
 
     def to_onnx(self, arrays: Arrays, round: int) -> bytes:
-        return f"onnx of round {round}".encode()
+        return f"onnx of round {round}".encode().ljust(self.onnx_bytes, b"\0")
 
 
 Responder = Callable[[Task], None]
@@ -103,12 +109,12 @@ def profile(gflops: float) -> Profile:
 class Fleet:
     """An orchestrator over a real store in a temporary folder, with fake devices."""
 
-    def __init__(self, tmp_path, **config) -> None:
+    def __init__(self, tmp_path, model: FakeModel | None = None, **config) -> None:
         defaults = {"min_devices": 2, "min_results": 1, "round_timeout_s": 0.3, "eval_every": 0}
         self.config = RoundConfig(**{**defaults, **config})
         self.store = Store(tmp_path / "state")
         self.link = FakeLink()
-        self.orchestrator = Orchestrator(self.config, self.store, self.link, FakeModel())
+        self.orchestrator = Orchestrator(self.config, self.store, self.link, model or FakeModel())
 
     def device(
         self, device_id: str, gflops: float = 1.0, value: float | None = 1.0, samples: int = 10
@@ -119,7 +125,7 @@ class Fleet:
         if value is not None:
             self.link.responders[device_id] = lambda task: self.upload(device_id, task, value, samples)
 
-    def upload(self, device_id: str, task: Task, value: float, samples: int = 10) -> None:
+    def upload(self, device_id: str, task: Task, value: float, samples: int | str = 10) -> None:
         if task.action != "train":
             return
         body = weights.encode(
@@ -257,3 +263,110 @@ def test_the_round_loop_needs_no_torch_broker_or_web_framework():
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert result.stdout.strip() == "[]", result.stdout + result.stderr
+
+
+def test_an_update_counts_for_at_most_the_samples_its_device_reported(tmp_path, caplog):
+    caplog.set_level(logging.INFO)
+    fleet = Fleet(tmp_path, rounds=1, min_devices=3, max_device_samples=20)
+    fleet.device("modest", value=1.0, samples=10)
+    fleet.link.responders["modest"] = lambda task: fleet.upload("modest", task, 1.0, samples=10**6)
+    fleet.device("big", value=4.0, samples=30)  # honest, but above the operator's cap of 20
+    refused: list[str] = []
+
+    def absurd(task: Task) -> None:
+        try:
+            fleet.upload("absurd", task, 9.0, samples=str(10**400))
+        except BadUpload as exc:  # what a device hears as HTTP 400
+            refused.append(str(exc))
+
+    fleet.device("absurd", value=None)
+    fleet.link.responders["absurd"] = absurd
+    fleet.finish()
+    assert {u.device_id: u.num_samples for u in fleet.store.updates(1)} == {"modest": 10, "big": 20}
+    assert fleet.store.rounds()[1].accuracy == pytest.approx((1 * 10 + 4 * 20) / 30)
+    assert refused and "num_samples" in refused[0]
+    assert f"modest claims {10**6} samples; counted as 10" in caplog.text
+
+
+@pytest.mark.parametrize("breaks", ["raises", "not finite"])
+def test_an_update_that_breaks_aggregation_is_dropped_not_the_round(tmp_path, caplog, breaks):
+    fleet = Fleet(tmp_path, rounds=1, min_devices=3)
+    fleet.device("a", value=1.0, samples=10)
+    fleet.device("b", value=4.0, samples=30)
+    fleet.device("odd", value=666.0, samples=10)
+    strategy = fleet.orchestrator.strategy
+    aggregate = strategy.aggregate
+
+    def fragile(round, results, current):  # a strategy whose maths cannot take the odd update
+        if any(r.arrays["w"][0] == 666.0 for r in results):
+            if breaks == "raises":
+                raise FloatingPointError("overflow")
+            return {"w": np.full(2, np.inf, np.float32)}
+        return aggregate(round, results, current)
+
+    strategy.aggregate = fragile
+    fleet.finish()
+    assert [u.device_id for u in fleet.store.updates(1)] == ["a", "b"]
+    assert fleet.store.rounds()[1].accuracy == pytest.approx((1 * 10 + 4 * 30) / 40)
+    assert "dropped the updates of ['odd']" in caplog.text
+
+
+def test_a_full_disk_keeps_the_last_round_and_runs_the_round_again(tmp_path, caplog, monkeypatch):
+    monkeypatch.setattr(orchestrator_module, "RETRY_S", 0.2)
+    fleet = Fleet(tmp_path, model=FakeModel(onnx_bytes=1024 * 1024), rounds=1)
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    previous_handler = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write fails instead
+    try:
+        with fleet.running():
+            wait = time.monotonic() + 10
+            while fleet.store.latest_round() is None and time.monotonic() < wait:
+                time.sleep(0.05)
+            round_0 = [fleet.store.model_path(0, kind).read_bytes() for kind in ("weights", "onnx")]
+            # No file in this process may now grow past 256 KiB: the 1 MiB ONNX file of round 1 cannot be
+            # written, as on a full disk.
+            resource.setrlimit(resource.RLIMIT_FSIZE, (256 * 1024, hard))
+            try:
+                fleet.device("a")
+                fleet.device("b")
+                while "could not store round 1" not in caplog.text and time.monotonic() < wait:
+                    time.sleep(0.05)
+                assert [r.round for r in fleet.store.rounds()] == [0]
+                assert not fleet.store.model_path(1, "weights").exists()
+                assert not fleet.store.model_path(1, "onnx").exists()
+            finally:
+                resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+            assert fleet.orchestrator.finished.wait(10), "the round is run again once the disk has room"
+    finally:
+        signal.signal(signal.SIGXFSZ, previous_handler)
+    errors = [r for r in caplog.records if "could not store round 1" in r.getMessage()]
+    assert errors and all(r.levelno == logging.ERROR and r.exc_info is None for r in errors), "one line each"
+    assert "\n" not in errors[0].getMessage()
+    assert [r.round for r in fleet.store.rounds()] == [0, 1]
+    assert [fleet.store.model_path(0, kind).read_bytes() for kind in ("weights", "onnx")] == round_0
+    assert len(fleet.store.model_path(1, "onnx").read_bytes()) == 1024 * 1024
+
+
+@pytest.mark.parametrize(
+    "setting",
+    [
+        {"epochs": messages.MAX_EPOCHS + 1},
+        {"batch_size": 0},
+        {"learning_rate": float("nan")},
+        {"round_timeout_s": messages.MAX_TASK_SECONDS + 1},
+        {"eval_timeout_s": 0},
+        {"max_device_samples": 0},
+    ],
+)
+def test_round_settings_outside_a_tasks_bounds_are_refused(setting):
+    name = next(iter(setting))
+    with pytest.raises(ValueError, match=f"^{name} must be between"):
+        RoundConfig(**setting)
+
+
+def test_devices_enrolled_but_not_registered_get_no_work(tmp_path):
+    fleet = Fleet(tmp_path, rounds=1, min_devices=1)
+    fleet.device("a")
+    fleet.store.enrol_device("waiting", "its-secret")  # enrolled by the operator, never registered
+    fleet.link.statuses_["waiting"] = DeviceStatus("waiting", "online", 10, profile(1.0))
+    fleet.finish()
+    assert set(fleet.link.tasks_of(1)) == {"a"}

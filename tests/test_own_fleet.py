@@ -3,6 +3,8 @@
 import json
 import shutil
 import sqlite3
+import subprocess
+import sys
 from collections import defaultdict
 from pathlib import Path
 
@@ -68,8 +70,16 @@ def test_devices_train_and_evaluate_on_their_own_folders(tmp_path, mosquitto_url
         "--rounds", str(ROUNDS), "--min-devices", "3", "--min-results", "3", "--epochs", "3", *common,
     )  # fmt: skip
     clients = {}
-    for device, folder in folders.items():
+    for device, folder in folders.items():  # enrolled as an operator would: a secret per device
+        added = subprocess.run(
+            [sys.executable, "-m", "fedspeech", "devices", "add", device, "--state", str(state)],
+            capture_output=True, text=True, check=True,
+        )  # fmt: skip
+        secret = tmp_path / f"{device}.secret"
+        secret.write_text(added.stdout)
+        secret.chmod(0o600)
         args = ["--data", str(folder), "--device-id", device, "--coordinator", url, *common]
+        args += ["--state", str(tmp_path / "device-state"), "--enrolment-secret-file", str(secret)]
         clients[device] = processes.start(f"device-{device}", "client", *args)
 
     def finished():
@@ -114,4 +124,8 @@ def test_devices_train_and_evaluate_on_their_own_folders(tmp_path, mosquitto_url
             seen_by_coordinator += json.dumps(db.execute(f"SELECT * FROM {table}").fetchall())
     leaked = sorted(n for n in names if n in seen_by_coordinator)
     assert not leaked, leaked
+    secrets = [(tmp_path / f"{device}.secret").read_text().strip() for device in folders]
+    assert not [s for s in secrets if s in seen_by_coordinator], (
+        "the coordinator keeps only hashes of secrets"
+    )
     assert str(tmp_path / "devices") not in seen_by_coordinator

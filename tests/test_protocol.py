@@ -5,8 +5,9 @@ from dataclasses import asdict
 
 import numpy as np
 import pytest
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from fedspeech.protocol import messages, weights
+from fedspeech.protocol import messages, routes, signing, weights
 from fedspeech.protocol.messages import (
     BlobRef,
     DeviceStatus,
@@ -48,7 +49,7 @@ TASK = Task(
         TaskInfo(DIGITS, SPEC),
         EvaluationReport("t1", 3, [[5, 1], [0, 4]], 2.75),
         Registration("dev-1", 450, Profile(4, 0.0, 100.0, 3.5, 0.002, 12.5)),
-        ModelAnnouncement(4, SPEC, ["zero", "one"], TASK.weights, None, {"accuracy": 0.9}),
+        ModelAnnouncement(2, SPEC, ["zero", "one"], TASK.weights, None, {"accuracy": 0.9}),
     ],
 )
 def test_messages_round_trip(message):
@@ -70,8 +71,19 @@ def _task_with(**changes) -> bytes:
         (_task_with(v=2), "schema version"),
         (_task_with(kind="status"), "kind"),
         (_task_with(epochs="two"), "epochs"),
-        (_task_with(epochs=0), "at least 1"),
-        (_task_with(round=-1), "negative"),
+        (_task_with(epochs=0), "epochs must be 1 to"),
+        (_task_with(epochs=100_000), "epochs must be 1 to"),
+        (_task_with(batch_size=10**6), "batch_size 1 to"),
+        (_task_with(round=-1), "between 0"),
+        (_task_with(task_id="../x"), "task id"),
+        (_task_with(upload_path=":18081/api/rounds/3/updates"), "path of a round's updates"),
+        (_task_with(upload_path="/api/rounds/4/updates"), "upload path of round 4"),
+        (_task_with(upload_path="/api/rounds/3/evaluations"), "path of a round's updates"),
+        (_task_with(upload_path="/api/rounds/03/updates"), "path of a round's updates"),
+        (_task_with(weights={**asdict(TASK.weights), "path": "//evil.example/api/models/2/weights"}), "path"),
+        (_task_with(weights={**asdict(TASK.weights), "path": "/api/models/4/weights"}), "earlier one"),
+        (_task_with(weights={**asdict(TASK.weights), "size": 10**9}), "size 1 to"),
+        (_task_with(weights={**asdict(TASK.weights), "sha256": "AB" * 32}), "64 hex"),
         (_task_with(learning_rate=-0.1), "learning_rate"),
         (_task_with(spec={"name": "cnn"}), "sample_rate"),
         (_task_with(definition={**asdict(DIGITS), "labels": ["a"]}), "2 and"),
@@ -184,3 +196,97 @@ def test_parse_broker_url() -> None:
     assert parse_broker_url("mqtt://127.0.0.1") == ("127.0.0.1", 1883)
     with pytest.raises(ValueError):
         parse_broker_url("http://127.0.0.1:1883")
+
+
+def _announcement(round: int, weights_round: int, onnx_round: int) -> bytes:
+    ref = BlobRef(f"/api/models/{weights_round}/weights", "ab" * 32, 1234)
+    onnx = BlobRef(f"/api/models/{onnx_round}/onnx", "cd" * 32, 99)
+    return messages.encode(ModelAnnouncement(round, SPEC, ["zero", "one"], ref, onnx))
+
+
+def test_announcement_names_only_its_own_rounds_files():
+    assert messages.decode(_announcement(7, 7, 7), ModelAnnouncement).round == 7
+    for payload in (_announcement(99999, 0, 0), _announcement(7, 7, 0)):
+        with pytest.raises(ProtocolError, match="another round"):
+            messages.decode(payload, ModelAnnouncement)
+
+
+@pytest.mark.parametrize(
+    ("path", "kind", "round"),
+    [("/api/models/12/weights", "weights", 12), ("/api/models/0/onnx", "onnx", 0)],
+)
+def test_model_round_reads_exact_paths(path, kind, round):
+    assert routes.model_round(path, kind) == round
+
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        ":18081/api/models/1/onnx",
+        "/api/models/1/onnx?x=1",
+        "/api/models/01/onnx",
+        "/api/models/1/weights",
+        "/api/models/1/onnx/",
+        "/api/../models/1/onnx",
+        "//evil/api/models/1/onnx",
+    ],
+)
+def test_model_round_refuses_any_other_path(path):
+    with pytest.raises(ValueError, match="not the path"):
+        routes.model_round(path, "onnx")
+
+
+@pytest.mark.parametrize(
+    ("base", "path"),
+    [
+        ("http://127.0.0.1", ":18081/api/models/1/onnx"),
+        ("http://127.0.0.1:8080", "@evil.example/api/x"),
+        ("http://127.0.0.1:8080", "/api/x/../../y"),
+        ("http://127.0.0.1:8080", "/other/x"),
+        ("ftp://127.0.0.1:8080", "/api/x"),
+        ("http://127.0.0.1:8080", "/api/x%2f..%2f"),
+    ],
+)
+def test_url_stays_on_the_coordinator(base, path):
+    with pytest.raises(ValueError):
+        routes.url(base, path)
+
+
+def test_url_joins_an_api_path():
+    assert (
+        routes.url("https://coord.lan:8443/", "/api/models/3/onnx")
+        == "https://coord.lan:8443/api/models/3/onnx"
+    )
+
+
+def test_signed_messages_verify_only_with_the_key_and_topic():
+    key, other = Ed25519PrivateKey.generate(), Ed25519PrivateKey.generate()
+    body = messages.encode(TASK)
+    payload = signing.sign(key, "fedspeech/v1/devices/a/task", body)
+    assert signing.verify(key.public_key(), "fedspeech/v1/devices/a/task", payload) == body
+    cases = {
+        "another key": (other.public_key(), "fedspeech/v1/devices/a/task", payload),
+        "another topic": (key.public_key(), "fedspeech/v1/devices/b/task", payload),
+        "unsigned": (key.public_key(), "fedspeech/v1/devices/a/task", body),
+        "tampered": (
+            key.public_key(),
+            "fedspeech/v1/devices/a/task",
+            payload.replace(b'"body":"ey', b'"body":"ez'),
+        ),
+    }
+    for public, topic, data in cases.values():
+        with pytest.raises(ProtocolError):
+            signing.verify(public, topic, data)
+
+
+def test_public_key_round_trips_as_text_and_file(tmp_path):
+    key = signing.load_or_create_key(tmp_path / "coordinator.key")
+    assert (tmp_path / "coordinator.key").stat().st_mode & 0o777 == 0o600
+    again = signing.load_or_create_key(tmp_path / "coordinator.key")
+    text = signing.public_key_text(key)
+    assert text == signing.public_key_text(again)
+    (tmp_path / "coordinator.pub").write_text(text + "\n")
+    for given in (text, str(tmp_path / "coordinator.pub")):
+        assert signing.public_key_text(signing.load_public_key(given)) == text
+    with pytest.raises(ProtocolError, match="Ed25519"):
+        signing.parse_public_key("not a key")

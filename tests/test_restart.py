@@ -22,6 +22,7 @@ def test_sigkill_mid_round_resumes_without_counting_a_round_twice(
         "--broker", mosquitto_url,
         "--port", str(port),
         "--topic-root", topic_root,
+        "--open-enrolment",
         "--rounds", str(ROUNDS),
         "--min-devices", "3",
         "--min-results", "3",

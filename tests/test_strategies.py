@@ -189,14 +189,15 @@ def test_aggregation_hooks():
     a = {"w": np.array([0.0, 4.0], np.float32)}
     b = {"w": np.array([4.0, 0.0], np.float32)}
     both = results(a, b, samples=[1, 3])
+    start = {"w": np.zeros(2, np.float32)}
     for name in ("fedavg", "fedprox", "random_k", "topk_only", "epochs_only"):
         np.testing.assert_allclose(
-            make_strategy(name, 2, 1).aggregate(1, both)["w"], fedavg([a, b], [1, 3])["w"]
+            make_strategy(name, 2, 1).aggregate(1, both, start)["w"], fedavg([a, b], [1, 3])["w"]
         )
     hardware = make_strategy("hardware", 2, 1)
     hardware.scores = {"d0": 1.0, "d1": 1 / 3}  # as its plan of the round left them
-    np.testing.assert_allclose(hardware.aggregate(1, both)["w"], [2.0, 2.0], rtol=1e-6)
-    np.testing.assert_allclose(make_strategy("median", 2, 1).aggregate(1, both)["w"], [2.0, 2.0])
+    np.testing.assert_allclose(hardware.aggregate(1, both, start)["w"], [2.0, 2.0], rtol=1e-6)
+    np.testing.assert_allclose(make_strategy("median", 2, 1).aggregate(1, both, start)["w"], [2.0, 2.0])
 
 
 def test_coordinate_median_ignores_a_minority_of_outliers():
@@ -218,6 +219,9 @@ def test_registry():
         "topk_only",
         "epochs_only",
         "median",
+        "trimmed_mean",
+        "clipped",
+        "clipped_trimmed_mean",
     }
     assert all(make_strategy(name, 3, 2).name == name for name in STRATEGIES)
     hw = make_strategy("hardware", 3, 2)

@@ -87,8 +87,10 @@ def test_coordinator_with_a_bad_task_file_stops_with_one_line(tmp_path):
         capture_output=True,
         text=True,
         timeout=120,
+        cwd=tmp_path,
     )
     assert "no such task file, nor a built-in task" in missing.stderr and "Traceback" not in missing.stderr
+    assert not (tmp_path / "fedspeech-state").exists(), "a bad task leaves no state behind"
 
 
 def _folder(tmp_path):

@@ -4,11 +4,13 @@ from collections.abc import Callable
 from functools import partial
 
 from fedspeech.coordinator.strategies.base import Result, RoundPlan, Strategy, Work
+from fedspeech.coordinator.strategies.clipped import NormClipped
 from fedspeech.coordinator.strategies.fedavg import FedAvg
 from fedspeech.coordinator.strategies.fedprox import FedProx
 from fedspeech.coordinator.strategies.hardware import HardwareAware
 from fedspeech.coordinator.strategies.median import FedMedian
 from fedspeech.coordinator.strategies.random_k import RandomK
+from fedspeech.coordinator.strategies.trimmed_mean import FedTrimmedMean
 
 # name -> a factory taking (k, epochs): k devices aggregated per round where a strategy selects,
 # epochs the local epochs of a round (the most capable device's, where epochs adapt)
@@ -20,7 +22,11 @@ STRATEGIES: dict[str, Callable[[int, int], Strategy]] = {
     # the hardware-aware method's ablations: its selection alone, its adaptive epochs alone
     "topk_only": partial(HardwareAware, name="topk_only", adaptive=False, weighted=False),
     "epochs_only": partial(HardwareAware, name="epochs_only", top_k=False, weighted=False),
+    # robust aggregation against poisoned updates (deploy/fleets/poisoning.py emulates the attacks)
     "median": FedMedian,
+    "trimmed_mean": FedTrimmedMean,
+    "clipped": NormClipped,
+    "clipped_trimmed_mean": partial(FedTrimmedMean, clip=True),
 }
 
 

@@ -1,8 +1,9 @@
 """The round hooks every strategy implements, and what passes through them.
 
 A strategy decides who trains each round and with what settings (`configure_round`), combines the
-accepted updates into the new global model (`aggregate`) and keeps whatever it needs across rounds
-(`on_round_end`). The orchestrator calls only these hooks and knows no strategy by name.
+accepted updates and the global model they started from into the new global model (`aggregate`) and
+keeps whatever it needs across rounds (`on_round_end`). The orchestrator calls only these hooks and
+knows no strategy by name.
 """
 
 from abc import ABC, abstractmethod
@@ -61,8 +62,8 @@ class Strategy(ABC):
     def configure_round(self, round: int, pool: Mapping[str, Profile], rng: np.random.Generator) -> RoundPlan:
         """The plan of a round, given the devices available with their measured profiles."""
 
-    def aggregate(self, round: int, results: Sequence[Result]) -> Arrays:
-        """The new global weights from the accepted results: FedAvg unless a strategy says otherwise."""
+    def aggregate(self, round: int, results: Sequence[Result], current: Arrays) -> Arrays:
+        """The new global weights from the results and current, the model they started from: FedAvg."""
         return fedavg([r.arrays for r in results], [r.num_samples for r in results])
 
     def on_round_end(  # noqa: B027 - a hook: most strategies keep nothing across rounds

@@ -79,7 +79,7 @@ class HardwareAware(Strategy):
             epochs = fixed_epochs(selected, self.epochs)
         return RoundPlan({d: Work(epochs[d]) for d in selected}, needed, required)
 
-    def aggregate(self, round: int, results: Sequence[Result]) -> Arrays:
+    def aggregate(self, round: int, results: Sequence[Result], current: Arrays) -> Arrays:
         """n_i * S_i weighting with the scores the round was planned with, or FedAvg."""
         updates, samples = [r.arrays for r in results], [r.num_samples for r in results]
         if not self.weighted:

@@ -17,6 +17,6 @@ class FedMedian(FedAvg):
 
     name = "median"
 
-    def aggregate(self, round: int, results: Sequence[Result]) -> Arrays:
+    def aggregate(self, round: int, results: Sequence[Result], current: Arrays) -> Arrays:
         """The median of each weight across the updates (sample counts do not weigh in)."""
         return coordinate_median([r.arrays for r in results])

@@ -1,0 +1,40 @@
+"""Coordinate-wise trimmed mean (Yin et al. 2018, "Byzantine-robust distributed learning"): FedAvg's rounds.
+
+Each weight of the new model is the mean of that weight across the updates without its trim * n largest
+and smallest values, so a minority of devices sending extreme values is cut off, while the remaining
+honest values are still averaged (less noisy than the median). Sample counts do not weigh in: one device
+could claim any number.
+
+With clip, each update's change is first bounded by the round's median update norm (as the `clipped`
+strategy does): a boosted update then carries its device's data at an ordinary size instead of being
+trimmed away coordinate by coordinate, and what is left of an attack is trimmed.
+"""
+
+from collections.abc import Sequence
+
+from fedspeech.coordinator.aggregate import clip_updates, median_norm, trimmed_mean
+from fedspeech.coordinator.strategies.base import Result
+from fedspeech.coordinator.strategies.fedavg import FedAvg
+from fedspeech.protocol.weights import Arrays
+
+
+class FedTrimmedMean(FedAvg):
+    """All devices, fixed epochs, the coordinate-wise trimmed mean of their updates."""
+
+    name = "trimmed_mean"
+
+    def __init__(self, k: int, epochs: int, trim: float = 0.2, *, clip: bool = False) -> None:
+        super().__init__(k, epochs)
+        self.clip = clip
+        if clip:
+            self.name = "clipped_trimmed_mean"
+        if not 0 <= trim < 0.5:
+            raise ValueError("trim must be at least 0 and below 0.5")
+        self.trim = trim  # the fraction cut at each end: 0.2 of 6 devices drops 1 high and 1 low
+
+    def aggregate(self, round: int, results: Sequence[Result], current: Arrays) -> Arrays:
+        """The trimmed mean of each weight across the (clipped) updates; sample counts do not weigh in."""
+        updates = [r.arrays for r in results]
+        if self.clip:
+            updates = clip_updates(current, updates, median_norm(current, updates))
+        return trimmed_mean(updates, self.trim)

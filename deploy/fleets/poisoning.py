@@ -1,0 +1,59 @@
+"""Model poisoning, for emulated benchmarks only: a device trains honestly, then uploads a tampered update.
+
+"scale" multiplies its change to the model by 100, so that it dominates a plain average (model
+replacement, Bagdasaryan et al. 2020, "How to backdoor federated learning"); "sign_flip" sends the
+change reversed, pushing the model away from where the honest devices move it. The daemon builds its
+trainer with `attacking_trainer(attack)` in place of `Trainer`.
+"""
+
+from collections.abc import Callable
+from functools import partial
+from typing import Any
+
+import numpy as np
+
+from fedspeech.edge_client.local_data import Split
+from fedspeech.edge_client.trainer import Trainer
+from fedspeech.protocol import weights
+from fedspeech.protocol.messages import Task
+from fedspeech.protocol.weights import Arrays
+
+# attack -> the factor its change to the model is multiplied by
+ATTACKS = {"scale": 100.0, "sign_flip": -1.0}
+
+
+def _factor(attack: str) -> float:
+    if attack not in ATTACKS:
+        raise ValueError(f"unknown attack {attack!r}, expected one of {', '.join(ATTACKS)}")
+    return ATTACKS[attack]
+
+
+def tamper(start: Arrays, trained: Arrays, attack: str) -> Arrays:
+    """start + factor * (trained - start) for each array, in its own dtype: the attack's weights."""
+    factor = _factor(attack)
+    tampered = {}
+    for name, value in trained.items():
+        begin = start[name].astype(np.float64)
+        tampered[name] = (begin + factor * (value.astype(np.float64) - begin)).astype(value.dtype)
+    return tampered
+
+
+class AttackingTrainer(Trainer):
+    """A Trainer whose uploads carry a tampered update with the honest run's metadata."""
+
+    def __init__(self, device_id: str, torch_threads: int = 1, *, attack: str) -> None:
+        _factor(attack)
+        super().__init__(device_id, torch_threads)
+        self.attack = attack
+
+    def train(self, task: Task, arrays: Arrays, train: Split) -> tuple[Any, bytes]:
+        """Train honestly from the given weights, then tamper with the change before it is uploaded."""
+        result, upload = super().train(task, arrays, train)
+        trained, metadata = weights.decode(upload)
+        return result, weights.encode(tamper(arrays, trained, self.attack), metadata=metadata)
+
+
+def attacking_trainer(attack: str) -> Callable[[str, int], Trainer]:
+    """A factory like `Trainer(device_id, torch_threads)` building trainers that mount the given attack."""
+    _factor(attack)
+    return partial(AttackingTrainer, attack=attack)

@@ -1,0 +1,211 @@
+"""No stranger steers the fleet: registration needs a device's token or enrolment secret, tasks are signed."""
+
+import logging
+import time
+
+import paho.mqtt.client as mqtt
+import pytest
+from conftest import one_round_coordinator, wait_for
+
+from fedspeech.coordinator.app import create_app
+from fedspeech.coordinator.enrolment import add_device, revoke_device
+from fedspeech.coordinator.mqtt_link import CoordinatorLink
+from fedspeech.protocol import messages, signing
+from fedspeech.protocol.messages import (
+    Credentials,
+    DeviceStatus,
+    ModelAnnouncement,
+    Profile,
+    Registration,
+    Task,
+)
+from fedspeech.protocol.mqtt import BrokerSettings
+from fedspeech.protocol.topics import Topics, parse_broker_url
+
+
+@pytest.fixture
+def make_app(tmp_path, mosquitto_url):
+    """A coordinator app (not started: HTTP through Flask's test client) with extra settings."""
+
+    def make(**config):
+        settings = {"STATE_DIR": str(tmp_path / "state"), "BROKER_URL": mosquitto_url, **config}
+        return create_app(settings)
+
+    return make
+
+
+def _register(http, device_id: str, credential: str | None = None):
+    body = messages.encode(Registration(device_id, 20, Profile(2, 0.0, 512.0)))
+    headers = {"Authorization": f"Bearer {credential}"} if credential else {}
+    return http.post("/api/devices", data=body, headers=headers)
+
+
+def _token(reply) -> str:
+    assert reply.status_code == 200, reply.get_json()
+    return messages.decode(reply.data, Credentials).token
+
+
+def _authorised(http, token: str) -> bool:
+    """Whether an upload with this token gets past the token check (no round is open: 409, not 401)."""
+    reply = http.post("/api/rounds/1/evaluations", data=b"{}", headers={"Authorization": f"Bearer {token}"})
+    assert reply.status_code in (400, 401, 409)
+    return reply.status_code != 401
+
+
+def test_no_stranger_takes_over_a_registered_device(make_app, caplog):
+    http = make_app(OPEN_ENROLMENT=True).test_client()
+    token = _token(_register(http, "kitchen"))
+    caplog.set_level(logging.WARNING)
+
+    for credential in (None, "a-guess-at-the-token-of-the-kitchen"):
+        reply = _register(http, "kitchen", credential)
+        assert reply.status_code == 401
+        assert "kitchen" in reply.get_json()["error"]
+    refusals = [r for r in caplog.records if "rejected (401)" in r.getMessage()]
+    assert len(refusals) == 2 and all(r.levelno == logging.WARNING for r in refusals)
+    assert _authorised(http, token), "the device's own token still works"
+
+
+def test_registering_again_with_the_token_replaces_it(make_app, caplog):
+    http = make_app(OPEN_ENROLMENT=True).test_client()
+    first = _token(_register(http, "kitchen"))
+    caplog.set_level(logging.WARNING)
+    second = _token(_register(http, "kitchen", first))
+    assert second != first
+    assert not _authorised(http, first), "the old token no longer works"
+    assert _authorised(http, second)
+    assert any(
+        r.levelno == logging.WARNING and "kitchen registered again" in r.getMessage() for r in caplog.records
+    )
+
+
+def test_enrolment_with_a_secret(make_app):
+    app = make_app()  # enrolment closed: the default
+    http, store = app.test_client(), app.extensions["fedspeech"].store
+    secret = add_device(store, "hall")
+    with pytest.raises(ValueError, match="already known"):
+        add_device(store, "hall")
+    with pytest.raises(ValueError, match="bad device id"):
+        add_device(store, "../etc")
+
+    stranger = _register(http, "stranger")
+    assert stranger.status_code == 403 and "not enrolled" in stranger.get_json()["error"]
+    assert _register(http, "hall").status_code == 401
+    assert _register(http, "hall", secret[:-2] + "xx").status_code == 401
+    token = _token(_register(http, "hall", secret))
+    assert _authorised(http, token)
+    again = _token(_register(http, "hall", secret))  # the secret still enrols it, if the token is lost
+    assert not _authorised(http, token) and _authorised(http, again)
+
+    assert revoke_device(store, "hall") and not revoke_device(store, "hall")
+    assert not _authorised(http, again), "a revoked device's token gets 401"
+    assert _register(http, "hall", secret).status_code == 403, "and it must be enrolled again"
+
+
+def test_open_enrolment_takes_new_devices_up_to_the_cap(make_app):
+    http = make_app(OPEN_ENROLMENT=True, MAX_DEVICES=3).test_client()
+    tokens = [_token(_register(http, f"d{i}")) for i in range(3)]
+    full = _register(http, "d3")
+    assert full.status_code == 403 and "maximum of 3 devices" in full.get_json()["error"]
+    assert _token(_register(http, "d0", tokens[0])), "known devices still register again"
+
+
+def test_the_coordinator_names_its_signing_key(make_app, tmp_path):
+    app = make_app(OPEN_ENROLMENT=True)
+    http = app.test_client()
+    key = signing.load_or_create_key(tmp_path / "state" / "coordinator.key")
+    public = signing.public_key_text(key)
+    assert http.get("/api/key").get_json() == {"coordinator_key": public}
+    assert messages.decode(_register(http, "kitchen").data, Credentials).coordinator_key == public
+    assert (tmp_path / "state" / "coordinator.pub").read_text().strip() == public
+    assert (tmp_path / "state" / "coordinator.key").stat().st_mode & 0o777 == 0o600
+    assert signing.public_key_text(make_app().extensions["fedspeech"].key) == public, "kept across restarts"
+
+
+class _Listener:
+    """A paho client on the real broker keeping the raw payloads of the topics it subscribed to."""
+
+    def __init__(self, broker_url: str, *topics: str) -> None:
+        self.payloads: dict[str, list[bytes]] = {t: [] for t in topics}
+        self.client = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2)
+        self.client.on_connect = lambda c, *_: [c.subscribe(t, qos=1) for t in topics]
+        self.client.on_message = lambda c, u, m: m.payload and self.payloads[m.topic].append(bytes(m.payload))
+        self.client.connect(*parse_broker_url(broker_url))
+        self.client.loop_start()
+
+    def close(self) -> None:
+        self.client.loop_stop()
+        self.client.disconnect()
+
+
+def test_tasks_and_announcements_arrive_signed(tmp_path, mosquitto_url, topic_root):
+    with one_round_coordinator(tmp_path, mosquitto_url, topic_root, "kitchen", EVAL_EVERY=0) as running:
+        app, service, device = running
+        topics = Topics(topic_root)
+        listener = _Listener(mosquitto_url, topics.task("kitchen"), topics.model)
+        try:
+            http = app.test_client()
+            key = signing.parse_public_key(http.get("/api/key").get_json()["coordinator_key"])
+            _token(_register(http, "kitchen"))
+            device.go_online(20)
+            task_payloads = wait_for(lambda: listener.payloads[topics.task("kitchen")], 120, "a task")
+            announcements = wait_for(lambda: listener.payloads[topics.model], 120, "an announcement")
+        finally:
+            listener.close()
+    task = messages.decode(signing.verify(key, topics.task("kitchen"), task_payloads[0]), Task)
+    assert task.round == 1
+    announced = messages.decode(signing.verify(key, topics.model, announcements[0]), ModelAnnouncement)
+    assert announced.round == 0
+    with pytest.raises(messages.ProtocolError, match="bad signature"):
+        signing.verify(key, topics.task("another-device"), task_payloads[0])  # no replay onto another topic
+    with pytest.raises(messages.ProtocolError):
+        messages.decode(task_payloads[0], Task)  # never a bare task
+
+
+def test_statuses_from_strangers_on_the_broker_are_bounded(tmp_path, mosquitto_url, topic_root, caplog):
+    topics = Topics(topic_root)
+    key = signing.load_or_create_key(tmp_path / "coordinator.key")
+    link = CoordinatorLink(BrokerSettings(mosquitto_url), topics, key, max_tracked=4, max_offline=2)
+    publisher = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2)
+    publisher.connect(*parse_broker_url(mosquitto_url))
+    publisher.loop_start()
+    link.start()
+
+    def status(device_id: str, state: str) -> None:
+        payload = messages.encode(DeviceStatus(device_id, state))
+        publisher.publish(topics.status(device_id), payload, qos=1).wait_for_publish(5)
+
+    try:
+        wait_for(lambda: status("probe", "online") or "probe" in link.statuses(), 10, "the link to listen")
+        publisher.publish(topics.status("probe"), b"", qos=1).wait_for_publish(5)  # a cleared status
+        wait_for(lambda: not link.statuses(), 10, "the cleared device forgotten")
+        for i in range(3):
+            status(f"gone-{i}", "offline")
+        wait_for(lambda: "gone-2" in link.statuses(), 10, "the statuses to arrive")
+        assert set(link.statuses()) == {"gone-1", "gone-2"}, "the longest offline forgotten"
+        for i in range(4):
+            status(f"up-{i}", "online")
+        wait_for(lambda: "up-3" in link.statuses(), 10, "the statuses to arrive")
+        assert link.online() == [f"up-{i}" for i in range(4)], "offline devices made room for online ones"
+        caplog.set_level(logging.WARNING)
+        status("up-4", "online")
+        wait_for(lambda: "statuses of further devices are ignored" in caplog.text, 10, "the cap logged")
+        status("up-5", "online")
+        time.sleep(0.5)
+        assert set(link.statuses()) == {f"up-{i}" for i in range(4)}
+        assert caplog.text.count("statuses of further devices are ignored") == 1, "logged once"
+    finally:
+        link.stop()
+        publisher.loop_stop()
+        publisher.disconnect()
+
+
+def test_only_registered_devices_count_as_online(tmp_path, mosquitto_url, topic_root):
+    with one_round_coordinator(tmp_path, mosquitto_url, topic_root, "kitchen", EVAL_EVERY=0) as running:
+        app, service, device = running
+        http = app.test_client()
+        device.go_online(20)  # its status is on the broker, but it never registered
+        wait_for(lambda: "kitchen" in service.link.online(), 10, "the status to arrive")
+        assert http.get("/api/status").get_json()["devices_online"] == []
+        _token(_register(http, "kitchen"))
+        assert http.get("/api/status").get_json()["devices_online"] == ["kitchen"]
