@@ -56,6 +56,8 @@ def verify(key: Ed25519PublicKey, topic: str, payload: bytes | bytearray) -> byt
         raise ProtocolError("signed message with bad base64") from None
     try:
         key.verify(signature_bytes, _signed_bytes(topic, body_bytes))
+    except UnicodeEncodeError:
+        raise ProtocolError("the topic is not UTF-8 text") from None
     except InvalidSignature:
         raise ProtocolError("bad signature: not signed by the coordinator's key for this topic") from None
     return body_bytes

@@ -947,6 +947,11 @@ FOUND = [
         ProtocolError,
     ),
     (
+        "verify: a topic with a lone surrogate, which UTF-8 cannot encode",
+        lambda: signing.verify(KEY.public_key(), "\ud800" + TOPIC, SIGNED),
+        ProtocolError,
+    ),
+    (
         "weights: a dtype numpy lacks (BF16)",
         lambda: weights.decode(_safetensors("BF16")),
         weights.WeightsError,
