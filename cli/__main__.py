@@ -6,59 +6,18 @@ import signal
 import threading
 from pathlib import Path
 
+from fedspeech.connection_options import (
+    add_broker_options,
+    add_coordinator_trust_options,
+    broker_settings,
+    coordinator_key,
+    read_secret,
+)
 from fedspeech.models.architectures import MODELS
-from fedspeech.protocol.mqtt import BrokerSettings
 from fedspeech.protocol.topics import DEFAULT_ROOT
 
 # names are checked where the strategy is made, so that the device commands never load coordinator code
 STRATEGY_NAMES = "a strategy's name (README: Strategies)"
-
-
-def _add_coordinator_trust_options(parser: argparse.ArgumentParser) -> None:
-    """How a device or listener knows its coordinator: the pinned signing key and the HTTPS CA."""
-    parser.add_argument(
-        "--coordinator-key",
-        metavar="KEY|FILE",
-        help="the coordinator's public key (its state/coordinator.pub), base64 or a file; default: the key "
-        "the coordinator names when the device first registers, then kept",
-    )
-    parser.add_argument("--coordinator-ca", type=Path, metavar="FILE", help="CA of the coordinator's HTTPS")
-
-
-def _add_broker_options(parser: argparse.ArgumentParser, username_default: str) -> None:
-    """The options that say how to log in to the broker, shared by coordinator, client and listen."""
-    parser.add_argument("--broker-username", help=f"broker user name (default: {username_default})")
-    parser.add_argument("--broker-password-file", type=Path, metavar="FILE", help="the broker password")
-    parser.add_argument("--broker-ca", type=Path, metavar="FILE", help="CA of the broker's TLS certificate")
-    parser.add_argument("--broker-cert", type=Path, metavar="FILE", help="client certificate for the broker")
-    parser.add_argument("--broker-key", type=Path, metavar="FILE", help="its private key")
-
-
-def _broker_settings(args: argparse.Namespace, url: str, username: str | None) -> BrokerSettings:
-    """The broker options as settings; SystemExit with one line for settings that cannot work."""
-    settings = BrokerSettings(
-        url=url,
-        username=args.broker_username or (username if args.broker_password_file else None),
-        password_file=args.broker_password_file,
-        ca_file=args.broker_ca,
-        cert_file=args.broker_cert,
-        key_file=args.broker_key,
-    )
-    try:
-        settings.check()
-    except ValueError as exc:
-        raise SystemExit(f"fedspeech {args.command}: {exc}") from None
-    return settings
-
-
-def _read_secret(path: Path | None, what: str) -> str | None:
-    """The first line of a secret's file, or None; SystemExit if it cannot be read."""
-    if path is None:
-        return None
-    try:
-        return path.read_text().strip()[:1024] or None
-    except OSError as exc:
-        raise SystemExit(f"fedspeech: cannot read the {what} {path}: {exc.strerror}") from None
 
 
 def _coordinator(args: argparse.Namespace) -> None:
@@ -66,7 +25,7 @@ def _coordinator(args: argparse.Namespace) -> None:
     from fedspeech.models.tasks import TaskFileError
 
     if args.broker is not None:
-        _broker_settings(args, args.broker, "coordinator")  # one line for options that cannot work
+        broker_settings(args, args.broker, "coordinator")  # one line for options that cannot work
     if (args.tls_cert is None) != (args.tls_key is None):
         raise SystemExit("fedspeech coordinator: --tls-cert and --tls-key go together")
     config = {
@@ -146,18 +105,18 @@ def _client(args: argparse.Namespace) -> None:
             (args.device_id or s, DataSource(corpus=args.corpus, speaker=s, corpus_dir=args.data_dir))
             for s in args.speaker
         ]
-    secret = _read_secret(args.enrolment_secret_file, "enrolment secret")
+    secret = read_secret(args.enrolment_secret_file, "enrolment secret")
     if secret is not None and len(sources) > 1:
         raise SystemExit("fedspeech client: an enrolment secret is one device's; give one --speaker")
     configs = [
         ClientConfig(
             coordinator_url=args.coordinator,
-            broker=_broker_settings(args, args.broker, device_id),
+            broker=broker_settings(args, args.broker, device_id),
             device_id=device_id,
             data=source,
             state_dir=args.state / device_id,
             enrolment_secret=secret,
-            coordinator_key=_coordinator_key(args),
+            coordinator_key=coordinator_key(args),
             coordinator_ca=args.coordinator_ca,
             topic_root=args.topic_root,
             max_samples=args.max_samples,
@@ -178,19 +137,6 @@ def _client(args: argparse.Namespace) -> None:
             run_clients(configs)
     except Refused as exc:
         raise SystemExit(f"fedspeech client: {exc}") from None
-
-
-def _coordinator_key(args: argparse.Namespace) -> str | None:
-    """The pinned coordinator key given as text or file, checked; SystemExit if it is not one."""
-    from fedspeech.protocol.messages import ProtocolError
-    from fedspeech.protocol.signing import load_public_key, public_key_text
-
-    if args.coordinator_key is None:
-        return None
-    try:
-        return public_key_text(load_public_key(args.coordinator_key))
-    except (ProtocolError, OSError) as exc:
-        raise SystemExit(f"fedspeech {args.command}: --coordinator-key: {exc}") from None
 
 
 def _host_device_id() -> str:
@@ -331,8 +277,8 @@ def _listen(args: argparse.Namespace) -> None:
     config = ListenConfig(
         model=args.model,
         coordinator_url=args.coordinator,
-        broker=_broker_settings(args, args.broker, None),
-        coordinator_key=_coordinator_key(args),
+        broker=broker_settings(args, args.broker, None),
+        coordinator_key=coordinator_key(args),
         coordinator_ca=args.coordinator_ca,
         topic_root=args.topic_root,
         input=args.input,
@@ -369,7 +315,7 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--state", type=Path, default=Path("fedspeech-state"), help="state directory")
     c.add_argument("--broker", help="mqtt:// or mqtts:// (TLS) URL of an existing broker (default: embedded)")
     c.add_argument("--broker-port", type=int, help="port of the embedded broker (default 1883)")
-    _add_broker_options(c, "coordinator, with a password file")
+    add_broker_options(c, "coordinator, with a password file")
     c.add_argument("--host", default="127.0.0.1", help="HTTP bind address")
     c.add_argument("--port", type=int, default=8080, help="HTTP port")
     c.add_argument("--tls-cert", type=Path, metavar="FILE", help="serve HTTPS with this certificate (PEM)")
@@ -436,8 +382,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="where the device keeps its token and the coordinator's key, in a folder per device id",
     )
     d.add_argument("--enrolment-secret-file", type=Path, metavar="FILE", help="from `fedspeech devices add`")
-    _add_coordinator_trust_options(d)
-    _add_broker_options(d, "the device id, with a password file")
+    add_coordinator_trust_options(d)
+    add_broker_options(d, "the device id, with a password file")
     d.set_defaults(run=_client)
 
     dv = sub.add_parser("devices", help="enrol, revoke and list devices (run beside the coordinator's state)")
@@ -522,8 +468,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--broker", default="mqtt://127.0.0.1:1883", help="mqtt(s)://host:port, with --coordinator"
     )
     li.add_argument("--topic-root", default=DEFAULT_ROOT)
-    _add_coordinator_trust_options(li)
-    _add_broker_options(li, "none: anonymous")
+    add_coordinator_trust_options(li)
+    add_broker_options(li, "none: anonymous")
     audio = li.add_mutually_exclusive_group()
     audio.add_argument(
         "--input",
