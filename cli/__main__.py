@@ -6,6 +6,7 @@ import signal
 import threading
 from pathlib import Path
 
+from fedspeech.bench_seeds import add_parser as add_seeds_parser
 from fedspeech.connection_options import (
     add_broker_options,
     add_coordinator_trust_options,
@@ -65,6 +66,15 @@ def _coordinator(args: argparse.Namespace) -> None:
         "MODEL_DEPTH": args.depth,
         "DEPTH_SCHEDULE": args.depth_schedule,
         "DEPTH_STAGES": args.depth_stages,
+        "GROUPS": args.groups,
+        "VALIDATION_DATA": args.validation_data,
+        "QUALITY_TEMPERATURE": args.quality_temperature,
+        "QUALITY_BY_SAMPLES": args.quality_by_samples or None,
+        "PRIOR_WEIGHT": args.prior_weight,
+        "SERVER_DATA": args.server_data,
+        "SHARED_VALIDATION": args.shared_validation,
+        "DISTILL_WEIGHT": args.distill_weight,
+        "DISTILL_TEMPERATURE": args.distill_temperature,
     }
     try:
         app = create_app({k: v for k, v in config.items() if v is not None})
@@ -122,6 +132,7 @@ def _client(args: argparse.Namespace) -> None:
             max_samples=args.max_samples,
             torch_threads=args.threads,
             model_dir=args.model_dir / device_id if args.model_dir and len(sources) > 1 else args.model_dir,
+            share_validation=args.share_validation,
         )
         for device_id, source in sources
     ]
@@ -356,6 +367,37 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--depth", type=int, help="a transformer's full-grown number of encoder blocks")
     c.add_argument("--depth-schedule", help="constant, linear (default) or depths per stage, e.g. 1,2,4")
     c.add_argument("--depth-stages", type=int, help="stages of the linear schedule (default: one per block)")
+    methods = c.add_argument_group("the methods' settings")
+    methods.add_argument(
+        "--groups", type=int, help="grouped: groups trained side by side (default 0: one per device)"
+    )
+    methods.add_argument(
+        "--validation-data", help="quality: score each update on a folder DIR/<label>/* of clips"
+    )
+    methods.add_argument(
+        "--shared-validation",
+        type=int,
+        metavar="N",
+        help="quality: also take up to N clips from each device that opts in (default 0: none)",
+    )
+    methods.add_argument(
+        "--quality-temperature", type=float, help="quality: weights softmax(score / T) (default 0.1)"
+    )
+    methods.add_argument(
+        "--quality-by-samples", action="store_true", help="quality: weights also times samples"
+    )
+    methods.add_argument(
+        "--prior-weight", type=float, help="class_prior: the regulariser's lambda (default 1)"
+    )
+    methods.add_argument(
+        "--server-data", help="mkd: the server model's clips, DIR/<label>/* or unlabelled in DIR"
+    )
+    methods.add_argument(
+        "--distill-weight", type=float, help="mkd: the devices' distillation term (default 1)"
+    )
+    methods.add_argument(
+        "--distill-temperature", type=float, help="mkd: soft labels' temperature (default 2)"
+    )
     c.set_defaults(run=_coordinator)
 
     d = sub.add_parser("client", help="run the device daemon")
@@ -382,6 +424,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="where the device keeps its token and the coordinator's key, in a folder per device id",
     )
     d.add_argument("--enrolment-secret-file", type=Path, metavar="FILE", help="from `fedspeech devices add`")
+    d.add_argument(
+        "--share-validation",
+        type=int,
+        default=0,
+        metavar="N",
+        help="send N training clips (their audio) to the coordinator to weigh updates by (default 0: none)",
+    )
     add_coordinator_trust_options(d)
     add_broker_options(d, "the device id, with a password file")
     d.set_defaults(run=_client)
@@ -459,6 +508,7 @@ def build_parser() -> argparse.ArgumentParser:
     bi.add_argument("--data-dir", type=Path, help="folder holding its corpus (default: bundled data/)")
     bi.add_argument("--repeats", type=int, default=1000, help="windows timed per engine")
     bi.set_defaults(run=_bench_inference)
+    add_seeds_parser(b)
 
     li = sub.add_parser("listen", help="run the global model on a microphone or an audio file (no torch)")
     source = li.add_mutually_exclusive_group()

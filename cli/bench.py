@@ -77,10 +77,16 @@ class BenchConfig:
     corpus_settings: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)  # per-corpus extras
     targets: Mapping[str, float] = field(default_factory=lambda: dict(DEFAULT_TARGETS))
     round_timeout_s: float = 120.0
+    # the corpus each entry of `corpora` trains on, where the entry is another name (a split, a fold)
+    corpus_of: Mapping[str, str] = field(default_factory=dict)
 
     def fleet(self, corpus: str) -> list[DeviceSpec]:
         """The corpus' emulated fleet."""
         return self.fleets[corpus] if corpus in self.fleets else load_fleet(DEFAULT_FLEETS[corpus])
+
+    def corpus_name(self, corpus: str) -> str:
+        """The corpus (and built-in task) an entry of `corpora` trains on."""
+        return self.corpus_of.get(corpus, corpus)
 
 
 def strategies_config(
@@ -179,6 +185,12 @@ class Run:
         """The first round whose global model reached the target accuracy, or None."""
         return next((r.round for r in self.rounds if _accuracy(r) >= target), None)
 
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> "Run":
+        """A run back from its dataclasses.asdict form (as results.json holds it)."""
+        rounds = [RoundRecord(**record) for record in data["rounds"]]
+        return cls(data["corpus"], data["arm"], int(data["seed"]), rounds, float(data["t0"]))
+
 
 def _accuracy(record: RoundRecord) -> float:
     """A round's accuracy on the coordinator's held-out set, else pooled over the devices' test clips."""
@@ -205,9 +217,10 @@ def run_once(cfg: BenchConfig, corpus: str, arm: Arm, seed: int) -> Run:
     # an attacker replaces the fleet's device of its speaker
     fleet = [s for s in cfg.fleet(corpus) if s.speaker not in arm.attacks and s.speaker not in arm.left_out]
     settings["MIN_DEVICES"] = sum(len(spec.device_ids) for spec in fleet) + len(arm.attacks)
+    name = cfg.corpus_name(corpus)
     with (
-        fleet_run(fleet, corpus, run_dir, data_dir=cfg.data_dir, config=settings) as run,
-        attacking_devices(arm.attacks, run, corpus, run_dir, cfg.data_dir),
+        fleet_run(fleet, name, run_dir, data_dir=cfg.data_dir, config=settings) as run,
+        attacking_devices(arm.attacks, run, name, run_dir, cfg.data_dir),
     ):
         run.wait(cfg.round_timeout_s + 60)
     rounds = run.service.store.rounds()[1:]
@@ -215,7 +228,7 @@ def run_once(cfg: BenchConfig, corpus: str, arm: Arm, seed: int) -> Run:
     return Run(corpus, arm.name, seed, rounds, rounds[0].started_at)
 
 
-def _welch(a: Sequence[float], b: Sequence[float]) -> tuple[float, float]:
+def welch(a: Sequence[float], b: Sequence[float]) -> tuple[float, float]:
     """Welch's t-test p-value and Cohen's d (pooled SD) of a against b."""
     from scipy import stats
 
@@ -261,7 +274,7 @@ def summarize(runs: Sequence[Run], target: float, baseline: str) -> list[Summary
         acc = [r.final_accuracy for r in group]
         times = [t for r in group if (t := r.time_to(target)) is not None]
         rounds = [n for r in group if (n := r.rounds_to(target)) is not None]
-        p, d = _welch(acc, reference) if arm != baseline else (float("nan"), float("nan"))
+        p, d = welch(acc, reference) if arm != baseline else (float("nan"), float("nan"))
         summaries.append(
             Summary(
                 arm=arm,

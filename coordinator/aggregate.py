@@ -98,3 +98,36 @@ def clip_updates(current: Arrays, updates: Sequence[Arrays], max_norm: float) ->
             {name: (current[name] + scale * d).astype(update[name].dtype) for name, d in delta.items()}
         )
     return clipped
+
+
+def quality_weights(
+    scores: Sequence[float], temperature: float, num_samples: Sequence[int] | None = None
+) -> list[float]:
+    """Aggregation weights softmax(score / temperature), times each update's samples if given; sum 1."""
+    # FedVMR's c-validation: a local model that scores better on the validation set counts for more.
+    if not scores or not temperature > 0:
+        raise ValueError("need at least one score and a positive temperature")
+    logits = np.asarray(scores, dtype=np.float64) / temperature
+    if not np.isfinite(logits).all():
+        raise ValueError("scores must be finite")
+    weights = np.exp(logits - logits.max())
+    if num_samples is not None:
+        if len(num_samples) != len(scores):
+            raise ValueError("need one sample count per score")
+        weights = weights * np.asarray(num_samples, dtype=np.float64)
+    return (weights / weights.sum()).tolist()
+
+
+def population_distribution(counts: Sequence[Sequence[int]], num_samples: Sequence[int]) -> np.ndarray:
+    """p = sum_k n_k / n * q_k, each device's q_k its predicted class counts with +1 smoothing."""
+    # FedVMR's population class distribution; the +1 keeps every class possible, as the paper does.
+    if not counts or len(counts) != len(num_samples):
+        raise ValueError("need one sample count per device's class counts, and at least one device")
+    c = np.asarray(counts, dtype=np.float64) + 1.0
+    if c.ndim != 2 or (c < 1).any():
+        raise ValueError("class counts must be equally long lists of non-negative counts")
+    q = c / c.sum(axis=1, keepdims=True)
+    n = np.asarray(num_samples, dtype=np.float64)
+    if (n <= 0).any():
+        raise ValueError("sample counts must be positive")
+    return (n / n.sum()) @ q

@@ -125,6 +125,16 @@ def model_file(round: int, kind: str):
     return send_file(path, mimetype="application/octet-stream", max_age=0)
 
 
+@bp.get(routes.RELAY_RULE)
+def relayed_update(round: int, step: int):
+    """Download the update a device's group passed on to it: only the device whose task trains from it."""
+    service = _service()
+    path = service.orchestrator.relay_file(round, step, _device())
+    if not path.exists():
+        return _error(404, f"no relayed update {step} in round {round}")
+    return send_file(path, mimetype="application/octet-stream", max_age=0)
+
+
 @bp.get(routes.LATEST_MODEL_RULE)
 def latest_model():
     """The latest completed round's record."""
@@ -148,6 +158,17 @@ def upload_evaluation(round: int):
     body = _body(messages.MAX_MESSAGE_BYTES)
     _service().orchestrator.receive_evaluation(round, device, body)
     return jsonify(accepted=True, device_id=device, round=round)
+
+
+@bp.post(routes.VALIDATION_RULE)
+def share_validation():
+    """Take the validation clips a device chose to share, if this coordinator takes any."""
+    device = _device()
+    shared = _service().shared_validation
+    if shared is None:
+        raise NotWanted("this coordinator takes no shared validation clips")
+    clips = shared.receive(device, _body(shared.max_body))
+    return jsonify(accepted=clips, device_id=device)
 
 
 @bp.get(routes.STATUS_RULE)

@@ -19,6 +19,7 @@ from fedspeech.coordinator.global_model import GlobalModel
 from fedspeech.coordinator.http_server import HttpServer, serve
 from fedspeech.coordinator.mqtt_link import CoordinatorLink
 from fedspeech.coordinator.orchestrator import Orchestrator, RoundConfig
+from fedspeech.coordinator.shared_validation import SharedValidation
 from fedspeech.coordinator.store import StateError, Store
 from fedspeech.protocol import signing
 from fedspeech.protocol.files import write_atomically
@@ -57,6 +58,12 @@ DEFAULTS: dict[str, Any] = {
     "EVAL_CORPUS": None,
     "DATA_DIR": None,  # where EVAL_CORPUS lives; None: the bundled data/ folder
     "EVAL_LIMIT": None,  # cap on central held-out clips, None for all
+    # the coordinator's own clips for two methods: quality-weighted aggregation scores each update on
+    # VALIDATION_DATA (DIR/<label>/*); mutual distillation trains its server model on SERVER_DATA
+    # (DIR/<label>/*, or a folder of unlabelled clips)
+    "VALIDATION_DATA": None,
+    "SERVER_DATA": None,
+    "SHARED_VALIDATION": 0,  # clips a device may share for validation (fedspeech client --share-validation)
     "MODEL": "cnn",  # an architecture in fedspeech.models.MODELS
     "MODEL_DEPTH": None,  # a transformer's full-grown depth, None for models.MAX_DEPTH
     # every RoundConfig field, upper-cased: ROUNDS, MIN_DEVICES, ..., STRATEGY, K, DEPTH_SCHEDULE:
@@ -75,6 +82,7 @@ class Service:
     key: Ed25519PrivateKey  # signs tasks and model announcements
     broker_url: str
     broker: EmbeddedBroker | None = None
+    shared_validation: SharedValidation | None = None  # clips devices share, where the operator takes them
     stop_event: threading.Event = field(default_factory=threading.Event)
     thread: threading.Thread | None = None
 
@@ -111,13 +119,65 @@ def _global_model(config: Mapping[str, Any]) -> GlobalModel:
 
     definition = load_task(config["TASK"])
     spec = spec_for(definition, config["MODEL"], config["MODEL_DEPTH"])
-    return GlobalModel(spec, definition, _central_heldout(config, definition))
+    shared = None
+    if int(config["SHARED_VALIDATION"]) > 0:
+        folder = Path(config["STATE_DIR"]) / "validation"
+        shared = SharedValidation(
+            folder, int(config["SHARED_VALIDATION"]), spec.num_samples, spec.num_classes
+        )
+    validation = (
+        _folder_clips(config["VALIDATION_DATA"], definition, "validation")
+        if config["VALIDATION_DATA"]
+        else None
+    )
+    server = _server_data(Path(config["SERVER_DATA"]), definition) if config["SERVER_DATA"] else None
+    return GlobalModel(spec, definition, _central_heldout(config, definition), validation, server, shared)
+
+
+def _load(
+    clips: list[Any], skipped: list[Any], definition: TaskDefinition, purpose: str, source: str
+) -> tuple[list[Any], np.ndarray]:
+    """The clips that load, with their waveforms; each skip logged; ValueError if none is usable."""
+    from fedspeech.models.folders import ClipCache
+
+    kept, waveforms, bad = ClipCache().load(clips, definition.sample_rate, definition.num_samples)
+    for skip in skipped + bad:
+        log.warning("%s skips %s: %s", purpose, skip.path, skip.reason)
+    if not kept:
+        raise ValueError(f"no usable clips for {purpose} in {source}")
+    log.info("%s: %d clips from %s", purpose, len(kept), source)
+    return kept, waveforms
+
+
+def _folder_clips(folder: str, definition: TaskDefinition, purpose: str) -> tuple[np.ndarray, np.ndarray]:
+    """The waveforms and labels of a folder DIR/<label>/*."""
+    from fedspeech.models.folders import list_folder
+
+    clips, skipped = list_folder(Path(folder), definition.labels)
+    kept, waveforms = _load(clips, skipped, definition, purpose, folder)
+    return waveforms, np.array([clip.label for clip in kept], dtype=np.int64)
+
+
+def _server_data(folder: Path, definition: TaskDefinition) -> tuple[np.ndarray, np.ndarray | None]:
+    """Mutual distillation's server clips: labelled from DIR/<label>/*, else every file in DIR unlabelled."""
+    from fedspeech.models.datasets import Clip
+    from fedspeech.models.folders import MAX_FILES, list_folder
+
+    clips, skipped = list_folder(folder, definition.labels)
+    if clips:
+        kept, waveforms = _load(clips, skipped, definition, "server data", str(folder))
+        return waveforms, np.array([clip.label for clip in kept], dtype=np.int64)
+    files = [p for p in sorted(folder.iterdir()) if p.is_file() and not p.name.startswith(".")][:MAX_FILES]
+    _, waveforms = _load(
+        [Clip(p, 0, "", False) for p in files], [], definition, "unlabelled server data", str(folder)
+    )
+    return waveforms, None
 
 
 def _central_heldout(config: Mapping[str, Any], definition: TaskDefinition) -> tuple[Any, Any] | None:
     """The coordinator's own held-out waveforms and labels, if the operator gave any; else None."""
     from fedspeech.models.datasets import Clip, load_corpus, server_test_clips
-    from fedspeech.models.folders import ClipCache, list_folder
+    from fedspeech.models.folders import list_folder
 
     if config["EVAL_DATA"] and config["EVAL_CORPUS"]:
         raise ValueError("central evaluation takes EVAL_DATA or EVAL_CORPUS, not both")
@@ -138,14 +198,7 @@ def _central_heldout(config: Mapping[str, Any], definition: TaskDefinition) -> t
     else:
         log.info("no central held-out set: the devices evaluate each model on their own test clips")
         return None
-    kept, waveforms, bad = ClipCache().load(
-        clips[: config["EVAL_LIMIT"]], definition.sample_rate, definition.num_samples
-    )
-    for skip in skipped + bad:
-        log.warning("central evaluation skips %s: %s", skip.path, skip.reason)
-    if not kept:
-        raise ValueError(f"no usable clips for central evaluation in {source}")
-    log.info("central held-out set: %d clips from %s", len(kept), source)
+    kept, waveforms = _load(clips[: config["EVAL_LIMIT"]], skipped, definition, "central evaluation", source)
     return waveforms, np.array([clip.label for clip in kept], dtype=np.int64)
 
 
@@ -169,7 +222,16 @@ def create_app(config: Mapping[str, Any] | None = None) -> Flask:
     link = CoordinatorLink(settings, Topics(app.config["TOPIC_ROOT"]), key)
     enrolment = Enrolment(store, bool(app.config["OPEN_ENROLMENT"]), int(app.config["MAX_DEVICES"]))
     orchestrator = Orchestrator(round_config, store, link, model)
-    app.extensions["fedspeech"] = Service(store, link, orchestrator, enrolment, key, settings.url, broker)
+    app.extensions["fedspeech"] = Service(
+        store,
+        link,
+        orchestrator,
+        enrolment,
+        key,
+        settings.url,
+        broker,
+        shared_validation=model.shared_validation,
+    )
     app.register_blueprint(api_bp)
     return app
 

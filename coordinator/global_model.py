@@ -12,23 +12,38 @@ from fedspeech.protocol.messages import ModelSpec, TaskDefinition
 from fedspeech.protocol.weights import Arrays
 
 if TYPE_CHECKING:
+    from fedspeech.coordinator.shared_validation import SharedValidation
     from fedspeech.export.onnx_export import Parity
 
 
+Clips = tuple[np.ndarray, np.ndarray]  # waveforms (N, num_samples) and labels (N,)
+
+
 class GlobalModel:
-    """Builds, grows, evaluates and exports models of one spec; holds the held-out set.
+    """Builds, grows, evaluates and exports models of one spec; holds the coordinator's own clips.
 
     spec is the full-grown model; a transformer's arrays may hold fewer blocks, and every method works
-    at the depth the arrays have.
+    at the depth the arrays have. heldout scores each global model; validation scores each update (for
+    quality-weighted aggregation); server_data trains mutual distillation's server model, its labels
+    None where the clips are unlabelled.
     """
 
     def __init__(
-        self, spec: ModelSpec, definition: TaskDefinition, heldout: tuple[np.ndarray, np.ndarray] | None
+        self,
+        spec: ModelSpec,
+        definition: TaskDefinition,
+        heldout: Clips | None,
+        validation: Clips | None = None,
+        server_data: tuple[np.ndarray, np.ndarray | None] | None = None,
+        shared_validation: "SharedValidation | None" = None,
     ) -> None:
         import torch
 
         torch.set_num_threads(1)
         self.spec, self.definition, self.heldout = spec, definition, heldout
+        self.validation, self.server_data, self.shared_validation = validation, server_data, shared_validation
+        self.can_score = validation is not None or shared_validation is not None
+        self.can_distil = server_data is not None
         self.labels, self.task = list(definition.labels), definition.name
         self._workdir = tempfile.TemporaryDirectory(prefix="fedspeech-onnx-")
         self._models: dict[ModelSpec, Any] = {}
@@ -79,6 +94,62 @@ class GlobalModel:
             return None
         result = evaluate(self._model(arrays), *self.heldout)
         return Evaluation(result.accuracy, result.macro_f1, result.loss)
+
+    def norm_names(self) -> set[str]:
+        """The names of the model's batch-normalisation arrays, which FedBN keeps on the devices."""
+        from fedspeech.models import build_model
+        from fedspeech.models.norm import norm_names
+
+        return norm_names(build_model(self.spec))
+
+    def score(self, arrays: Arrays) -> float | None:
+        """Accuracy on the coordinator's own validation clips and those devices shared; None if none."""
+        from fedspeech.models.train import evaluate
+
+        parts = [self.validation, self.shared_validation.clips() if self.shared_validation else None]
+        present = [p for p in parts if p is not None]
+        if not present:
+            return None
+        waveforms, labels = (np.concatenate([p[i] for p in present]) for i in (0, 1))
+        return evaluate(self._model(arrays), waveforms, labels).accuracy
+
+    def distil(
+        self,
+        student: Arrays,
+        teacher: Arrays,
+        *,
+        epochs: int,
+        batch_size: int,
+        learning_rate: float,
+        temperature: float,
+        seed: int,
+    ) -> Arrays:
+        """The student trained on the server data towards the teacher's soft labels (and any labels)."""
+        import torch
+
+        from fedspeech.models import build_model
+        from fedspeech.models.train import get_arrays, set_arrays, train_local
+
+        if self.server_data is None:
+            raise ValueError("no server data")
+        teacher_model = self._model(teacher)  # a teacher's parameters never change while it teaches
+        model = build_model(self.spec_of(student))
+        set_arrays(model, student)
+        torch.manual_seed(seed)
+        waveforms, labels = self.server_data
+        train_local(
+            model,
+            waveforms,
+            labels,
+            epochs=epochs,
+            batch_size=batch_size,
+            learning_rate=learning_rate,
+            seed=seed,
+            teacher=teacher_model,
+            distill_weight=1.0,
+            temperature=temperature,
+        )
+        return get_arrays(model)
 
     def to_onnx(self, arrays: Arrays, round: int) -> bytes:
         """The model as ONNX bytes, labels and round in its metadata."""

@@ -1,5 +1,6 @@
 """The round loop: select devices, hand out tasks, collect and check updates, aggregate, store, announce."""
 
+import json
 import logging
 import math
 import re
@@ -7,17 +8,19 @@ import threading
 import time
 import uuid
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from fedspeech.coordinator.chains import Chain
 from fedspeech.coordinator.errors import BadUpload, NotWanted
 from fedspeech.coordinator.evaluation_phase import EvaluationPhase
 from fedspeech.coordinator.ports import DeviceLink, ModelOps
 from fedspeech.coordinator.scheduling import depth_for_round
 from fedspeech.coordinator.store import RoundRecord, StateWriteError, Store, UpdateRecord
-from fedspeech.coordinator.strategies import Result, make_strategy
+from fedspeech.coordinator.strategies import MethodSettings, Result, RoundPlan, make_strategy
 from fedspeech.models import depth_of
 from fedspeech.protocol import messages, routes, weights
 from fedspeech.protocol.messages import BlobRef, ModelAnnouncement, ModelSpec, Profile, Task
@@ -29,6 +32,7 @@ UNMEASURED = Profile(cpu_count=1, cpu_freq_mhz=0.0, ram_available_mb=0.0)  # a d
 RETRY_S = 5.0  # before a round that failed is run again
 _COUNT = re.compile(r"^[0-9]{1,18}$")  # an update's num_samples: a plain decimal count, parsed cheaply
 _MAX_NUMBER_CHARS = 64  # an update's train_loss or train_seconds
+_MAX_COUNTS_CHARS = 64 * 20  # an update's predicted_counts: a JSON list of up to 64 counts
 
 
 @dataclass(frozen=True)
@@ -56,6 +60,13 @@ class RoundConfig:
     eval_min_reports: int = 1  # fewer reports than this give no federated scores
     # an update counts for at most the samples its device reported, and at most this many
     max_device_samples: int = 100_000
+    # the methods' settings (strategies.MethodSettings): grouped, quality, class_prior and mkd
+    groups: int = 0
+    quality_temperature: float = 0.1
+    quality_by_samples: bool = False
+    prior_weight: float = 1.0
+    distill_weight: float = 1.0
+    distill_temperature: float = 2.0
 
     def __post_init__(self) -> None:
         bounds = [
@@ -71,6 +82,18 @@ class RoundConfig:
                 raise ValueError(
                     f"{name} must be between {low:g} and {high:g} (a task's bounds), got {value}"
                 )
+        self.method_settings()  # refuses settings out of range
+
+    def method_settings(self) -> MethodSettings:
+        """The settings the strategies read."""
+        return MethodSettings(
+            self.groups,
+            self.quality_temperature,
+            self.quality_by_samples,
+            self.prior_weight,
+            self.distill_weight,
+            self.distill_temperature,
+        )
 
 
 def _optional_number(meta: Mapping[str, str], key: str) -> float | None:
@@ -92,6 +115,24 @@ def _claimed_samples(meta: Mapping[str, str]) -> int:
     return int(text)
 
 
+def _predicted_counts(meta: Mapping[str, str], num_classes: int) -> tuple[int, ...] | None:
+    """An update's predicted class counts, None if absent; ValueError unless num_classes bounded counts."""
+    text = meta.get("predicted_counts")
+    if text is None:
+        return None
+    try:
+        counts = json.loads(text) if len(text) <= _MAX_COUNTS_CHARS else None
+    except ValueError:  # not JSON, or an integer of thousands of digits
+        counts = None
+    if (
+        not isinstance(counts, list)
+        or len(counts) != num_classes
+        or not all(type(c) is int and 0 <= c <= messages.MAX_COUNT for c in counts)
+    ):
+        raise ValueError(f"predicted_counts must be a list of {num_classes} counts")
+    return tuple(counts)
+
+
 def _optional_count(open_: "OpenRound") -> int:
     """Results received from devices that were not required."""
     return sum(d not in open_.required for d in open_.updates)
@@ -107,9 +148,10 @@ class OpenRound:
     tasks: dict[str, Task]
     needed: int  # results to aggregate from devices not required
     required: frozenset[str]  # stale devices waited for on top of the needed results
-    updates: dict[str, tuple[Arrays, UpdateRecord]] = field(default_factory=dict)
+    updates: dict[str, tuple[Result, UpdateRecord]] = field(default_factory=dict)
     bytes_up: int = 0
     bytes_down: int = 0
+    chains: list[Chain] = field(default_factory=list)  # grouped sequential training's groups, if any
 
 
 class Orchestrator:
@@ -118,8 +160,10 @@ class Orchestrator:
     def __init__(self, config: RoundConfig, store: Store, link: DeviceLink, model: ModelOps) -> None:
         self.config, self.store, self.link, self.model = config, store, link, model
         self._lock = threading.Condition()
-        self.strategy = make_strategy(config.strategy, k=config.k, epochs=config.epochs)
+        self.strategy = make_strategy(config.strategy, config.k, config.epochs, config.method_settings())
+        self._local_names = self._check_method_needs()
         self._open: OpenRound | None = None
+        self._server: Arrays | None = None  # mutual distillation's server model, once trained
         self.evaluation = EvaluationPhase(store, link, model.spec.num_classes, config.eval_min_reports)
         self.settled_round = -1  # the last round whose model is stored and, where asked for, evaluated
         self._global: Arrays | None = None
@@ -164,14 +208,21 @@ class Orchestrator:
                 raise NotWanted(f"no open task {str(meta.get('task_id'))[:80]!r} for {device_id}")
             if device_id in open_.updates:
                 raise NotWanted(f"{device_id} already sent its update for round {round}")
-            if device_id not in open_.required and _optional_count(open_) >= open_.needed:
+            if open_.chains and device_id not in [c.current for c in open_.chains]:
+                raise NotWanted(f"{device_id} is not the device training in its group now")
+            if (
+                not open_.chains
+                and device_id not in open_.required
+                and _optional_count(open_) >= open_.needed
+            ):
                 raise NotWanted(f"round {round} already has the {open_.needed} results it needs")
             global_ = self._global
         if global_ is None:
             raise NotWanted("the coordinator has no global model yet")
         try:
-            weights.check_like(arrays, global_)
+            weights.check_like(arrays, self._shared(global_))
             claimed = _claimed_samples(meta)
+            counts = _predicted_counts(meta, self.model.spec.num_classes)
             record = UpdateRecord(
                 device_id=device_id,
                 num_samples=min(claimed, self._reported_samples(device_id)),
@@ -191,7 +242,8 @@ class Orchestrator:
         with self._lock:
             if self._open is not open_ or device_id in open_.updates:
                 raise NotWanted(f"round {round} closed while the update was checked")
-            open_.updates[device_id] = (arrays, record)
+            result = Result(device_id, arrays, record.num_samples, predicted_counts=counts)
+            open_.updates[device_id] = (result, record)
             open_.bytes_up += len(body)
             self._lock.notify_all()
         log.info("round %d: update from %s accepted (%d samples)", round, device_id, record.num_samples)
@@ -244,6 +296,9 @@ class Orchestrator:
         else:
             data = self.store.model_path(latest.round, "weights").read_bytes()
             self._global = weights.decode(data)[0]
+            teacher = self.store.model_path(latest.round, "teacher")
+            if self.strategy.distils and teacher.exists():
+                self._server = weights.decode(teacher.read_bytes())[0]
             log.info("resuming after round %d", latest.round)
             self._announce(latest)
             self.settled_round = latest.round
@@ -258,45 +313,30 @@ class Orchestrator:
         rng = np.random.default_rng([self.config.seed, round])
         plan = self.strategy.configure_round(round, profiles, rng)
         started = time.time()
-        deadline = started + self.config.round_timeout_s
-        work = {
-            device: {
-                "upload_path": routes.updates(round),
-                "epochs": w.epochs,
-                "config": dict(w.config),
-                "seed": self.config.seed * 100_003 + round * 1009 + i,
-            }
-            for i, (device, w) in enumerate(plan.work.items())
-        }
-        tasks = self._tasks(round, deadline, work)
-        with self._lock:
-            self._open = OpenRound(round, started, deadline, tasks, plan.needed, frozenset(plan.required))
-        for device, task in tasks.items():
-            self.link.publish_task(task, device)
         log.info(
             "round %d: %s selected %d of %d devices, aggregating the first %d and waiting for %s",
-            round, self.strategy.name, len(tasks), len(devices), plan.needed, plan.required or "no other",
+            round, self.strategy.name, len(plan.work), len(devices), plan.needed, plan.required or "no other",
         )  # fmt: skip
-
-        with self._lock:
-            while not stop.is_set() and time.time() < deadline and not self._all_in(self._open):
-                self._lock.wait(timeout=0.25)
-            open_, self._open = self._open, None
-        for device in tasks:
-            self.link.clear_task(device)
+        open_ = self._train_in_groups(round, plan, started, stop) if plan.groups else None
+        open_ = open_ or self._train_in_parallel(round, plan, started, stop)
         if stop.is_set():
             return None
         on_time = set(open_.updates)
-        missed = time.time() >= deadline and not self._all_in(open_)
-        if len(open_.updates) < min(self.config.min_results, plan.needed):
+        missed = any(c.skipped for c in open_.chains) or (
+            not open_.chains and time.time() >= open_.deadline and not self._all_in(open_)
+        )
+        if open_.chains:
+            results = [r for c in open_.chains if (r := c.result()) is not None]
+        else:
+            results = [result for result, _ in open_.updates.values()]
+        if len(results) < min(self.config.min_results, plan.needed):
             log.warning(
-                "round %d: %d of %d updates by the deadline, fewer than %d: round is run again",
-                round, len(open_.updates), len(tasks), self.config.min_results,
+                "round %d: %d of %d results by the deadline, fewer than %d: round is run again",
+                round, len(results), plan.needed, self.config.min_results,
             )  # fmt: skip
             self.strategy.on_round_end(round, plan, on_time, missed, [])
             return None
-        updates = sorted(open_.updates.values(), key=lambda u: u[1].device_id)
-        results = [Result(r.device_id, arrays, r.num_samples) for arrays, r in updates]
+        results = self._scored(round, sorted(results, key=lambda r: r.device_id))
         aggregated = self._aggregate(round, results)
         if aggregated is None:
             self.strategy.on_round_end(round, plan, on_time, missed, [])
@@ -304,8 +344,16 @@ class Orchestrator:
         new, kept = aggregated
         self.strategy.on_round_end(round, plan, on_time, missed, [r.device_id for r in kept])
         kept_ids = {r.device_id for r in kept}
-        records = [r for _, r in updates if r.device_id in kept_ids]
-        record = self._complete(round, started, len(tasks), new, records, open_.bytes_up, open_.bytes_down)
+        if open_.chains:  # a group's result stands for every update of the group
+            kept_ids = {d for c in open_.chains if c.last and c.last.device_id in kept_ids for d in c.devices}
+        records = sorted(
+            (r for _, r in open_.updates.values() if r.device_id in kept_ids), key=lambda r: r.device_id
+        )
+        teacher = self._distil(round, new)
+        record = self._complete(
+            round, started, len(plan.work), new, records, open_.bytes_up, open_.bytes_down, teacher
+        )
+        self.store.remove_relays(round)
         if self._evaluates(round):
             try:
                 self._evaluate_on_devices(record, stop)
@@ -313,6 +361,139 @@ class Orchestrator:
                 log.error("%s; the round stands without it", exc)
         self.settled_round = round
         return record
+
+    def _train_in_parallel(
+        self, round: int, plan: RoundPlan, started: float, stop: threading.Event
+    ) -> OpenRound:
+        """Every selected device trains from the global model; until the results are in or the deadline."""
+        deadline = started + self.config.round_timeout_s
+        tasks = self._tasks(round, deadline, {d: self._training(round, plan, d) for d in plan.work})
+        with self._lock:
+            self._open = OpenRound(round, started, deadline, tasks, plan.needed, frozenset(plan.required))
+        for device, task in tasks.items():
+            self.link.publish_task(task, device)
+        with self._lock:
+            while not stop.is_set() and time.time() < deadline and not self._all_in(self._open):
+                self._lock.wait(timeout=0.25)
+            open_, self._open = self._open, None
+        for device in tasks:
+            self.link.clear_task(device)
+        return open_
+
+    def _train_in_groups(
+        self, round: int, plan: RoundPlan, started: float, stop: threading.Event
+    ) -> OpenRound:
+        """Each group's devices train one after another, each from the last good update before it.
+
+        A device has ROUND_TIMEOUT_S from its task; one that has not answered by then, or went offline,
+        is skipped. Groups run side by side; the round ends when every group is through.
+        """
+        chains = [Chain(list(group)) for group in plan.groups]
+        open_ = OpenRound(round, started, started, {}, len(chains), frozenset(), chains=chains)
+        with self._lock:
+            self._open = open_
+        for chain in chains:
+            self._hand_out(open_, chain, plan)
+        step = 0
+        while not stop.is_set() and any(c.current is not None for c in chains):
+            done: list[tuple[Chain, Result]] = []
+            skipped: list[tuple[Chain, str]] = []
+            with self._lock:
+                self._lock.wait(timeout=0.25)
+                online = set(self.link.online())
+                for chain in chains:
+                    device = chain.current
+                    if device is None:
+                        continue
+                    if device in open_.updates:
+                        done.append((chain, open_.updates[device][0]))
+                    elif time.time() > open_.tasks[device].deadline or device not in online:
+                        chain.advance(None)  # under the lock: its update is not wanted from now on
+                        skipped.append((chain, device))
+            for chain, device in skipped:
+                log.warning(
+                    "round %d: %s did not answer in time: its group goes on without it", round, device
+                )
+                self.link.clear_task(device)
+                self._hand_out(open_, chain, plan)
+            for chain, result in done:
+                self.link.clear_task(result.device_id)
+                step += 1
+                chain.advance(result, self._relay(round, step, result.arrays))
+                self._hand_out(open_, chain, plan)
+        with self._lock:
+            self._open = None
+        for chain in chains:
+            if chain.current is not None:
+                self.link.clear_task(chain.current)
+        return open_
+
+    def _hand_out(self, open_: OpenRound, chain: Chain, plan: RoundPlan) -> None:
+        """Send the group's current device its task, from the group's last good model."""
+        device = chain.current
+        if device is None:
+            return
+        deadline = time.time() + self.config.round_timeout_s
+        task = self._tasks(open_.round, deadline, {device: self._training(open_.round, plan, device)})[device]
+        if chain.last is not None and chain.last_ref is not None:
+            task = replace(task, weights=chain.last_ref)
+            log.info("round %d: %s trains from the update of %s", open_.round, device, chain.last.device_id)
+        with self._lock:
+            open_.tasks[device] = task
+            open_.deadline = max(open_.deadline, deadline)
+        self.link.publish_task(task, device)
+
+    def _training(self, round: int, plan: RoundPlan, device: str) -> dict[str, Any]:
+        """The task fields of a device's training in a round."""
+        work, index = plan.work[device], list(plan.work).index(device)
+        return {
+            "upload_path": routes.updates(round),
+            "epochs": work.epochs,
+            "config": dict(work.config),
+            "seed": self.config.seed * 100_003 + round * 1009 + index,
+        }
+
+    def _relay(self, round: int, step: int, arrays: Arrays) -> BlobRef:
+        """Store an update for the next device of its group; where that device downloads it."""
+        blob = weights.encode(arrays, metadata={"round": str(round)})
+        self.store.save_relay(round, step, blob)
+        return BlobRef(routes.relay(round, step), weights.sha256(blob), len(blob))
+
+    def relay_file(self, round: int, step: int, device_id: str) -> Path:
+        """The relayed update a device's open task trains from; NotWanted for anyone else."""
+        path = routes.relay(round, step)
+        with self._lock:
+            open_ = self._open
+            task = open_.tasks.get(device_id) if open_ is not None and open_.round == round else None
+            if open_ is None or task is None or task.weights.path != path:
+                raise NotWanted(f"{device_id} has no open task that trains from {path}")
+            open_.bytes_down += task.weights.size
+        return self.store.relay_path(round, step)
+
+    def _scored(self, round: int, results: list[Result]) -> list[Result]:
+        """The results with their validation scores, where the strategy weighs by them."""
+        if not self.strategy.scored:
+            return results
+        scored = [replace(r, score=self.model.score(self._full(r.arrays))) for r in results]
+        scores = ", ".join(f"{r.device_id} {r.score:.4f}" for r in scored if r.score is not None)
+        log.info("round %d: validation scores %s", round, scores)
+        return scored
+
+    def _distil(self, round: int, new: Arrays) -> Arrays | None:
+        """Mutual distillation's server model, trained on the server's data taught by the new global model."""
+        if not self.strategy.distils:
+            return None
+        student = self._server if self._server is not None and self._server.keys() == new.keys() else new
+        self._server = self.model.distil(
+            student,
+            new,
+            epochs=self.config.epochs,
+            batch_size=self.config.batch_size,
+            learning_rate=self.config.learning_rate,
+            temperature=self.config.distill_temperature,
+            seed=self.config.seed * 100_003 + round,
+        )
+        return self._server
 
     def _aggregate(self, round: int, results: Sequence[Result]) -> tuple[Arrays, list[Result]] | None:
         """The strategy's new global weights and the results in them; None if no result can be aggregated.
@@ -337,12 +518,43 @@ class Orchestrator:
     def _try_aggregate(self, round: int, results: Sequence[Result]) -> Arrays | None:
         """The strategy's aggregate of the results, or None if it raises or its weights are unusable."""
         try:
-            new = self.strategy.aggregate(round, results, self._current)
+            new = self._full(self.strategy.aggregate(round, results, self._shared(self._current)))
             weights.check_like(new, self._current)
         except Exception as exc:
             log.debug("round %d: aggregating %s failed: %s", round, [r.device_id for r in results], exc)
             return None
         return new
+
+    def _shared(self, arrays: Arrays) -> Arrays:
+        """The arrays devices send: all but the normalisation layers a method keeps on the devices."""
+        return {name: a for name, a in arrays.items() if name not in self._local_names}
+
+    def _full(self, shared: Arrays) -> Arrays:
+        """Shared arrays completed with the global model's own normalisation layers."""
+        return {**{name: self._current[name] for name in self._local_names}, **shared}
+
+    def _check_method_needs(self) -> frozenset[str]:
+        """ValueError if the strategy needs what the model or coordinator lacks; the names kept on devices."""
+        name = self.strategy.name
+        if self.strategy.scored and not self.model.can_score:
+            raise ValueError(
+                f"{name} scores each update on a validation set: give one (--validation-data DIR), or take "
+                "clips devices share (--shared-validation N)"
+            )
+        if self.strategy.distils and not self.model.can_distil:
+            raise ValueError(
+                f"{name} trains a server model on the coordinator's data: give it (--server-data DIR)"
+            )
+        if not self.strategy.local_norm:
+            return frozenset()
+        local = frozenset(self.model.norm_names())
+        if not local:
+            raise ValueError(
+                f"{name} keeps batch-normalisation layers on the devices and the model "
+                f"{self.model.spec.name} "
+                "has none: use a model with them (--model cnn_bn)"
+            )
+        return local
 
     def _evaluates(self, round: int) -> bool:
         every = self.config.eval_every
@@ -357,13 +569,20 @@ class Orchestrator:
             rng = np.random.default_rng([config.seed, round, 1])
             devices = sorted(rng.choice(devices, config.eval_devices, replace=False).tolist())
         deadline = time.time() + config.eval_timeout_s
-        evaluate = {"upload_path": routes.evaluations(round), "epochs": 1, "action": "evaluate"}
+        evaluate: dict[str, Any] = {
+            "upload_path": routes.evaluations(round),
+            "epochs": 1,
+            "action": "evaluate",
+        }
+        if self.strategy.local_norm:  # each device evaluates its personalised model
+            evaluate["config"] = {"local_norm": 1.0}
         tasks = self._tasks(round, deadline, dict.fromkeys(devices, evaluate))
         self.evaluation.run(round, tasks, deadline, stop)
 
     def _tasks(self, round: int, deadline: float, work: Mapping[str, Mapping[str, Any]]) -> dict[str, Task]:
         """One task per device on the latest global model, with that device's work (training by default)."""
         ref, spec = self._latest_ref(), self.model.spec_of(self._current)
+        teacher = self._teacher_ref() if self.strategy.distils else None
         return {
             device: Task(
                 task_id=uuid.uuid4().hex,
@@ -374,6 +593,7 @@ class Orchestrator:
                 batch_size=self.config.batch_size,
                 learning_rate=self.config.learning_rate,
                 deadline=deadline,
+                teacher=teacher if fields.get("action", "train") == "train" else None,
                 **fields,
             )
             for device, fields in work.items()
@@ -393,6 +613,16 @@ class Orchestrator:
             raise RuntimeError("no completed round yet")
         size = self.store.model_path(latest.round, "weights").stat().st_size
         return BlobRef(routes.model(latest.round, "weights"), latest.weights_sha256, size)
+
+    def _teacher_ref(self) -> BlobRef | None:
+        """Where devices download the latest server model, None before there is one."""
+        latest = self.store.latest_round()
+        path = self.store.model_path(latest.round, "teacher") if latest else None
+        if latest is None or path is None or not path.exists():
+            return None
+        return BlobRef(
+            routes.model(latest.round, "teacher"), weights.sha256(path.read_bytes()), path.stat().st_size
+        )
 
     def _all_in(self, open_: OpenRound) -> bool:
         """Whether the round has its needed results and its required devices, or all devices still online."""
@@ -419,6 +649,7 @@ class Orchestrator:
         updates: list[UpdateRecord],
         bytes_up: int,
         bytes_down: int,
+        teacher: Arrays | None = None,
     ) -> RoundRecord:
         """Grow if the next round is deeper, then evaluate, export, store and announce a new global model."""
         arrays = self._grown_for(round + 1, arrays)
@@ -441,7 +672,10 @@ class Orchestrator:
             weights_sha256=weights.sha256(blob),
             onnx_sha256=weights.sha256(onnx),
         )
-        self.store.save_round(record, blob, onnx, updates)
+        teacher_blob = (
+            weights.encode(teacher, metadata={"round": str(round)}) if teacher is not None else None
+        )
+        self.store.save_round(record, blob, onnx, updates, teacher_blob)
         self._global = arrays
         log.info(
             "round %d complete: %d/%d updates, accuracy %s, %.1f s",

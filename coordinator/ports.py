@@ -74,3 +74,30 @@ class ModelOps(Protocol):
     def to_onnx(self, arrays: Arrays, round: int) -> bytes:
         """The model as ONNX bytes."""
         ...
+
+    # what some methods need: FedBN the normalisation layers' names, quality-weighted aggregation a
+    # validation set, mutual distillation the server's own data
+    can_score: bool  # has a validation set, or takes clips devices share
+    can_distil: bool  # has server data
+
+    def norm_names(self) -> set[str]:
+        """The names of the model's batch-normalisation arrays (empty for a model without them)."""
+        ...
+
+    def score(self, arrays: Arrays) -> float | None:
+        """Accuracy on the coordinator's validation set, None while it holds no clips."""
+        ...
+
+    def distil(
+        self,
+        student: Arrays,
+        teacher: Arrays,
+        *,
+        epochs: int,
+        batch_size: int,
+        learning_rate: float,
+        temperature: float,
+        seed: int,
+    ) -> Arrays:
+        """The student trained on the server's data towards the teacher's soft labels."""
+        ...

@@ -2,6 +2,7 @@
 
 import hashlib
 import json
+import shutil
 import sqlite3
 import time
 from collections.abc import Iterator
@@ -186,9 +187,13 @@ class Store:
             db.close()
 
     def remove_unfinished_writes(self) -> None:
-        """Delete model files a crash left half-written; only while no coordinator runs on this state."""
+        """Delete model files a crash left half-written, and relayed updates of rounds that never ended.
+
+        Only while no coordinator runs on this state.
+        """
         for unfinished in self.models_dir.glob(".round-*.tmp"):
             unfinished.unlink(missing_ok=True)
+        shutil.rmtree(self.dir / "relays", ignore_errors=True)
 
     def register_device(self, device_id: str, token: str, num_samples: int, profile: dict) -> None:
         """Add a device or replace its token, sample count and profile; an enrolment secret is kept."""
@@ -261,12 +266,34 @@ class Store:
             return db.execute("SELECT COUNT(*) FROM devices").fetchone()[0]
 
     def model_path(self, round: int, kind: str) -> Path:
-        """Where the global model of a round lives: kind 'weights' (safetensors) or 'onnx'."""
-        suffix = {"weights": "safetensors", "onnx": "onnx"}[kind]
+        """Where a round's model lives: kind 'weights' (safetensors), 'onnx' or 'teacher' (server model)."""
+        suffix = {"weights": "safetensors", "onnx": "onnx", "teacher": "teacher.safetensors"}[kind]
         return self.models_dir / f"round-{round:05d}.{suffix}"
 
+    def relay_path(self, round: int, step: int) -> Path:
+        """Where an update relayed inside a round's group waits for the next device."""
+        return self.dir / "relays" / f"round-{round:05d}" / f"step-{step:05d}.safetensors"
+
+    def save_relay(self, round: int, step: int, blob: bytes) -> None:
+        """Keep an update for the next device of its group; StateWriteError if the disk does not take it."""
+        path = self.relay_path(round, step)
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            write_atomically(path, blob)
+        except OSError as exc:
+            raise StateWriteError(f"could not store a relayed update of round {round}: {exc}") from None
+
+    def remove_relays(self, round: int) -> None:
+        """Delete a round's relayed updates once the round is stored: devices' updates are kept no longer."""
+        shutil.rmtree(self.relay_path(round, 0).parent, ignore_errors=True)
+
     def save_round(
-        self, record: RoundRecord, weights: bytes, onnx: bytes | None, updates: list[UpdateRecord]
+        self,
+        record: RoundRecord,
+        weights: bytes,
+        onnx: bytes | None,
+        updates: list[UpdateRecord],
+        teacher: bytes | None = None,
     ) -> None:
         """Write the round's model files, then commit its record: a crash in between leaves no round.
 
@@ -280,6 +307,8 @@ class Store:
         files = [(self.model_path(record.round, "weights"), weights)]
         if onnx is not None:
             files.append((self.model_path(record.round, "onnx"), onnx))
+        if teacher is not None:
+            files.append((self.model_path(record.round, "teacher"), teacher))
         columns = _ROUND_COLUMNS
         try:
             for path, data in files:

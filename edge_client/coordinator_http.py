@@ -99,20 +99,26 @@ def api_url(base_url: str, path: str) -> str:
 
 
 def fetch_blob(
-    base_url: str, ref: BlobRef, stop: threading.Event | None = None, context: ssl.SSLContext | None = None
+    base_url: str,
+    ref: BlobRef,
+    stop: threading.Event | None = None,
+    context: ssl.SSLContext | None = None,
+    token: str | None = None,
 ) -> bytes:
     """GET ref.path from base_url: at most ref.size + 1 bytes, size and sha256 checked, retried on errors.
 
     Dropped if it cannot be downloaded, weights.WeightsError if what came is not the blob ref announces.
-    No token is sent: the coordinator serves its blobs to anyone, so a listening device can fetch them too.
+    The coordinator serves its models to anyone, so a listening device can fetch them without a token;
+    an update relayed to the next device of a group goes only to that device, which sends its token.
     """
+    headers = {"Authorization": f"Bearer {token}"} if token else None
     url = api_url(base_url, ref.path)
     if not 0 < ref.size <= messages.MAX_BLOB_BYTES:
         raise Dropped(f"refusing a blob of {ref.size} bytes (at most {messages.MAX_BLOB_BYTES})")
     stop = stop or threading.Event()
     for attempt, delay in enumerate(backoff(), start=1):
         try:
-            reply = request("GET", url, limit=ref.size + 1, context=context)  # one byte more: too long
+            reply = request("GET", url, headers=headers, limit=ref.size + 1, context=context)  # +1: too long
             break
         except _CONNECTION_ERRORS as exc:
             if attempt == DOWNLOAD_ATTEMPTS or stop.is_set():
@@ -230,7 +236,7 @@ class CoordinatorClient:
 
     def fetch(self, ref: BlobRef) -> bytes:
         """A blob of the API, size and digest checked; retried a few times on connection errors."""
-        return fetch_blob(self.base_url, ref, self.stop, self.context)
+        return fetch_blob(self.base_url, ref, self.stop, self.context, self.credentials.token)
 
     def upload(
         self, path: str, body: bytes, content_type: str, deadline: float, register: Callable[[], bool]

@@ -18,10 +18,12 @@ from pathlib import Path
 from fedspeech.edge_client.coordinator_http import CoordinatorClient, Dropped, https_context
 from fedspeech.edge_client.credentials import DeviceCredentials, Refused
 from fedspeech.edge_client.local_data import DataSource, LocalData
+from fedspeech.edge_client.local_norm import LocalNorm
 from fedspeech.edge_client.model_keeper import ModelKeeper
 from fedspeech.edge_client.mqtt_link import DeviceLink
 from fedspeech.edge_client.profile import measure_profile, measure_rtt_ms
-from fedspeech.edge_client.trainer import Trainer, TrainingStopped, UnknownSetting
+from fedspeech.edge_client.trainer import Trainer, TrainingStopped, UnknownSetting, training_settings
+from fedspeech.edge_client.validation_share import share_validation_clips
 from fedspeech.protocol import messages, routes, signing, weights
 from fedspeech.protocol.messages import DeviceStatus, ModelSpec, Profile, State, Task, TaskDefinition
 from fedspeech.protocol.mqtt import BrokerSettings
@@ -30,6 +32,7 @@ from fedspeech.protocol.topics import DEFAULT_ROOT, Topics
 log = logging.getLogger(__name__)
 
 MAX_SECRET_CHARS = 256
+MAX_SHARED_CLIPS = 100
 
 
 @dataclass
@@ -40,12 +43,13 @@ class ClientConfig:
     broker: BrokerSettings
     device_id: str
     data: DataSource
-    state_dir: Path  # this device's own folder: its token (0600) and the coordinator's key (coordinator.pub)
+    state_dir: Path  # its own folder: its token (0600), the coordinator's key, its kept FedBN layers
     topic_root: str = DEFAULT_ROOT
     max_samples: int | None = None
     torch_threads: int = 1
     model_dir: Path | None = None  # where the latest global model is kept as ONNX (None: not kept)
     enrolment_secret: str | None = None  # printed by `fedspeech devices add` on the coordinator
+    share_validation: int = 0  # training clips sent to the coordinator for validation (0: none, ever)
     coordinator_key: str | None = None  # base64 Ed25519 key to pin (None: the kept one, else the first named)
     coordinator_ca: Path | None = None  # the CA of an HTTPS coordinator's certificate (None: the system's)
     make_trainer: Callable[[str, int], Trainer] = Trainer  # (device_id, torch_threads) -> its trainer
@@ -64,6 +68,8 @@ class ClientConfig:
             raise ValueError(f"the enrolment secret must be 1 to {MAX_SECRET_CHARS} ASCII characters")
         if secret is not None and not all(c.isprintable() and not c.isspace() for c in secret):
             raise ValueError("the enrolment secret holds spaces or control characters")
+        if not 0 <= self.share_validation <= MAX_SHARED_CLIPS:
+            raise ValueError(f"share at most {MAX_SHARED_CLIPS} clips for validation")
 
 
 @dataclass
@@ -156,8 +162,10 @@ def _run(config: ClientConfig, stop: threading.Event) -> None:
     data = LocalData(config.data, config.max_samples)
     data.refresh(info.definition)
     _log_data(data, config)
+    local_norm = LocalNorm(config.state_dir)  # FedBN's normalisation layers, kept across restarts
     trainer = config.make_trainer(config.device_id, config.torch_threads)
     trainer.stop = stop  # training ends between two batches once the daemon is stopping
+    trainer.local_norm = local_norm
     seconds_per_sample = trainer.warm_up(info.spec, data.train)
     profile = replace(
         measure_profile(),
@@ -166,8 +174,11 @@ def _run(config: ClientConfig, stop: threading.Event) -> None:
     )
     if stop.is_set() or not http.register(len(data.train.labels), profile):
         return
+    if config.share_validation > 0:
+        register = functools.partial(http.register, len(data.train.labels), profile)
+        share_validation_clips(http, data.train, config.share_validation, info.definition.labels, register)
     assert credentials.key is not None  # pinned by the registration
-    keeper = ModelKeeper(config.model_dir) if config.model_dir is not None else None
+    keeper = ModelKeeper(config.model_dir, local_norm) if config.model_dir is not None else None
     link = DeviceLink(
         config.broker,
         Topics(config.topic_root),
@@ -231,6 +242,8 @@ def _do_task(device: _Device, task: Task) -> None:
         _check_wanted(device, task)
         _check_consistent(task.spec, task.definition)
         device.data.refresh(task.definition)  # recordings added since the last task count now
+        if task.action == "train":
+            training_settings(task)  # refused before anything is downloaded
         busy: State = "training" if task.action == "train" else "evaluating"
         device.link.publish_status(_status(device, busy, task.round))
         blob = device.http.fetch(task.weights)
@@ -240,7 +253,9 @@ def _do_task(device: _Device, task: Task) -> None:
         else:
             if len(device.data.train.labels) == 0:
                 raise Dropped("no usable training clips")
-            trained, body = device.trainer.train(task, arrays, device.data.train)
+            # mutual knowledge distillation: the server model's arrays, fetched like the weights
+            teacher = weights.decode(device.http.fetch(task.teacher))[0] if task.teacher else None
+            trained, body = device.trainer.train(task, arrays, device.data.train, teacher)
             content_type = "application/octet-stream"
         _check_wanted(device, task)
         register = functools.partial(_register_again, device)

@@ -1,15 +1,19 @@
 """Keeps the latest global model in a folder as model.onnx, for `fedspeech listen` on the same device.
 
 Rounds only move forward: an announcement of the round kept or an older one (a replay) is ignored, and
-a model that cannot be downloaded leaves the kept one in place, to be tried again RETRY_S later.
+a model that cannot be downloaded leaves the kept one in place, to be tried again RETRY_S later. A device
+that keeps its own normalisation layers (FedBN) keeps the global model with those laid over it: its
+personalised model.
 """
 
 import logging
+import tempfile
 import threading
 import time
 from pathlib import Path
 
 from fedspeech.edge_client.coordinator_http import CoordinatorClient, Dropped
+from fedspeech.edge_client.local_norm import LocalNorm
 from fedspeech.protocol import messages, weights
 from fedspeech.protocol.files import write_atomically
 from fedspeech.protocol.messages import ModelAnnouncement
@@ -21,10 +25,13 @@ RETRY_S = 30.0  # between two attempts at a model that could not be downloaded
 
 
 class ModelKeeper:
-    """Downloads each newer announced ONNX model into model_dir, atomically, and remembers its round."""
+    """Downloads each newer announced ONNX model into model_dir, atomically, and remembers its round.
 
-    def __init__(self, model_dir: Path) -> None:
-        self.model_dir = model_dir
+    With local_norm, the device's kept normalisation arrays (if any) replace the global model's.
+    """
+
+    def __init__(self, model_dir: Path, local_norm: LocalNorm | None = None) -> None:
+        self.model_dir, self.local_norm = model_dir, local_norm
         self.kept_round = _kept_round(model_dir)
         self._wanted: ModelAnnouncement | None = None  # newer than the kept one, not downloaded yet
         self._retry_at = 0.0  # time.monotonic() before which the wanted one is not tried again
@@ -62,13 +69,36 @@ class ModelKeeper:
             self._retry_at = time.monotonic() + RETRY_S
             return
         self.model_dir.mkdir(parents=True, exist_ok=True)
-        write_atomically(self.model_dir / KEPT_MODEL, data)
+        kind = "personalised" if self._write_personalised(data, wanted.round) else "global"
+        if kind == "global":
+            write_atomically(self.model_dir / KEPT_MODEL, data)
         write_atomically(self.model_dir / KEPT_ANNOUNCEMENT, messages.encode(wanted))
         with self._lock:
             self.kept_round = wanted.round
             if self._wanted is wanted:
                 self._wanted = None
-        log.info("kept the global model of round %d in %s", wanted.round, self.model_dir / KEPT_MODEL)
+        log.info("kept the %s model of round %d in %s", kind, wanted.round, self.model_dir / KEPT_MODEL)
+
+    def _write_personalised(self, onnx_file: bytes, round: int) -> bool:
+        """Write the global ONNX with the kept normalisation arrays laid over it; False if there are none.
+
+        A model they do not fit (another architecture) is not written, with a warning.
+        """
+        kept = self.local_norm.load() if self.local_norm is not None else None
+        if not kept:
+            return False
+        from fedspeech.export.onnx_weights import update_onnx_weights
+
+        with tempfile.TemporaryDirectory() as folder:
+            template = Path(folder) / "global.onnx"
+            template.write_bytes(onnx_file)
+            try:
+                update_onnx_weights(template, kept, self.model_dir / KEPT_MODEL)
+            # not only ValueError (layers that do not fit): a file that does not parse raises protobuf's own
+            except Exception as exc:
+                log.warning("keeping the global model of round %d, not a personalised one: %s", round, exc)
+                return False
+        return True
 
 
 def _kept_round(model_dir: Path) -> int:

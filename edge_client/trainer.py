@@ -3,15 +3,18 @@
 torch is imported here and only here, lazily, so a device that only listens never loads it.
 """
 
+import json
 import logging
 import threading
 import time
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from fedspeech.edge_client.local_data import Split
+from fedspeech.edge_client.local_norm import LocalNorm, lay_over
 from fedspeech.protocol import messages, weights
 from fedspeech.protocol.messages import EvaluationReport, ModelSpec, Task
 
@@ -21,8 +24,16 @@ WARM_UP_SAMPLES = 32
 WARM_UP_BATCH = 16  # the coordinator's default, so the first seconds per sample is comparable
 
 
-# the training settings a strategy may send, with the values a device accepts
-SETTINGS: dict[str, tuple[float, float]] = {"proximal_mu": (0.0, 100.0)}
+# the numeric training settings a strategy may send, with the values a device accepts
+SETTINGS: dict[str, tuple[float, float]] = {
+    "proximal_mu": (0.0, 100.0),
+    "local_norm": (0.0, 1.0),
+    "prior_weight": (0.0, 100.0),
+    "distill_weight": (0.0, 100.0),
+    "distill_temperature": (0.05, 100.0),
+}
+LIST_SETTINGS = ("class_prior",)  # settings that are lists of numbers
+PRIOR_TOLERANCE = 1e-6  # how far from 1 a class prior's sum may be
 
 
 class UnknownSetting(ValueError):
@@ -33,39 +44,125 @@ class TrainingStopped(Exception):
     """A training run ended between two batches: the device is stopping, or the task's deadline passed."""
 
 
-def training_settings(config: Mapping[str, float]) -> dict[str, float]:
-    """The task's settings as train_local's keyword arguments; UnknownSetting for one it cannot honour."""
+@dataclass(frozen=True)
+class TrainingSettings:
+    """A task's settings, checked: train_local's keyword arguments and what the device does around the run.
+
+    local_norm: FedBN, the normalisation layers stay on the device; report_counts: the upload carries the
+    trained model's predicted class counts (FedVMR's class-distribution regulariser); distill: a teacher
+    model is passed to train_local (mutual knowledge distillation).
+    """
+
+    train_kwargs: dict[str, Any]
+    local_norm: bool = False
+    report_counts: bool = False
+    distill: bool = False
+
+
+def training_settings(task: Task) -> TrainingSettings:
+    """The task's checked settings; UnknownSetting for one this device cannot honour."""
+    config = task.config
     for name, value in config.items():
-        if name not in SETTINGS:
-            raise UnknownSetting(f"unknown training setting {name!r} (known: {', '.join(SETTINGS)})")
-        low, high = SETTINGS[name]
-        if not low <= value <= high:
-            raise UnknownSetting(f"training setting {name} = {value} is outside [{low}, {high}]")
-    return dict(config)
+        if name in LIST_SETTINGS:
+            _check_class_prior(value, task.spec.num_classes)
+        elif name in SETTINGS:
+            _check_number(name, value)
+        else:
+            known = ", ".join([*SETTINGS, *LIST_SETTINGS])
+            raise UnknownSetting(f"unknown training setting {name!r} (known: {known})")
+    # distillation settings without a teacher: the first round, before the server has a model to send
+    if task.teacher is not None and "distill_weight" not in config:
+        raise UnknownSetting("a teacher model without distill_weight")
+    if "class_prior" in config and "prior_weight" not in config:
+        raise UnknownSetting("class_prior without prior_weight")
+    kwargs: dict[str, Any] = {}
+    if "proximal_mu" in config:
+        kwargs["proximal_mu"] = config["proximal_mu"]
+    if "class_prior" in config:  # absent in the first round: no population distribution yet
+        kwargs["class_prior"] = np.asarray(config["class_prior"], dtype=np.float64)
+        kwargs["prior_weight"] = config["prior_weight"]
+    if task.teacher is not None:
+        kwargs["distill_weight"] = config["distill_weight"]
+        if "distill_temperature" in config:
+            kwargs["temperature"] = config["distill_temperature"]
+    return TrainingSettings(
+        kwargs,
+        local_norm=_local_norm(config),
+        report_counts="prior_weight" in config,
+        distill=task.teacher is not None,
+    )
+
+
+def _check_number(name: str, value: object) -> None:
+    """UnknownSetting unless value is a number within the setting's bounds."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise UnknownSetting(f"training setting {name} must be a number, not {str(value)[:80]}")
+    low, high = SETTINGS[name]
+    if not low <= value <= high:
+        raise UnknownSetting(f"training setting {name} = {value} is outside [{low}, {high}]")
+
+
+def _check_class_prior(value: object, num_classes: int) -> None:
+    """UnknownSetting unless value is a list of num_classes finite positive numbers summing to 1."""
+    if not isinstance(value, list) or len(value) != num_classes:
+        raise UnknownSetting(f"class_prior must be a list of {num_classes} numbers, not {str(value)[:80]}")
+    if not all(isinstance(p, int | float) and not isinstance(p, bool) for p in value):
+        raise UnknownSetting(f"class_prior must hold numbers only, not {str(value)[:80]}")
+    prior = np.asarray(value, dtype=np.float64)
+    if not (np.isfinite(prior).all() and (prior > 0).all()):
+        raise UnknownSetting("class_prior must hold finite positive probabilities")
+    if abs(prior.sum() - 1.0) > PRIOR_TOLERANCE:
+        raise UnknownSetting(f"class_prior sums to {prior.sum()}, not 1")
+
+
+def _local_norm(config: Mapping[str, float | list[float]]) -> bool:
+    """Whether the task asks the device to keep its normalisation layers (FedBN); UnknownSetting if bad."""
+    value = config.get("local_norm", 0.0)
+    _check_number("local_norm", value)
+    return bool(value)
 
 
 class Trainer:
     """Builds the model once per spec and runs training and evaluation tasks on it.
 
     Setting stop (the daemon gives its own) ends a training run between two batches, as does the task's
-    deadline: TrainingStopped.
+    deadline: TrainingStopped. local_norm (the daemon gives the device's own) keeps the normalisation layers
+    of tasks that ask for it (FedBN); without one, such tasks are refused.
     """
 
-    def __init__(self, device_id: str, torch_threads: int = 1) -> None:
+    def __init__(
+        self, device_id: str, torch_threads: int = 1, *, local_norm: LocalNorm | None = None
+    ) -> None:
         self.device_id, self.torch_threads = device_id, torch_threads
         self.stop = threading.Event()
+        self.local_norm = local_norm
         self._model: tuple[ModelSpec, Any] | None = None
+        self._teacher: tuple[ModelSpec, Any] | None = None
 
     def model(self, spec: ModelSpec) -> Any:
         """The model for a spec, built once and reused while the spec stays the same."""
         if self._model is None or self._model[0] != spec:
-            import torch
-
-            from fedspeech.models import build_model
-
-            torch.set_num_threads(self.torch_threads)
-            self._model = (spec, build_model(spec))
+            self._model = (spec, self._build(spec))
         return self._model[1]
+
+    def teacher(self, spec: ModelSpec, arrays: weights.Arrays) -> Any:
+        """A model of the spec holding the teacher's arrays (built once per spec); WeightsError if unfit."""
+        from fedspeech.models.train import get_arrays, set_arrays
+
+        if self._teacher is None or self._teacher[0] != spec:
+            self._teacher = (spec, self._build(spec))
+        model = self._teacher[1]
+        weights.check_like(arrays, get_arrays(model))
+        set_arrays(model, arrays)
+        return model
+
+    def _build(self, spec: ModelSpec) -> Any:
+        import torch
+
+        from fedspeech.models import build_model
+
+        torch.set_num_threads(self.torch_threads)
+        return build_model(spec)
 
     def warm_up(self, spec: ModelSpec, train: Split) -> float | None:
         """Load torch and the model and train briefly on a few clips; return a first seconds per sample.
@@ -95,16 +192,25 @@ class Trainer:
         log.info("warmed up: %.4f s per training sample", result.seconds_per_sample)
         return result.seconds_per_sample
 
-    def train(self, task: Task, arrays: weights.Arrays, train: Split) -> tuple[Any, bytes]:
+    def train(
+        self, task: Task, arrays: weights.Arrays, train: Split, teacher: weights.Arrays | None = None
+    ) -> tuple[Any, bytes]:
         """Train from the given weights on the local training split; return the result and the upload.
 
-        TrainingStopped if stop is set or the task's deadline passes before the last batch.
+        teacher holds the server model's arrays when the task names one. Under local_norm the device's
+        own normalisation arrays replace the task's, are kept after training and are left out of the
+        upload. TrainingStopped if stop is set or the task's deadline passes before the last batch.
         """
-        from fedspeech.models.train import Interrupted, get_arrays, set_arrays, train_local
+        from fedspeech.models.losses import predicted_counts
+        from fedspeech.models.train import Interrupted, get_arrays, train_local
 
-        model = self.model(task.spec)
-        weights.check_like(arrays, get_arrays(model))
-        set_arrays(model, arrays)
+        settings = training_settings(task)
+        kwargs = dict(settings.train_kwargs)
+        if settings.distill:
+            if teacher is None:
+                raise ValueError("the task names a teacher model, and none was given")
+            kwargs["teacher"] = self.teacher(task.spec, teacher)
+        model = self._load(task, arrays, settings.local_norm)
         try:
             result = train_local(
                 model,
@@ -115,7 +221,7 @@ class Trainer:
                 learning_rate=task.learning_rate,
                 seed=task.seed,
                 should_stop=lambda: self.stop.is_set() or time.time() > task.deadline,
-                **training_settings(task.config),
+                **kwargs,
             )
         except Interrupted:
             reason = "the device is stopping" if self.stop.is_set() else "its deadline passed during training"
@@ -128,22 +234,63 @@ class Trainer:
             "train_seconds": str(result.seconds),
             "seconds_per_sample": str(result.seconds_per_sample),
         }
-        return result, weights.encode(get_arrays(model), metadata=metadata)
+        if settings.report_counts:  # what the trained model predicts on its clips: counts, never labels
+            counts = predicted_counts(model, train.waveforms, task.spec.num_classes)
+            metadata["predicted_counts"] = json.dumps(counts.tolist())
+        return result, weights.encode(self._shared(model, get_arrays(model), settings.local_norm), metadata)
 
     def evaluate(self, task: Task, arrays: weights.Arrays, test: Split) -> bytes:
-        """Evaluate the given weights on the local test split; return the report to upload (counts only)."""
-        from fedspeech.models.metrics import confusion_matrix
-        from fedspeech.models.train import get_arrays, predict, set_arrays
+        """Evaluate the given weights on the local test split; return the report to upload (counts only).
 
+        Under local_norm the device's own normalisation arrays replace the task's: the personalised model.
+        """
+        from fedspeech.models.metrics import confusion_matrix
+        from fedspeech.models.train import predict
+
+        local_norm = _local_norm(task.config)
         num_classes = task.spec.num_classes
         confusion = np.zeros((num_classes, num_classes), dtype=np.int64)
         loss_sum = 0.0
         if len(test.labels):
-            model = self.model(task.spec)
-            weights.check_like(arrays, get_arrays(model))
-            set_arrays(model, arrays)
+            model = self._load(task, arrays, local_norm)
             predictions, losses = predict(model, test.waveforms, test.labels)
             confusion = confusion_matrix(test.labels, predictions, num_classes)
             loss_sum = float(losses.sum())
         report = EvaluationReport(task.task_id, task.round, confusion.tolist(), loss_sum)
         return messages.encode(report)
+
+    def _load(self, task: Task, arrays: weights.Arrays, local_norm: bool) -> Any:
+        """The task's model holding its arrays, with the kept normalisation arrays over them if local_norm."""
+        from fedspeech.models.norm import norm_names
+        from fedspeech.models.train import get_arrays, set_arrays
+
+        model = self.model(task.spec)
+        weights.check_like(arrays, get_arrays(model))
+        if local_norm:
+            arrays = lay_over(arrays, self._norm_store().load(), norm_names(model))
+        set_arrays(model, arrays)
+        return model
+
+    def _shared(self, model: Any, trained: weights.Arrays, local_norm: bool) -> weights.Arrays:
+        """The arrays to upload: under local_norm all but the normalisation ones, which are kept here."""
+        from fedspeech.models.norm import norm_names
+
+        if not local_norm:
+            if self.local_norm is not None:  # the model follows the global normalisation: a kept one is stale
+                self.local_norm.forget()
+            return trained
+        store, names = self._norm_store(), norm_names(model)
+        if not names:
+            log.warning("local_norm: the model has no batch normalisation layers to keep")
+            store.forget()
+            return trained
+        store.save({name: trained[name] for name in names})
+        return {name: value for name, value in trained.items() if name not in names}
+
+    def _norm_store(self) -> LocalNorm:
+        """The device's kept normalisation layers; UnknownSetting if it has nowhere to keep them."""
+        if self.local_norm is None:
+            raise UnknownSetting(
+                "local_norm: this device has no state folder to keep normalisation layers in"
+            )
+        return self.local_norm

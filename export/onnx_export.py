@@ -13,16 +13,14 @@ import onnx
 import onnx_ir
 import onnxscript.optimizer
 import torch
-from onnx import numpy_helper
 from torch import nn
 
 from fedspeech.export.graph import strip_debug_info
+from fedspeech.export.onnx_weights import PREFIX, _save_atomically, update_onnx_weights
 from fedspeech.protocol import onnx_metadata as meta
-from fedspeech.protocol.files import write_atomically
 from fedspeech.protocol.messages import ModelSpec
 
-# the wrapper holds the model as `.model`, so state-dict tensor "x.y" becomes the initializer "model.x.y"
-PREFIX = "model."
+__all__ = ["PREFIX", "Parity", "export_onnx", "parity", "update_onnx_weights"]
 
 
 class _Probabilities(nn.Module):
@@ -80,36 +78,6 @@ def export_onnx(
     strip_debug_info(proto)
     onnx.helper.set_model_props(proto, metadata)
     return _save_atomically(proto, path)
-
-
-def update_onnx_weights(
-    template: Path,
-    arrays: dict[str, np.ndarray],
-    out: Path,
-    *,
-    round: int | None = None,
-    task: str | None = None,
-) -> Path:
-    """Write to out a copy of an export_onnx file with its weights replaced by arrays (get_arrays names)."""
-    proto = onnx.load_model(template)
-    initializers = {init.name: init for init in proto.graph.initializer}
-    missing = sorted(name for name in arrays if PREFIX + name not in initializers)
-    if missing:
-        raise ValueError(f"{template}: no initializers for {missing}; export the model afresh")
-    for name, value in arrays.items():
-        init = initializers[PREFIX + name]
-        old = numpy_helper.to_array(init)
-        if value.shape != old.shape or value.dtype != old.dtype:
-            raise ValueError(f"{name}: {value.dtype}{value.shape}, the graph has {old.dtype}{old.shape}")
-        init.CopyFrom(numpy_helper.from_array(np.ascontiguousarray(value), init.name))
-    metadata = {prop.key: prop.value for prop in proto.metadata_props}
-    if round is not None:
-        metadata[meta.ROUND] = str(round)
-    if task is not None:
-        metadata[meta.TASK] = task
-    del proto.metadata_props[:]
-    onnx.helper.set_model_props(proto, metadata)
-    return _save_atomically(proto, out)
 
 
 def parity(model: nn.Module, onnx_path: Path, waveforms: np.ndarray) -> Parity:
@@ -180,9 +148,3 @@ def _fold_constants(graph_model: onnx_ir.Model, weight_names: set[str]) -> None:
     # them: onnxruntime folds those when it loads the model, and the file stays small.
     onnxscript.optimizer.fold_constants(graph_model, should_fold=should_fold, output_size_limit=64)
     onnxscript.optimizer.remove_unused_nodes(graph_model)
-
-
-def _save_atomically(proto: onnx.ModelProto, path: Path) -> Path:
-    """Write proto to path whole or not at all."""
-    write_atomically(Path(path), proto.SerializeToString())
-    return Path(path)

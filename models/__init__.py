@@ -24,10 +24,12 @@ def depth_of(names: Iterable[str]) -> int:
 
 def build_model(spec: ModelSpec) -> "nn.Module":
     """Build a freshly initialised model for a spec; ValueError for an unknown architecture."""
-    if spec.name == "cnn":
+    if spec.name in ("cnn", "cnn_bn"):
         from fedspeech.models.cnn import SpeechCNN
 
-        return SpeechCNN(spec.sample_rate, spec.num_classes)
+        return SpeechCNN(
+            spec.sample_rate, spec.num_classes, norm="batch" if spec.name == "cnn_bn" else "group"
+        )
     if spec.name in TRANSFORMERS:
         from fedspeech.models.transformer import SpeechTransformer
 

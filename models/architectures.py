@@ -7,5 +7,5 @@ TRANSFORMERS = {
     "transformer_post_ln": (False, True),
     "transformer_unscaled": (True, False),
 }
-MODELS = ["cnn", *TRANSFORMERS]
+MODELS = ["cnn", "cnn_bn", *TRANSFORMERS]  # cnn_bn: BatchNorm in the conv blocks (for FedBN)
 MAX_DEPTH = 4  # encoder blocks of a full-grown transformer

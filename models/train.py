@@ -8,7 +8,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from fedspeech.models import metrics
+from fedspeech.models import losses, metrics
 
 
 def _float_names(model: nn.Module) -> list[str]:
@@ -61,10 +61,51 @@ def _time_shift(batch: np.ndarray, rng: np.random.Generator, max_shift: int) -> 
     return np.stack([np.roll(row, shift) for row, shift in zip(batch, shifts, strict=True)])
 
 
+def _prior(class_prior: np.ndarray | None) -> torch.Tensor:
+    """The class prior as a float32 probability vector; ValueError unless it is positive."""
+    if class_prior is None:
+        raise ValueError("prior_weight > 0 needs a class_prior")
+    prior = np.asarray(class_prior, dtype=np.float64)
+    if prior.ndim != 1 or not np.all(np.isfinite(prior)) or not np.all(prior > 0):
+        raise ValueError(f"class_prior must be a vector of positive numbers, not {class_prior!r}")
+    return torch.from_numpy((prior / prior.sum()).astype(np.float32))
+
+
+def _teacher(model: nn.Module, teacher: nn.Module | None, temperature: float) -> nn.Module:
+    """The teacher to distil from; ValueError if there is none, it is the student, or T is not positive."""
+    if teacher is None:
+        raise ValueError("distill_weight > 0 needs a teacher")
+    if teacher is model:
+        raise ValueError("a model cannot be its own teacher")
+    if not temperature > 0:
+        raise ValueError(f"temperature must be positive, not {temperature}")
+    return teacher
+
+
+def _objective(
+    logits: torch.Tensor,
+    targets: torch.Tensor | None,
+    teacher_logits: torch.Tensor | None,
+    distill_weight: float,
+    temperature: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """A batch's loss before regularisers, and the part reported: cross-entropy, else distillation."""
+    if teacher_logits is None:
+        if targets is None:
+            raise ValueError("no labels and no teacher")
+        cross_entropy = nn.functional.cross_entropy(logits, targets)
+        return cross_entropy, cross_entropy
+    distill = losses.distillation_loss(logits, teacher_logits, temperature)
+    if targets is None:
+        return distill_weight * distill, distill
+    cross_entropy = nn.functional.cross_entropy(logits, targets)
+    return cross_entropy + distill_weight * distill, cross_entropy
+
+
 def train_local(
     model: nn.Module,
     waveforms: np.ndarray,
-    labels: np.ndarray,
+    labels: np.ndarray | None,
     *,
     epochs: int,
     batch_size: int,
@@ -72,23 +113,40 @@ def train_local(
     seed: int = 0,
     proximal_mu: float = 0.0,
     should_stop: Callable[[], bool] | None = None,
+    class_prior: np.ndarray | None = None,
+    prior_weight: float = 0.0,
+    teacher: nn.Module | None = None,
+    distill_weight: float = 0.0,
+    temperature: float = 1.0,
 ) -> TrainResult:
     """Train in place: Adam, cosine-decayed lr, shuffled time-shifted minibatches; deterministic per seed.
 
     proximal_mu > 0 adds FedProx's term mu/2 * ||w - w_start||^2, keeping the model near where it started.
+    prior_weight > 0 adds prior_weight * KL(q || class_prior), q the batch's mean prediction (FedVMR's
+    class-distribution regulariser; class_prior is the population's class distribution, scaled to sum 1).
+    distill_weight > 0 adds distill_weight * the distillation loss towards teacher's outputs at temperature
+    on the same batch; the teacher is put (and left) in eval mode, without gradients: it never changes.
+    labels None trains on the distillation term alone (mutual knowledge distillation's server side).
+    The reported loss is the cross-entropy, or the distillation loss when there are no labels.
     should_stop is asked before each batch; when it answers True, Interrupted is raised.
     """
     if len(waveforms) == 0:
         raise ValueError("no training samples")
+    prior = _prior(class_prior) if prior_weight > 0 else None
+    distiller = _teacher(model, teacher, temperature) if distill_weight > 0 else None
+    if labels is None and distiller is None:
+        raise ValueError("without labels, give a teacher and distill_weight > 0 to learn its outputs")
     waveforms = np.ascontiguousarray(waveforms, dtype=np.float32)
     rng = np.random.default_rng(seed)
     optimizer = torch.optim.Adam(model.parameters(), lr=learning_rate)
-    targets = torch.from_numpy(np.asarray(labels, dtype=np.int64))
+    targets = None if labels is None else torch.from_numpy(np.asarray(labels, dtype=np.int64))
     max_shift = waveforms.shape[1] // 10
     num_batches = max(1, len(waveforms) // batch_size)
     # decaying to zero at the end of the run settles the weights before they are sent
     schedule = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=epochs * num_batches)
     anchor = [p.detach().clone() for p in model.parameters()] if proximal_mu > 0 else []
+    if distiller is not None:
+        distiller.eval()
     model.train()
     start = time.perf_counter()
     for _ in range(epochs):
@@ -97,9 +155,17 @@ def train_local(
             if should_stop is not None and should_stop():
                 raise Interrupted("stopped between two batches")
             inputs = torch.from_numpy(_time_shift(waveforms[batch], rng, max_shift))
-            loss = nn.functional.cross_entropy(model(inputs), targets[batch])
-            total += loss.item() * len(batch)
+            logits = model(inputs)
+            teacher_logits = None
+            if distiller is not None:
+                with torch.no_grad():
+                    teacher_logits = distiller(inputs)
+            batch_targets = None if targets is None else targets[batch]
+            loss, reported = _objective(logits, batch_targets, teacher_logits, distill_weight, temperature)
+            total += reported.item() * len(batch)
             count += len(batch)
+            if prior is not None:
+                loss = loss + prior_weight * losses.class_distribution_kl(logits, prior)
             if anchor:
                 drift = sum((p - a).square().sum() for p, a in zip(model.parameters(), anchor, strict=True))
                 loss = loss + proximal_mu / 2 * drift
@@ -125,8 +191,8 @@ def predict(
         [model(torch.from_numpy(waveforms[i : i + batch_size])) for i in range(0, len(waveforms), batch_size)]
     )
     targets = torch.from_numpy(np.asarray(labels, dtype=np.int64))
-    losses = nn.functional.cross_entropy(logits, targets, reduction="none")
-    return logits.argmax(dim=1).numpy(), losses.numpy()
+    per_clip = nn.functional.cross_entropy(logits, targets, reduction="none")
+    return logits.argmax(dim=1).numpy(), per_clip.numpy()
 
 
 def evaluate(

@@ -3,6 +3,7 @@
 import json
 import math
 import re
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal, TypeVar
 
@@ -143,8 +144,10 @@ class Task:
     learning_rate: float
     deadline: float
     seed: int = 0
-    config: dict[str, float] = field(default_factory=dict)  # the strategy's training settings, by name
+    # the strategy's training settings by name: numbers, or lists of numbers (a class distribution)
+    config: dict[str, float | list[float]] = field(default_factory=dict)
     action: Literal["train", "evaluate"] = "train"
+    teacher: BlobRef | None = None  # a server model whose soft labels the device distils (mutual KD)
 
 
 @dataclass(frozen=True)
@@ -293,14 +296,34 @@ def check_definition(definition: TaskDefinition) -> None:
         raise ProtocolError(f"clip_seconds: must be between {limits}, got {seconds}")
 
 
-def _check_blob(ref: BlobRef, kind: str) -> int:
-    """The round a blob of a kind ('weights', 'onnx') belongs to; ProtocolError unless it is well formed."""
+def _check_size(ref: BlobRef, kind: str) -> None:
     if not SHA256.match(ref.sha256) or not 0 < ref.size <= MAX_BLOB_BYTES:
         raise ProtocolError(f"bad {kind} reference: sha256 of 64 hex digits, size 1 to {MAX_BLOB_BYTES}")
+
+
+def _check_blob(ref: BlobRef, kind: str) -> int:
+    """The round a blob of a kind ('weights', 'onnx') belongs to; ProtocolError unless it is well formed."""
+    _check_size(ref, kind)
     try:
         return routes.model_round(ref.path, kind)
     except ValueError as exc:
         raise ProtocolError(str(exc)) from None
+
+
+def _check_weights(task: "Task") -> None:
+    """ProtocolError unless a task trains a global model of its round or before, or one relayed in it."""
+    ref = task.weights
+    if not ref.path.startswith(routes.PREFIX + "/rounds/"):
+        if _check_blob(ref, "weights") > task.round:
+            raise ProtocolError("a task's weights must come from its round or an earlier one")
+        return
+    _check_size(ref, "relay")
+    try:
+        relay_round = routes.relay_round(ref.path)
+    except ValueError as exc:
+        raise ProtocolError(str(exc)) from None
+    if relay_round != task.round:
+        raise ProtocolError(f"an update relayed in round {relay_round} in a task of round {task.round}")
 
 
 def _check_task(task: "Task") -> None:
@@ -310,9 +333,11 @@ def _check_task(task: "Task") -> None:
         raise ProtocolError(f"learning_rate must be above 0 and at most {MAX_LEARNING_RATE}")
     if not math.isfinite(task.deadline):
         raise ProtocolError("deadline must be a finite time")
-    # the model trained in a round is the one the previous round produced; an evaluation, the round's own
-    if _check_blob(task.weights, "weights") > task.round:
-        raise ProtocolError("a task's weights must come from its round or an earlier one")
+    # the model trained in a round is the one the previous round produced; an evaluation, the round's own;
+    # inside a group trained one device after another, the update of the device before
+    _check_weights(task)
+    if task.teacher is not None and _check_blob(task.teacher, "teacher") > task.round:
+        raise ProtocolError("a task's teacher must come from its round or an earlier one")
     kind = "updates" if task.action == "train" else "evaluations"
     try:
         upload_round = routes.result_round(task.upload_path, kind)
@@ -358,12 +383,13 @@ def _check_profile(profile: "Profile") -> None:
         raise ProtocolError("profile values out of range")
 
 
-def _check_config(config: dict[str, float]) -> None:
+def _check_config(config: Mapping[str, float | list[float]]) -> None:
     if len(config) > MAX_CONFIG:
         raise ProtocolError(f"config has {len(config)} settings, more than {MAX_CONFIG}")
     for name, value in config.items():
-        if not NAME.match(name) or not math.isfinite(value):
-            raise ProtocolError(f"bad config setting {name!r}: {value!r}")
+        values = value if isinstance(value, list) else [value]
+        if not NAME.match(name) or len(values) > MAX_LABELS or not all(math.isfinite(v) for v in values):
+            raise ProtocolError(f"bad config setting {name!r}: {str(value)[:80]}")
 
 
 def _check_counts(counts: dict[str, int]) -> None:

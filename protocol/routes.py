@@ -12,25 +12,31 @@ PREFIX = "/api"
 # Flask rules, relative to PREFIX
 TASK_RULE = "/task"
 DEVICES_RULE = "/devices"
-MODEL_RULE = "/models/<int:round>/<any(weights, onnx):kind>"
+MODEL_RULE = "/models/<int:round>/<any(weights, onnx, teacher):kind>"
 LATEST_MODEL_RULE = "/models/latest"
 UPDATES_RULE = "/rounds/<int:round>/updates"
 EVALUATIONS_RULE = "/rounds/<int:round>/evaluations"
+RELAY_RULE = "/rounds/<int:round>/relays/<int:step>"
 STATUS_RULE = "/status"
 ROUNDS_RULE = "/rounds"
 ROUND_RULE = "/rounds/<int:round>"
 KEY_RULE = "/key"  # the public key tasks and announcements are signed with: {"coordinator_key": base64}
+VALIDATION_RULE = "/validation"  # clips a device chose to share for quality-weighted aggregation
 
 TASK = PREFIX + TASK_RULE
 DEVICES = PREFIX + DEVICES_RULE
 STATUS = PREFIX + STATUS_RULE
 KEY = PREFIX + KEY_RULE
+VALIDATION = PREFIX + VALIDATION_RULE
+
+
+MODEL_KINDS = ("weights", "onnx", "teacher")
 
 
 def model(round: int, kind: str) -> str:
-    """The global model of a completed round: kind 'weights' (safetensors) or 'onnx'."""
-    if kind not in ("weights", "onnx"):
-        raise ValueError(f"kind must be weights or onnx, got {kind!r}")
+    """A completed round's model: kind 'weights' (safetensors), 'onnx' or 'teacher' (the server model)."""
+    if kind not in MODEL_KINDS:
+        raise ValueError(f"kind must be one of {', '.join(MODEL_KINDS)}, got {kind!r}")
     return f"{PREFIX}/models/{round}/{kind}"
 
 
@@ -44,8 +50,14 @@ def evaluations(round: int) -> str:
     return f"{PREFIX}/rounds/{round}/evaluations"
 
 
-_MODEL_PATH = re.compile(rf"^{PREFIX}/models/(\d{{1,9}})/(weights|onnx)$")
+def relay(round: int, step: int) -> str:
+    """An update a round passes on inside a group of devices trained one after another, by its step."""
+    return f"{PREFIX}/rounds/{round}/relays/{step}"
+
+
+_MODEL_PATH = re.compile(rf"^{PREFIX}/models/(\d{{1,9}})/(weights|onnx|teacher)$")
 _ROUND_PATH = re.compile(rf"^{PREFIX}/rounds/(\d{{1,9}})/(updates|evaluations)$")
+_RELAY_PATH = re.compile(rf"^{PREFIX}/rounds/(\d{{1,9}})/relays/(\d{{1,9}})$")
 
 
 def model_round(path: str, kind: str) -> int:
@@ -61,6 +73,14 @@ def result_round(path: str, kind: str) -> int:
     match = _ROUND_PATH.match(path)
     if match is None or match[2] != kind or path != f"{PREFIX}/rounds/{int(match[1])}/{kind}":
         raise ValueError(f"not the path of a round's {kind}: {path[:80]!r}")
+    return int(match[1])
+
+
+def relay_round(path: str) -> int:
+    """The round of a path of exactly relay(round, step)'s form; ValueError for any other path."""
+    match = _RELAY_PATH.match(path)
+    if match is None or path != relay(int(match[1]), int(match[2])):
+        raise ValueError(f"not the path of a round's relayed update: {path[:80]!r}")
     return int(match[1])
 
 

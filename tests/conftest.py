@@ -110,8 +110,9 @@ def start_clients(
     broker_url: str,
     topic_root: str,
     max_samples: int,
+    *extra_args: str,
 ) -> list[subprocess.Popen]:
-    """One device daemon per FSDD speaker, keeping its token in the test's folder."""
+    """One device daemon per FSDD speaker, keeping its token in the test's folder; extra_args added."""
     return [
         processes.start(
             f"client-{s}",
@@ -122,6 +123,7 @@ def start_clients(
             "--topic-root", topic_root,
             "--max-samples", str(max_samples),
             "--state", str(processes.log_dir / "devices"),
+            *extra_args,
         )
         for s in speakers
     ]  # fmt: skip

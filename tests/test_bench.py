@@ -65,3 +65,12 @@ def test_unreached_target_and_report(tmp_path):
     assert "| 0.40x |" in table and "| 0.50x |" in table  # wall and bytes against FedAvg
     for png in write_plots("fsdd", RUNS, rows, tmp_path):
         assert png.read_bytes().startswith(b"\x89PNG")
+
+
+def test_run_reads_back_from_its_dict():
+    import json
+    from dataclasses import asdict
+
+    run = RUNS[3]
+    again = Run.from_dict(json.loads(json.dumps(asdict(run))))
+    assert again == run and again.time_to(0.85) == run.time_to(0.85)

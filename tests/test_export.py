@@ -1,5 +1,6 @@
 """ONNX export, weight refresh, parity with torch, and the torch-free runtime."""
 
+import copy
 import json
 import os
 import subprocess
@@ -9,9 +10,11 @@ import numpy as np
 import onnx
 import pytest
 import torch
+from onnx import numpy_helper
 
 from fedspeech.edge_client.onnx_model import OnnxModel
 from fedspeech.export.onnx_export import export_onnx, parity, update_onnx_weights
+from fedspeech.export.onnx_weights import PREFIX
 from fedspeech.export.quantize import quantize
 from fedspeech.models import build_model
 from fedspeech.models.datasets import (
@@ -21,7 +24,9 @@ from fedspeech.models.datasets import (
     load_waveforms,
     server_test_clips,
 )
+from fedspeech.models.norm import norm_names
 from fedspeech.models.train import get_arrays, train_local
+from fedspeech.protocol.messages import ModelSpec
 
 
 @pytest.fixture(scope="module")
@@ -130,6 +135,72 @@ def test_runtime_never_imports_torch(exported):
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
+
+
+@pytest.fixture(scope="module")
+def exported_bn(fsdd, tmp_path_factory):
+    """A briefly trained cnn_bn, exported."""
+    corpus, spec, (waveforms, labels), _ = fsdd
+    spec = ModelSpec("cnn_bn", spec.sample_rate, spec.num_samples, spec.num_classes)
+    torch.manual_seed(0)
+    model = build_model(spec)
+    train_local(model, waveforms, labels, epochs=1, batch_size=8, learning_rate=2e-3)
+    path = export_onnx(model, spec, corpus.labels, tmp_path_factory.mktemp("onnx-bn") / "model.onnx", round=1)
+    return model, path
+
+
+def test_cnn_bn_exports_with_parity_and_swappable_norm_tensors(fsdd, exported_bn):
+    _, _, _, (waveforms, _) = fsdd
+    model, path = exported_bn
+    result = parity(model, path, waveforms)
+    assert result.max_abs_diff < 1e-4 and result.agreement == 1.0
+    names = norm_names(model)
+    assert len(names) == 12
+    initializers = {init.name: init for init in onnx.load(path).graph.initializer}
+    arrays = get_arrays(model)
+    for name in names:  # each BN tensor is its own initializer, not fused into a convolution
+        assert PREFIX + name in initializers, name
+        np.testing.assert_array_equal(numpy_helper.to_array(initializers[PREFIX + name]), arrays[name])
+    assert OnnxModel(path).metadata["model"] == "cnn_bn"
+
+
+def test_swapping_only_the_norm_tensors(fsdd, exported_bn, tmp_path):
+    _, _, (train_waveforms, _), (waveforms, _) = fsdd
+    model, template = exported_bn
+    local = copy.deepcopy(model)  # FedBN: the device's own BN layers in the global model
+    local.train()
+    with torch.no_grad():
+        local(torch.from_numpy(train_waveforms[:16] * 3.0))  # other batch statistics
+        for name, parameter in local.named_parameters():
+            if name in norm_names(local):
+                parameter.add_(0.3)
+    swapped = {name: value for name, value in get_arrays(local).items() if name in norm_names(local)}
+    updated = update_onnx_weights(template, swapped, tmp_path / "local.onnx")
+    assert not np.allclose(
+        OnnxModel(updated).predict(waveforms), OnnxModel(template).predict(waveforms), atol=1e-3
+    )
+    result = parity(local, updated, waveforms)
+    assert result.max_abs_diff < 1e-4 and result.agreement == 1.0
+
+
+def test_weight_update_never_imports_torch(exported_bn, tmp_path):
+    model, template = exported_bn
+    bias = get_arrays(model)["features.1.1.bias"] + 1.0
+    np.save(tmp_path / "bias.npy", bias)
+    code = (
+        "import sys, numpy as np\n"
+        "from fedspeech.export.onnx_weights import update_onnx_weights\n"
+        "template, bias, out = sys.argv[1:]\n"
+        "update_onnx_weights(template, {'features.1.1.bias': np.load(bias)}, out)\n"
+        "assert 'torch' not in sys.modules, 'torch was imported'\n"
+    )
+    args = [str(template), str(tmp_path / "bias.npy"), str(tmp_path / "out.onnx")]
+    result = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    initializers = {init.name: init for init in onnx.load(tmp_path / "out.onnx").graph.initializer}
+    np.testing.assert_array_equal(numpy_helper.to_array(initializers[PREFIX + "features.1.1.bias"]), bias)
+    untouched = numpy_helper.to_array(initializers[PREFIX + "head.weight"])
+    np.testing.assert_array_equal(untouched, get_arrays(model)["head.weight"])
 
 
 def _accuracy(probabilities: np.ndarray, labels: np.ndarray) -> float:

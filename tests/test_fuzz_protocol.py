@@ -15,9 +15,9 @@ import math
 import os
 import re
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -95,6 +95,12 @@ VALID = {
     "credentials": Credentials("dev-1", "A1b2_C3d4-E5f6G7h8", signing.public_key_text(KEY)),
     "status": DeviceStatus("dev-1", "evaluating", 40, PROFILE, 3, {"yes": 30, "_unknown_": 10}, {"yes": 8}),
     "task": TASK,
+    "relayed_task": replace(
+        TASK,
+        weights=BlobRef("/api/rounds/3/relays/2", "cd" * 32, 999),
+        teacher=BlobRef("/api/models/2/teacher", "ef" * 32, 1234),
+        config={"class_prior": [0.25, 0.75], "prior_weight": 1.0, "distill_weight": 0.5},
+    ),
     "evaluation_task": Task(
         "e3",
         3,
@@ -163,8 +169,15 @@ DTYPES = [
     "F8_E4M3",
 ]
 
-PATH_KINDS = ["weights", "onnx", "updates", "evaluations"]
-VALID_PATHS = [routes.model(7, "weights"), routes.model(0, "onnx"), routes.updates(12), routes.evaluations(3)]
+PATH_KINDS = ["weights", "onnx", "teacher", "updates", "evaluations", "relays"]
+VALID_PATHS = [
+    routes.model(7, "weights"),
+    routes.model(0, "onnx"),
+    routes.model(2, "teacher"),
+    routes.updates(12),
+    routes.evaluations(3),
+    routes.relay(4, 1),
+]
 BASES = ["http://127.0.0.1:8080", "https://coordinator.example/", "http://[::1]:80/base", "http://h"]
 BROKER = "mqtts://broker.example:8883"
 TASK_FILE = ['name = "digits"', 'labels = ["zero", "one", "two"]', "sample_rate = 8000", "clip_seconds = 1.0"]
@@ -396,14 +409,17 @@ def _blob_round(ref: BlobRef, kind: str) -> int:
     """The round of a blob reference of exactly routes.model's form, with a sha256 and a size in bounds."""
     assert messages.SHA256.fullmatch(ref.sha256)
     assert 0 < ref.size <= messages.MAX_BLOB_BYTES
-    match = re.fullmatch(r"/api/models/(0|[1-9][0-9]{0,8})/(weights|onnx)", ref.path, re.ASCII)
+    match = re.fullmatch(r"/api/models/(0|[1-9][0-9]{0,8})/(weights|onnx|teacher)", ref.path, re.ASCII)
     assert match is not None and match[2] == kind and ref.path == routes.model(int(match[1]), kind)
     return int(match[1])
 
 
-def _assert_settings(values: dict[str, float]) -> None:
+def _assert_settings(values: Mapping[str, float | list[float]]) -> None:
     assert len(values) <= messages.MAX_CONFIG
-    assert all(_is_name(name) and _is_number(value, -math.inf, math.inf) for name, value in values.items())
+    for name, value in values.items():
+        numbers = value if isinstance(value, list) else [value]
+        assert _is_name(name) and len(numbers) <= messages.MAX_LABELS
+        assert all(_is_number(v, -math.inf, math.inf) for v in numbers)
 
 
 def assert_definition(definition: TaskDefinition) -> None:
@@ -434,7 +450,13 @@ def _assert_task(task: Task) -> None:
     assert 1 <= task.epochs <= messages.MAX_EPOCHS and 1 <= task.batch_size <= messages.MAX_BATCH_SIZE
     assert _is_number(task.learning_rate, 0, messages.MAX_LEARNING_RATE) and task.learning_rate > 0
     assert _is_number(task.deadline, -math.inf, math.inf)
-    assert _blob_round(task.weights, "weights") <= task.round
+    relayed = re.fullmatch(r"/api/rounds/(0|[1-9][0-9]{0,8})/relays/(0|[1-9][0-9]{0,8})", task.weights.path)
+    if relayed is not None:  # an update relayed inside the task's own round
+        assert int(relayed[1]) == task.round and messages.SHA256.fullmatch(task.weights.sha256)
+        assert 0 < task.weights.size <= messages.MAX_BLOB_BYTES
+    else:
+        assert _blob_round(task.weights, "weights") <= task.round
+    assert task.teacher is None or _blob_round(task.teacher, "teacher") <= task.round
     assert task.action in ("train", "evaluate")
     upload = routes.updates(task.round) if task.action == "train" else routes.evaluations(task.round)
     assert task.upload_path == upload
@@ -530,11 +552,19 @@ def weights_checked(blob: bytes) -> None:
 
 
 def path_checked(path: str, kind: str) -> None:
-    """routes.model_round and result_round: the round of a path of exactly their form, or ValueError."""
-    with noted(f"routes.model_round / result_round of {path[:3000]!r} as {kind!r}"):
+    """routes.model_round, result_round and relay_round: a path's round, exactly their form, or ValueError."""
+    with noted(f"routes.model_round / result_round / relay_round of {path[:3000]!r} as {kind!r}"):
         try:
             round_ = routes.model_round(path, kind)
-            assert kind in ("weights", "onnx") and 0 <= round_ < 10**9 and path == routes.model(round_, kind)
+            assert kind in routes.MODEL_KINDS and 0 <= round_ < 10**9 and path == routes.model(round_, kind)
+        except ValueError:
+            pass
+        try:
+            round_ = routes.relay_round(path)
+            relayed = re.fullmatch(r"/api/rounds/([0-9]+)/relays/([0-9]+)", path)
+            assert (
+                relayed is not None and path == routes.relay(round_, int(relayed[2])) and 0 <= round_ < 10**9
+            )
         except ValueError:
             pass
         try:
@@ -648,8 +678,10 @@ def test_the_seeds_are_valid(task_file):
     assert weights.decode(BLOB)[1] == {"task_id": "t1", "num_samples": "12"}
     assert [
         routes.model_round(VALID_PATHS[0], "weights"),
-        routes.result_round(VALID_PATHS[2], "updates"),
-    ] == [7, 12]
+        routes.model_round(VALID_PATHS[2], "teacher"),
+        routes.result_round(VALID_PATHS[3], "updates"),
+        routes.relay_round(VALID_PATHS[5]),
+    ] == [7, 2, 12, 4]
     assert routes.url(BASES[0], VALID_PATHS[0]) == "http://127.0.0.1:8080/api/models/7/weights"
     assert parse_broker_url(BROKER) == ("broker.example", 8883)
     assert Topics().device_of(TOPIC) == "dev-1"

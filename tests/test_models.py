@@ -8,10 +8,17 @@ from torch import nn
 from fedspeech.models import build_model
 from fedspeech.models.datasets import client_clips, default_spec, load_corpus, load_waveforms
 from fedspeech.models.frontend import LogMel
+from fedspeech.models.norm import norm_names
 from fedspeech.models.train import evaluate, get_arrays, set_arrays, train_local
 from fedspeech.protocol.messages import ModelSpec
 
 SPECS = [ModelSpec("cnn", 8000, 8000, 10), ModelSpec("cnn", 16000, 16000, 12)]
+BN_SPEC = ModelSpec("cnn_bn", 8000, 8000, 10)
+BN_NAMES = {
+    f"features.{block}.1.{tensor}"
+    for block in (1, 3, 5)
+    for tensor in ("weight", "bias", "running_mean", "running_var")
+}
 
 
 @pytest.fixture(scope="module")
@@ -23,7 +30,7 @@ def fsdd_batch():
     return spec, *load_waveforms(clips, spec.sample_rate, spec.num_samples)
 
 
-@pytest.mark.parametrize("spec", SPECS, ids=["8k", "16k"])
+@pytest.mark.parametrize("spec", [*SPECS, BN_SPEC], ids=["8k", "16k", "bn"])
 def test_size_and_output_shape(spec):
     model = build_model(spec)
     assert sum(p.numel() for p in model.parameters()) <= 250_000
@@ -167,3 +174,65 @@ def test_proximal_term_keeps_weights_near_the_start(fsdd_batch):
         return sum(float(np.sum((get_arrays(model)[k] - v) ** 2)) for k, v in start.items())
 
     assert drift(10.0) < 0.8 * drift(0.0)
+
+
+def test_cnn_bn_is_the_cnn_with_batch_norm_in_its_blocks():
+    torch.manual_seed(0)
+    cnn, cnn_bn = build_model(SPECS[0]), build_model(BN_SPEC)
+
+    def norms(model: nn.Module) -> list[type]:
+        return [type(m) for m in model.modules() if isinstance(m, nn.GroupNorm | nn.BatchNorm1d)]
+
+    # the per-utterance input standardisation stays a GroupNorm, the three blocks change
+    assert norms(cnn_bn) == [nn.GroupNorm, nn.BatchNorm1d, nn.BatchNorm1d, nn.BatchNorm1d]
+    assert norms(cnn) == [nn.GroupNorm] * 4
+    shapes = {name: p.shape for name, p in cnn.named_parameters()}
+    assert {name: p.shape for name, p in cnn_bn.named_parameters()} == shapes
+    arrays = get_arrays(cnn_bn)
+    assert arrays.keys() == shapes.keys() | {name for name in BN_NAMES if "running" in name}
+    assert not any("num_batches_tracked" in name for name in arrays), "integer counters are not sent"
+
+
+def test_cnn_bn_running_statistics_travel_with_get_and_set_arrays():
+    torch.manual_seed(0)
+    source, target = build_model(BN_SPEC), build_model(BN_SPEC)
+    set_arrays(target, get_arrays(source))
+    source.train()
+    source(torch.randn(6, 8000))  # a training-mode pass moves the running statistics
+    moved = get_arrays(source)
+    assert not np.array_equal(
+        moved["features.1.1.running_mean"], get_arrays(target)["features.1.1.running_mean"]
+    )
+    x = torch.randn(3, 8000)
+    source.eval(), target.eval()
+    assert not torch.allclose(source(x), target(x))
+    set_arrays(target, moved)
+    assert torch.equal(source(x), target(x))
+
+
+def test_norm_names_are_the_batch_norm_tensors():
+    cnn_bn = build_model(BN_SPEC)
+    assert norm_names(cnn_bn) == BN_NAMES
+    assert norm_names(cnn_bn) <= get_arrays(cnn_bn).keys()
+    assert norm_names(build_model(SPECS[0])) == set(), "GroupNorm is not batch normalisation"
+    assert norm_names(build_model(ModelSpec("transformer", 8000, 8000, 10))) == set(), "nor is LayerNorm"
+    mixed = nn.Sequential(nn.Conv2d(1, 2, 3), nn.BatchNorm2d(2, affine=False), nn.Flatten(), nn.LazyLinear(3))
+    assert norm_names(mixed) == {"1.running_mean", "1.running_var"}
+    assert norm_names(nn.BatchNorm1d(4)) == {"weight", "bias", "running_mean", "running_var"}
+
+
+def test_cnn_bn_trains_and_evaluates(fsdd_batch):
+    spec, waveforms, labels = fsdd_batch
+    spec = ModelSpec("cnn_bn", spec.sample_rate, spec.num_samples, spec.num_classes)
+    torch.manual_seed(0)
+    model = build_model(spec)
+    before = evaluate(model, waveforms, labels)
+    stats = get_arrays(model)["features.3.1.running_var"]
+    train_local(model, waveforms, labels, epochs=4, batch_size=16, learning_rate=3e-3, seed=1)
+    after = evaluate(model, waveforms, labels)
+    assert after.loss < before.loss
+    assert after.accuracy > before.accuracy + 0.2
+    assert not np.array_equal(stats, get_arrays(model)["features.3.1.running_var"])
+    # a batch of one still has a batch statistic: the frames of the one clip
+    result = train_local(model, waveforms[:3], labels[:3], epochs=1, batch_size=1, learning_rate=1e-3)
+    assert np.isfinite(result.loss)

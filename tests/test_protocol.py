@@ -1,7 +1,7 @@
 """The wire contract: messages round-trip, malformed input is rejected with a reason."""
 
 import json
-from dataclasses import asdict
+from dataclasses import asdict, replace
 
 import numpy as np
 import pytest
@@ -85,12 +85,23 @@ def _task_with(**changes) -> bytes:
         (_task_with(weights={**asdict(TASK.weights), "size": 10**9}), "size 1 to"),
         (_task_with(weights={**asdict(TASK.weights), "sha256": "AB" * 32}), "64 hex"),
         (_task_with(learning_rate=-0.1), "learning_rate"),
+        (
+            _task_with(weights={**asdict(TASK.weights), "path": "/api/rounds/2/relays/1"}),
+            "relayed in round 2",
+        ),
+        (_task_with(weights={**asdict(TASK.weights), "path": "/api/rounds/3/relays/x"}), "relayed update"),
+        (_task_with(weights={**asdict(TASK.weights), "path": "/api/rounds/3/relays/01"}), "relayed update"),
+        (_task_with(teacher={**asdict(TASK.weights), "path": "/api/models/4/teacher"}), "teacher must come"),
+        (_task_with(teacher={**asdict(TASK.weights), "path": "/api/models/2/weights"}), "round's teacher"),
         (_task_with(spec={"name": "cnn"}), "sample_rate"),
         (_task_with(definition={**asdict(DIGITS), "labels": ["a"]}), "2 and"),
         (_task_with(definition={**asdict(DIGITS), "labels": ["../../etc", "b"]}), "folder name"),
         (_task_with(definition={**asdict(DIGITS), "sample_rate": 10**6}), "sample_rate"),
         (_task_with(action="delete"), "action"),
-        (_task_with(config={"proximal_mu": "high"}), "expected a number"),
+        (_task_with(config={"proximal_mu": "high"}), "can not match"),
+        (_task_with(config={"class_prior": [0.5, "x"]}), "can not match"),
+        (_task_with(config={"class_prior": [0.5] * 65}), "bad config setting"),
+        (_task_with(config={"class_prior": [[0.5]]}), "can not match"),
         (_task_with(config={f"s{i}": 1.0 for i in range(17)}), "more than 16"),
         (_task_with(config={"../x": 1.0}), "bad config setting"),
         (_task_with(round=10**400), "out of range"),
@@ -102,6 +113,16 @@ def _task_with(**changes) -> bytes:
 def test_malformed_task_is_rejected_with_reason(payload, reason):
     with pytest.raises(ProtocolError, match=reason):
         messages.decode(payload, Task)
+
+
+def test_a_task_trains_from_an_update_relayed_in_its_round_with_a_teacher():
+    relayed = replace(
+        TASK,
+        weights=replace(TASK.weights, path=routes.relay(3, 2)),
+        teacher=replace(TASK.weights, path=routes.model(2, "teacher")),
+        config={"class_prior": [0.25, 0.75], "prior_weight": 1.0},
+    )
+    assert messages.decode(messages.encode(relayed), Task) == relayed
 
 
 def test_status_rejects_unknown_state_and_bad_device_id():

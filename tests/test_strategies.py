@@ -222,6 +222,11 @@ def test_registry():
         "trimmed_mean",
         "clipped",
         "clipped_trimmed_mean",
+        "fedbn",
+        "quality",
+        "grouped",
+        "class_prior",
+        "mkd",
     }
     assert all(make_strategy(name, 3, 2).name == name for name in STRATEGIES)
     hw = make_strategy("hardware", 3, 2)

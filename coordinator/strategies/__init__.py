@@ -3,12 +3,17 @@
 from collections.abc import Callable
 from functools import partial
 
-from fedspeech.coordinator.strategies.base import Result, RoundPlan, Strategy, Work
+from fedspeech.coordinator.strategies.base import MethodSettings, Result, RoundPlan, Strategy, Work
+from fedspeech.coordinator.strategies.class_prior import ClassPrior
 from fedspeech.coordinator.strategies.clipped import NormClipped
 from fedspeech.coordinator.strategies.fedavg import FedAvg
+from fedspeech.coordinator.strategies.fedbn import FedBN
 from fedspeech.coordinator.strategies.fedprox import FedProx
+from fedspeech.coordinator.strategies.grouped import GroupedSequential
 from fedspeech.coordinator.strategies.hardware import HardwareAware
 from fedspeech.coordinator.strategies.median import FedMedian
+from fedspeech.coordinator.strategies.mkd import MutualDistillation
+from fedspeech.coordinator.strategies.quality import QualityWeighted
 from fedspeech.coordinator.strategies.random_k import RandomK
 from fedspeech.coordinator.strategies.trimmed_mean import FedTrimmedMean
 
@@ -27,14 +32,22 @@ STRATEGIES: dict[str, Callable[[int, int], Strategy]] = {
     "trimmed_mean": FedTrimmedMean,
     "clipped": NormClipped,
     "clipped_trimmed_mean": partial(FedTrimmedMean, clip=True),
+    # the methods of FedCSR ("Cuing Without Sharing") and FedVMR, and FedBN, FedCSR's baseline
+    "fedbn": FedBN,
+    "quality": QualityWeighted,
+    "grouped": GroupedSequential,
+    "class_prior": ClassPrior,
+    "mkd": MutualDistillation,
 }
 
 
-def make_strategy(name: str, k: int, epochs: int) -> Strategy:
-    """A fresh strategy by name; ValueError naming the known ones for any other."""
+def make_strategy(name: str, k: int, epochs: int, settings: MethodSettings | None = None) -> Strategy:
+    """A fresh strategy by name with the methods' settings; ValueError naming the known ones for any other."""
     if name not in STRATEGIES:
         raise ValueError(f"unknown strategy {name!r}, expected one of {', '.join(STRATEGIES)}")
-    return STRATEGIES[name](k, epochs)
+    strategy = STRATEGIES[name](k, epochs)
+    strategy.settings = settings or MethodSettings()
+    return strategy
 
 
-__all__ = ["STRATEGIES", "Result", "RoundPlan", "Strategy", "Work", "make_strategy"]
+__all__ = ["STRATEGIES", "MethodSettings", "Result", "RoundPlan", "Strategy", "Work", "make_strategy"]

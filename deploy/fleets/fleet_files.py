@@ -13,7 +13,7 @@ DEFAULT_FLEETS = {"fsdd": FLEETS_DIR / "pi-mix.toml", "emodb": FLEETS_DIR / "pi-
 
 @dataclass(frozen=True)
 class DeviceSpec:
-    """One emulated device: name, whose recordings it trains on, its CPU share and network."""
+    """One emulated device: name, whose recordings it trains on (speaker or folder), CPU share, network."""
 
     name: str
     speaker: str
@@ -23,6 +23,8 @@ class DeviceSpec:
     # set instead of speaker: the process hosts one device per speaker, named by it, all sharing its
     # CPU share and network (a fleet of hundreds does not fit in a process each)
     speakers: tuple[str, ...] = ()
+    # set instead of speaker: the device trains on its own folder DATA/<label>/* (`fedspeech client --data`)
+    data: Path | None = None
 
     @property
     def device_ids(self) -> list[str]:

@@ -88,20 +88,24 @@ def launch_fleet(
 ) -> list[DeviceProcess]:
     """One device daemon per spec behind its own proxies, logged to LOG_DIR/NAME.log.
 
-    Each device runs `fedspeech client --corpus C [--data-dir D] --speaker S --device-id NAME` plus
-    extra_args (topic root, max samples, ...). If one fails to start, those already started are stopped.
+    Each device runs `fedspeech client --corpus C [--data-dir D] --speaker S --device-id NAME`, or
+    `fedspeech client --data DIR --device-id NAME` for a spec with a data folder, plus extra_args (topic
+    root, max samples, ...). If one fails to start, those already started are stopped.
     Callers that compare timings run check_fleet first.
     """
     devices: list[DeviceProcess] = []
     try:
         for spec in fleet:
             coordinator, broker, proxies = proxied_urls(spec, coordinator_url, broker_url)
-            args = ["--corpus", corpus]
-            if spec.speakers:
-                args += [arg for speaker in spec.speakers for arg in ("--speaker", speaker)]
+            if spec.data is not None:
+                args = ["--data", str(spec.data), "--device-id", spec.name]
             else:
-                args += ["--speaker", spec.speaker, "--device-id", spec.name]
-            args += ["--data-dir", str(data_dir)] if data_dir is not None else []
+                args = ["--corpus", corpus]
+                if spec.speakers:
+                    args += [arg for speaker in spec.speakers for arg in ("--speaker", speaker)]
+                else:
+                    args += ["--speaker", spec.speaker, "--device-id", spec.name]
+                args += ["--data-dir", str(data_dir)] if data_dir is not None else []
             args += ["--coordinator", coordinator, "--broker", broker, *(extra_args or [])]
             devices.append(start_device(spec, args, Path(log_dir) / f"{spec.name}.log", env, proxies=proxies))
     except BaseException:

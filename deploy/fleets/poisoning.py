@@ -46,9 +46,11 @@ class AttackingTrainer(Trainer):
         super().__init__(device_id, torch_threads)
         self.attack = attack
 
-    def train(self, task: Task, arrays: Arrays, train: Split) -> tuple[Any, bytes]:
+    def train(
+        self, task: Task, arrays: Arrays, train: Split, teacher: Arrays | None = None
+    ) -> tuple[Any, bytes]:
         """Train honestly from the given weights, then tamper with the change before it is uploaded."""
-        result, upload = super().train(task, arrays, train)
+        result, upload = super().train(task, arrays, train, teacher)
         trained, metadata = weights.decode(upload)
         return result, weights.encode(tamper(arrays, trained, self.attack), metadata=metadata)
 

@@ -1,0 +1,823 @@
+"""`fedspeech bench seeds`: the seed papers' methods against FedAvg on the same splits, fleets and seeds.
+
+Splits, each a corpus, a fleet and how the coordinator scores the global model:
+- fsdd-within: FSDD on pi-mix.toml (a device per speaker), scored on the union of the speakers' test splits.
+- emodb-within: EmoDB's 3 s task on pi-mix-10.toml (a device per speaker), scored likewise.
+- emodb-loso: leave one speaker out (FedCSR, Table 5). For each speaker in sorted order (the first
+  --folds of them), its device is left out of pi-mix-10.toml, the other nine train on their training
+  splits and the coordinator scores every round's model on all of the held-out speaker's clips.
+- speech-commands-skewed: the label-skewed fleet FedVMR's class-distribution regulariser is for
+  (skewed_deal gives the rule): six Pi 4 class devices, each a folder of several speakers' clips, three
+  of them lacking four labels each, scored on the clips of speakers no device holds.
+
+Arms: FedAvg (the baseline), FedProx, FedBN against FedAvg on the same BatchNorm CNN, quality-weighted
+aggregation, grouped sequential training with G = 1, 2 and N groups, the class-distribution regulariser
+(FedVMR) and mutual knowledge distillation (FedCSR). Quality's validation set and MKD's server data are
+the same small folder: the first VALIDATION_PER_LABEL training clips (in path order) of each training
+device and label, the clips its owner would opt in to share; never a test clip, never a held-out
+speaker's clip.
+
+FedBN keeps normalisation layers on the devices, so within a speaker its meaningful score is each
+device's personalised model on its own test split: in the within-speaker splits its arm is scored by
+federated evaluation every round (the same clips as the others' central set, each scored by its own
+device's model, and its wall time includes that evaluation). Where the test speakers have no device
+(emodb-loso, speech-commands-skewed) it is scored centrally like the others, by its global model.
+
+A run already finished under OUT (same split, arm, seed and number of rounds) is read back from
+OUT/completed instead of trained again: delete OUT to start over.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import traceback
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # the command line is built without the benchmark's heavy imports
+    from fedspeech.bench import Arm, Run, Summary
+    from fedspeech.fleets.fleet_files import DeviceSpec
+    from fedspeech.models.datasets import Clip, Corpus
+
+SPLITS = ("fsdd-within", "emodb-within", "emodb-loso", "speech-commands-skewed")
+SPLIT_CORPUS = {
+    "fsdd-within": "fsdd",
+    "emodb-within": "emodb",
+    "emodb-loso": "emodb",
+    "speech-commands-skewed": "speech_commands",
+}
+BASELINE = "fedavg"
+# arm -> coordinator settings; quality and mkd also get the split's shared folder (ARM_FOLDERS)
+ARMS: dict[str, dict[str, Any]] = {
+    "fedavg": {"STRATEGY": "fedavg"},
+    "fedprox": {"STRATEGY": "fedprox"},
+    "fedbn": {"STRATEGY": "fedbn", "MODEL": "cnn_bn"},
+    "fedavg-bn": {"STRATEGY": "fedavg", "MODEL": "cnn_bn"},  # what FedBN is measured against
+    "quality": {"STRATEGY": "quality"},
+    "grouped-1": {"STRATEGY": "grouped", "GROUPS": 1},
+    "grouped-2": {"STRATEGY": "grouped", "GROUPS": 2},
+    "grouped-N": {"STRATEGY": "grouped", "GROUPS": 0},  # one group per device
+    "class_prior": {"STRATEGY": "class_prior"},
+    "mkd": {"STRATEGY": "mkd"},
+}
+ARM_FOLDERS = {"quality": "VALIDATION_DATA", "mkd": "SERVER_DATA"}
+GROUPED = {"grouped-1": "1", "grouped-2": "2", "grouped-N": "N"}  # FedVMR's Table 2: arm -> G
+VALIDATION_PER_LABEL = 2
+LOSO_PREFIX = "emodb-loso-"
+# Targets for rounds and time to target. The within-speaker splits use bench.DEFAULT_TARGETS; LOSO uses
+# EmoDB's (the same task, the same bar); the skewed fleet the 0.82 FedAvg needed 21 rounds for in the
+# issue that asked for this bench.
+LOSO_TARGET = 0.5
+SKEWED_TARGET = 0.82
+# the skewed deal (skewed_deal): devices, every EVERY-th speaker in sorted order kept for evaluation
+SKEWED_DEVICES = 6
+SKEWED_EVERY = 5
+# Pi 4 class devices on good Wi-Fi, as pi4-wifi.toml: the skewed fleet differs in data, not hardware
+SKEWED_CPU_SHARE, SKEWED_DELAY_MS, SKEWED_BANDWIDTH_KBPS = 0.25, 10.0, 20000.0
+GOAL_ROUNDS = 15  # the skewed fleet's goal: within GOAL_GAP of centralized training in this many rounds
+GOAL_GAP = 0.02
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One fleet to train on: its corpus, devices, coordinator extras and the clips devices share."""
+
+    key: str  # names its runs: the split, or the split and held-out speaker
+    split: str
+    corpus: str
+    fleet: list[DeviceSpec]
+    settings: Mapping[str, Any]  # coordinator settings of the split (central evaluation)
+    validation: Path  # quality's VALIDATION_DATA and mkd's SERVER_DATA
+    personalised: bool = False  # FedBN scored by federated evaluation (within-speaker splits)
+    held_out: str | None = None  # LOSO: the speaker left out
+
+
+@dataclass(frozen=True)
+class SeedsConfig:
+    """What `bench seeds` runs."""
+
+    out: Path
+    splits: Sequence[str] = SPLITS
+    arms: Sequence[str] = tuple(ARMS)
+    seeds: int = 3
+    rounds: int = 20
+    folds: int | None = None  # LOSO: the first N speakers in sorted order; None for all
+    data_dir: Path | None = None
+    central: bool = True  # the centralized reference on the skewed fleet
+    round_timeout_s: float = 120.0
+
+
+def check_config(cfg: SeedsConfig) -> None:
+    """ValueError, in one line, for anything that would only fail later: names, counts, data, strategies."""
+    unknown = [s for s in cfg.splits if s not in SPLITS]
+    if unknown:
+        raise ValueError(f"unknown splits {unknown}, expected some of {', '.join(SPLITS)}")
+    if not cfg.splits:
+        raise ValueError("no splits to run")
+    check_arms(cfg.arms)
+    for name, value in (("seeds", cfg.seeds), ("rounds", cfg.rounds), ("folds", cfg.folds)):
+        if value is not None and value < 1:
+            raise ValueError(f"--{name} must be at least 1, got {value}")
+    check_data(cfg.splits, cfg.data_dir)
+
+
+def check_data(splits: Sequence[str], data_dir: Path | None) -> None:
+    """ValueError unless every split's corpus is in data_dir (FSDD: or bundled, when data_dir is None)."""
+    from fedspeech.models.datasets import CORPORA
+
+    needs = sorted({SPLIT_CORPUS[s] for s in splits} - {"fsdd"})
+    if needs and data_dir is None:
+        raise ValueError(f"{', '.join(needs)} need --data-dir, the folder holding the corpora")
+    if data_dir is not None:
+        missing = [str(data_dir / CORPORA[c]) for c in sorted({SPLIT_CORPUS[s] for s in splits})]
+        missing = [folder for folder in missing if not Path(folder).is_dir()]
+        if missing:
+            raise ValueError(f"no corpus folder {', '.join(missing)} (--data-dir holds one per corpus)")
+
+
+def check_arms(names: Sequence[str]) -> None:
+    """ValueError for an arm name not in ARMS, or whose strategy or model this install does not have."""
+    from fedspeech.coordinator.strategies import STRATEGIES
+    from fedspeech.models.architectures import MODELS
+
+    if not names:
+        raise ValueError("no arms to run")
+    unknown = [name for name in names if name not in ARMS]
+    if unknown:
+        raise ValueError(f"unknown arms {unknown}, expected some of {', '.join(ARMS)}")
+    for name in names:
+        strategy, model = ARMS[name]["STRATEGY"], ARMS[name].get("MODEL", "cnn")
+        if strategy not in STRATEGIES:
+            raise ValueError(
+                f"arm {name!r} needs strategy {strategy!r}, which is not registered in "
+                f"fedspeech.coordinator.strategies (known: {', '.join(STRATEGIES)})"
+            )
+        if model not in MODELS:
+            raise ValueError(f"arm {name!r} needs model {model!r}, expected one of {', '.join(MODELS)}")
+
+
+def arm_for(name: str, setting: Setting) -> Arm:
+    """The bench.Arm of an arm name on a setting: its settings, the shared folder, FedBN's evaluation."""
+    from fedspeech.bench import Arm
+
+    settings = dict(ARMS[name])
+    if name in ARM_FOLDERS:
+        settings[ARM_FOLDERS[name]] = str(setting.validation)
+    if name == "fedbn" and setting.personalised:
+        settings |= {"EVAL_CORPUS": None, "EVAL_DATA": None, "EVAL_EVERY": 1}
+    return Arm(name, settings)
+
+
+# --- data: folders of links the bench writes ------------------------------------------------------
+
+
+def link_folder(folder: Path, clips: Iterable[Clip], labels: Sequence[str]) -> Path:
+    """A fresh folder FOLDER/<label>/<file name> of symbolic links to the clips' files."""
+    shutil.rmtree(folder, ignore_errors=True)
+    folder.mkdir(parents=True)
+    for clip in clips:
+        link = folder / labels[clip.label] / clip.path.name
+        link.parent.mkdir(exist_ok=True)
+        if link.is_symlink():
+            raise ValueError(f"two clips would both be {link}")
+        link.symlink_to(clip.path.resolve())
+    return folder
+
+
+def validation_clips(
+    train: Mapping[str, Sequence[Clip]], per_label: int = VALIDATION_PER_LABEL
+) -> list[Clip]:
+    """The first per_label clips, in path order, of each device's training clips of each label."""
+    chosen: list[Clip] = []
+    for device in sorted(train):
+        by_label: dict[int, list[Clip]] = {}
+        for clip in sorted(train[device], key=lambda c: c.path):
+            by_label.setdefault(clip.label, []).append(clip)
+        for label in sorted(by_label):
+            chosen += by_label[label][:per_label]
+    return chosen
+
+
+def speaker_train_clips(corpus: Corpus, fleet: Sequence[DeviceSpec]) -> dict[str, list[Clip]]:
+    """Each speaker device's training clips, by device name."""
+    from fedspeech.models.datasets import client_clips
+
+    return {spec.name: client_clips(corpus, spec.speaker)[0] for spec in fleet}
+
+
+def within_setting(split: str, corpus: Corpus, fleet: list[DeviceSpec], out: Path) -> Setting:
+    """A device per speaker, scored on the union of their test splits (fleet_run's EVAL_CORPUS)."""
+    folder = out / "data" / split / "validation"
+    validation = link_folder(folder, validation_clips(speaker_train_clips(corpus, fleet)), corpus.labels)
+    return Setting(split, split, corpus.name, fleet, {}, validation, personalised=True)
+
+
+def loso_settings(
+    corpus: Corpus, fleet: list[DeviceSpec], out: Path, folds: int | None = None
+) -> list[Setting]:
+    """A fold per speaker in sorted order (the first `folds`): its device out, all its clips the test set."""
+    from fedspeech.models.datasets import leave_one_speaker_out, speakers
+
+    settings = []
+    for speaker in speakers(corpus)[:folds]:
+        key = LOSO_PREFIX + speaker
+        _, held_out = leave_one_speaker_out(corpus, speaker)
+        evaluation = link_folder(out / "data" / key / "eval", held_out, corpus.labels)
+        others = [spec for spec in fleet if spec.speaker != speaker]
+        shared = validation_clips(speaker_train_clips(corpus, others))
+        validation = link_folder(out / "data" / key / "validation", shared, corpus.labels)
+        central = {"EVAL_DATA": str(evaluation), "EVAL_CORPUS": None}
+        settings.append(
+            Setting(key, "emodb-loso", corpus.name, others, central, validation, held_out=speaker)
+        )
+    return settings
+
+
+@dataclass(frozen=True)
+class SkewedDeal:
+    """Speech Commands dealt to label-skewed devices, and the clips of the speakers no device holds."""
+
+    labels: tuple[str, ...]
+    devices: tuple[tuple[Clip, ...], ...]  # each device's clips; its train/test split is per file
+    speakers: tuple[tuple[str, ...], ...]  # each device's speakers
+    lacking: tuple[tuple[str, ...], ...]  # the labels each device was dealt none of
+    evaluation: tuple[Clip, ...]
+    evaluation_speakers: tuple[str, ...]
+
+
+def skewed_deal(corpus: Corpus, devices: int = SKEWED_DEVICES, every: int = SKEWED_EVERY) -> SkewedDeal:
+    """The label-skewed fleet, by a fixed rule that never looks at a result.
+
+    Speakers sorted by id: every `every`-th (positions every-1, 2*every-1, ...) is kept for evaluation,
+    the others are dealt round-robin in that order to devices 1..`devices`, all of a speaker's clips to
+    one device. The speakerless _silence_ clips, sorted by path, are dealt the same way. The second half
+    of the devices each lack a block of labels, in label order: with 12 labels and 6 devices, device 4
+    lacks yes, no, up, down; device 5 left, right, on, off; device 6 stop, go, _unknown_, _silence_.
+    """
+    from fedspeech.models.datasets import SILENCE_SPEAKER
+
+    ids = sorted({clip.speaker for clip in corpus.clips} - {SILENCE_SPEAKER})
+    evaluation_speakers = ids[every - 1 :: every]
+    trainers = [s for s in ids if s not in set(evaluation_speakers)]
+    silence = sorted((c for c in corpus.clips if c.speaker == SILENCE_SPEAKER), key=lambda c: c.path)
+    silence_eval = silence[every - 1 :: every]
+    silence_train = [c for c in silence if c not in set(silence_eval)]
+    skewed = devices // 2
+    block = len(corpus.labels) // skewed
+    lacking = [()] * (devices - skewed) + [
+        tuple(corpus.labels[j * block : (j + 1) * block]) for j in range(skewed)
+    ]
+    dealt, names = [], []
+    for i in range(devices):
+        own = set(trainers[i::devices])
+        missing = {corpus.labels.index(label) for label in lacking[i]}
+        clips = [c for c in corpus.clips if c.speaker in own] + silence_train[i::devices]
+        dealt.append(tuple(sorted((c for c in clips if c.label not in missing), key=lambda c: c.path)))
+        names.append(tuple(trainers[i::devices]))
+    evaluation = [c for c in corpus.clips if c.speaker in set(evaluation_speakers)] + silence_eval
+    return SkewedDeal(
+        corpus.labels,
+        tuple(dealt),
+        tuple(names),
+        tuple(lacking),
+        tuple(sorted(evaluation, key=lambda c: c.path)),
+        tuple(evaluation_speakers),
+    )
+
+
+def folder_train_clips(clips: Iterable[Clip], labels: Sequence[str]) -> list[Clip]:
+    """The clips a device trains on when they sit in its folder: its per-file split, models.folders."""
+    from fedspeech.models.folders import is_test
+
+    return [c for c in clips if not is_test(f"{labels[c.label]}/{c.path.name}")]
+
+
+def skewed_setting(corpus: Corpus, out: Path) -> tuple[Setting, SkewedDeal]:
+    """The skewed fleet: a folder of links per device (`fedspeech client --data`), and its evaluation set."""
+    from fedspeech.fleets.fleet_files import DeviceSpec
+
+    deal = skewed_deal(corpus)
+    root = out / "data" / "speech-commands-skewed"
+    fleet, train = [], {}
+    for i, clips in enumerate(deal.devices):
+        name = f"pi4-sc{i + 1}"
+        folder = link_folder(root / "devices" / name, clips, corpus.labels)
+        fleet.append(
+            DeviceSpec(name, "", SKEWED_CPU_SHARE, SKEWED_DELAY_MS, SKEWED_BANDWIDTH_KBPS, data=folder)
+        )
+        train[name] = folder_train_clips(clips, corpus.labels)
+    evaluation = link_folder(root / "eval", deal.evaluation, corpus.labels)
+    validation = link_folder(root / "validation", validation_clips(train), corpus.labels)
+    central = {"EVAL_DATA": str(evaluation), "EVAL_CORPUS": None}
+    setting = Setting(
+        "speech-commands-skewed", "speech-commands-skewed", corpus.name, fleet, central, validation
+    )
+    return setting, deal
+
+
+def label_counts_table(deal: SkewedDeal) -> str:
+    """Clips per label on each device of the skewed deal, and in its evaluation set."""
+    from collections import Counter
+
+    header = "| device | speakers | lacks | " + " | ".join(deal.labels) + " | total |"
+    lines = [header, "|---" * (len(deal.labels) + 4) + "|"]
+    rows = [
+        (f"pi4-sc{i + 1}", str(len(deal.speakers[i])), ", ".join(deal.lacking[i]) or "-", deal.devices[i])
+        for i in range(len(deal.devices))
+    ]
+    rows.append(("evaluation", str(len(deal.evaluation_speakers)), "-", deal.evaluation))
+    for name, speakers, lacks, clips in rows:
+        counts = Counter(deal.labels[c.label] for c in clips)
+        cells = " | ".join(str(counts[label]) for label in deal.labels)
+        lines.append(f"| {name} | {speakers} | {lacks} | {cells} | {len(clips)} |")
+    return "\n".join(lines) + "\n"
+
+
+# --- centralized reference -------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class CentralResult:
+    """The CNN trained centrally on the skewed fleet's pooled training clips, scored on unseen speakers."""
+
+    seed: int
+    epochs: int
+    accuracy: float
+    seconds: float
+
+
+def central_reference(deal: SkewedDeal, seed: int, epochs: int, threads: int = 2) -> CentralResult:
+    """Train the federated runs' CNN on every device's training clips pooled; score on the evaluation set.
+
+    The same clips, model, batch size and learning rate as the federated arms; epochs should be their
+    budget, rounds x local epochs.
+    """
+    import time
+
+    import torch
+
+    from fedspeech.coordinator.orchestrator import RoundConfig
+    from fedspeech.models import build_model
+    from fedspeech.models.datasets import load_waveforms
+    from fedspeech.models.tasks import BUILTIN_TASKS, spec_for
+    from fedspeech.models.train import evaluate, train_local
+
+    torch.set_num_threads(threads)
+    torch.manual_seed(seed)
+    spec = spec_for(BUILTIN_TASKS["speech_commands"])
+    train = [c for clips in deal.devices for c in folder_train_clips(clips, deal.labels)]
+    train_x, train_y = load_waveforms(train, spec.sample_rate, spec.num_samples)
+    test_x, test_y = load_waveforms(deal.evaluation, spec.sample_rate, spec.num_samples)
+    net = build_model(spec)
+    defaults = RoundConfig()
+    start = time.perf_counter()
+    train_local(
+        net,
+        train_x,
+        train_y,
+        epochs=epochs,
+        batch_size=defaults.batch_size,
+        learning_rate=defaults.learning_rate,
+        seed=seed,
+    )
+    accuracy = evaluate(net, test_x, test_y).accuracy
+    return CentralResult(seed, epochs, accuracy, time.perf_counter() - start)
+
+
+# --- reports ---------------------------------------------------------------------------------------
+
+
+def _mean(values: Sequence[float]) -> float:
+    return sum(values) / len(values)
+
+
+def _std(values: Sequence[float]) -> float:
+    import numpy as np
+
+    return float(np.std(values, ddof=1)) if len(values) > 1 else 0.0
+
+
+def table2(split: str, rows: Sequence[Summary], target: float) -> str:
+    """FedVMR's Table 2 on this fleet: rounds and wall time to the target for G = 1, 2, N side by side."""
+    picked = [row for row in rows if row.arm in GROUPED]
+    if not picked:
+        return ""
+    ref = next((row for row in picked if row.arm == "grouped-N"), None)
+
+    def ratio(value: float | None, of: float | None) -> str:
+        return f"{value / of:.2f}x" if value is not None and of else "-"
+
+    lines = [
+        f"### {split}: grouped sequential training, G = 1, 2, N (target accuracy {target:.2f})",
+        "",
+        "| G | arm | final accuracy | rounds to target | vs G=N | time to target (s) | vs G=N | wall (s) "
+        "| vs G=N |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for row in sorted(picked, key=lambda r: list(GROUPED).index(r.arm)):
+        reached = f"({row.reached_target}/{row.runs})"
+        rounds = (
+            f"{row.rounds_to_target:.1f} {reached}" if row.rounds_to_target is not None else "not reached"
+        )
+        time = f"{row.time_to_target_s:.1f} {reached}" if row.time_to_target_s is not None else "not reached"
+        lines.append(
+            f"| {GROUPED[row.arm]} | {row.arm} | {row.accuracy_mean:.4f} ± {row.accuracy_std:.4f} | {rounds} "
+            f"| {ratio(row.rounds_to_target, ref.rounds_to_target if ref else None)} | {time} "
+            f"| {ratio(row.time_to_target_s, ref.time_to_target_s if ref else None)} | {row.wall_s:.1f} "
+            f"| {ratio(row.wall_s, ref.wall_s if ref else None)} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def loso_speaker(run: Run) -> str:
+    """The held-out speaker of a LOSO run."""
+    return run.corpus.removeprefix(LOSO_PREFIX)
+
+
+def loso_per_seed(runs: Sequence[Run]) -> dict[str, list[float]]:
+    """Each arm's mean final accuracy over the held-out speakers, per seed (seeds with every fold only)."""
+    folds = sorted({loso_speaker(run) for run in runs})
+    accuracy = {(run.arm, run.seed, loso_speaker(run)): run.final_accuracy for run in runs}
+    per_seed: dict[str, list[float]] = {}
+    for arm in dict.fromkeys(run.arm for run in runs):
+        for seed in sorted({run.seed for run in runs if run.arm == arm}):
+            if all((arm, seed, s) in accuracy for s in folds):
+                per_seed.setdefault(arm, []).append(_mean([accuracy[arm, seed, s] for s in folds]))
+    return per_seed
+
+
+def loso_table(runs: Sequence[Run], baseline: str = BASELINE) -> str:
+    """Speaker x arm final accuracy (mean over seeds), the mean row, and p and d against the baseline.
+
+    p and d compare each arm's per-seed mean over the speakers with the baseline's (Welch's t-test,
+    Cohen's d), as bench.summarize does for final accuracy.
+    """
+    from fedspeech.bench import welch
+
+    arms = list(dict.fromkeys(run.arm for run in runs))
+    folds = sorted({loso_speaker(run) for run in runs})
+    lines = [
+        "### emodb-loso: accuracy on each held-out speaker (mean over seeds)",
+        "",
+        "| held-out speaker | " + " | ".join(arms) + " |",
+        "|---" * (len(arms) + 1) + "|",
+    ]
+    for speaker in folds:
+        cells = []
+        for arm in arms:
+            acc = [r.final_accuracy for r in runs if r.arm == arm and loso_speaker(r) == speaker]
+            cells.append(f"{_mean(acc):.4f}" if acc else "-")
+        lines.append(f"| {speaker} | " + " | ".join(cells) + " |")
+    per_seed = loso_per_seed(runs)
+    reference = per_seed.get(baseline, [])
+    mean_cells, p_cells, d_cells = [], [], []
+    for arm in arms:
+        values = per_seed.get(arm, [])
+        mean_cells.append(f"{_mean(values):.4f} ± {_std(values):.4f} ({len(values)})" if values else "-")
+        p, d = welch(values, reference) if arm != baseline else (float("nan"), float("nan"))
+        p_cells.append(f"{p:.3f}")
+        d_cells.append(f"{d:.2f}")
+    lines += [
+        "| mean (± SD over seeds, seeds) | " + " | ".join(mean_cells) + " |",
+        f"| p vs {baseline} | " + " | ".join(p_cells) + " |",
+        f"| d vs {baseline} | " + " | ".join(d_cells) + " |",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def mean_curve(runs: Sequence[Run]) -> list[float]:
+    """Accuracy per round, averaged over the runs (up to the shortest run)."""
+    length = min(len(run.rounds) for run in runs)
+    return [_mean([run.accuracies[i] for run in runs]) for i in range(length)]
+
+
+def skewed_goal(runs: Sequence[Run], central: Sequence[float]) -> str:
+    """Per arm: the first round its seed-mean accuracy is within GOAL_GAP of centralized training."""
+    threshold = _mean(central) - GOAL_GAP
+    lines = [
+        f"### speech-commands-skewed: reaching centralized training less {GOAL_GAP * 100:.0f} points "
+        f"({threshold:.4f}) in at most {GOAL_ROUNDS} rounds",
+        "",
+        "| arm | best seed-mean accuracy | first round there (seed mean) | runs reaching it | met |",
+        "|---|---|---|---|---|",
+    ]
+    for arm in dict.fromkeys(run.arm for run in runs):
+        group = [run for run in runs if run.arm == arm]
+        curve = mean_curve(group)
+        first = next((i + 1 for i, acc in enumerate(curve) if acc >= threshold), None)
+        reached = sum(run.rounds_to(threshold) is not None for run in group)
+        met = "yes" if first is not None and first <= GOAL_ROUNDS else "no"
+        lines.append(
+            f"| {arm} | {max(curve):.4f} | {first if first is not None else '-'} | {reached}/{len(group)} "
+            f"| {met} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def loso_goal(runs: Sequence[Run], baseline: str = BASELINE) -> str:
+    """Which arms beat the baseline's LOSO mean accuracy by 2 points or more with p < 0.05 over seeds."""
+    from fedspeech.bench import welch
+
+    per_seed = loso_per_seed(runs)
+    reference = per_seed.get(baseline)
+    if not reference:
+        return f"emodb-loso goal: no complete {baseline} runs to compare with.\n"
+    winners = []
+    for arm, values in per_seed.items():
+        gain = _mean(values) - _mean(reference)
+        p, _ = welch(values, reference)
+        if arm != baseline and gain >= 0.02 and p < 0.05:
+            winners.append(f"{arm} (+{gain * 100:.1f} points, p = {p:.3f})")
+    verdict = ", ".join(winners) if winners else "none"
+    return f"emodb-loso goal (an arm beats {baseline} by >= 2 points with p < 0.05): {verdict}\n"
+
+
+def plot_rounds(split: str, runs: Sequence[Run], out: Path) -> Path:
+    """Accuracy over rounds, one line per arm (mean over seeds and folds)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
+
+    fig, ax = plt.subplots(figsize=(8, 5))
+    for arm in dict.fromkeys(run.arm for run in runs):
+        curve = mean_curve([run for run in runs if run.arm == arm])
+        ax.plot(range(1, len(curve) + 1), curve, marker=".", label=arm)
+    ax.set(xlabel="round", ylabel="accuracy", title=f"{split}: accuracy over rounds (mean over runs)")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize="small")
+    path = out / f"{split}-rounds.png"
+    fig.savefig(path, dpi=120, bbox_inches="tight")
+    plt.close(fig)
+    return path
+
+
+def plot_loso(runs: Sequence[Run], out: Path) -> Path:
+    """Bars of each held-out speaker's accuracy, one per arm (mean over seeds)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    arms = list(dict.fromkeys(run.arm for run in runs))
+    folds = sorted({loso_speaker(run) for run in runs})
+    width = 0.8 / len(arms)
+    fig, ax = plt.subplots(figsize=(max(8, len(folds) * len(arms) * 0.25), 5))
+    x = np.arange(len(folds))
+    for i, arm in enumerate(arms):
+        heights = []
+        for speaker in folds:
+            acc = [r.final_accuracy for r in runs if r.arm == arm and loso_speaker(r) == speaker]
+            heights.append(_mean(acc) if acc else 0.0)
+        ax.bar(x + (i - (len(arms) - 1) / 2) * width, heights, width, label=arm)
+    ax.set_xticks(x, folds)
+    ax.set(
+        xlabel="held-out speaker", ylabel="final accuracy", title="emodb-loso: accuracy per held-out speaker"
+    )
+    ax.legend(fontsize="small", ncol=2)
+    path = out / "emodb-loso-speakers.png"
+    fig.savefig(path, dpi=120, bbox_inches="tight")
+    plt.close(fig)
+    return path
+
+
+# --- running ---------------------------------------------------------------------------------------
+
+
+def build_settings(cfg: SeedsConfig) -> tuple[dict[str, list[Setting]], SkewedDeal | None]:
+    """Every split's settings (folds for LOSO), with their data folders written under OUT/data."""
+    from fedspeech.fleets.fleet_files import DEFAULT_FLEETS, load_fleet
+    from fedspeech.models.datasets import load_corpus
+
+    settings: dict[str, list[Setting]] = {}
+    deal = None
+    for split in cfg.splits:
+        corpus = load_corpus(SPLIT_CORPUS[split], cfg.data_dir)
+        if split == "speech-commands-skewed":
+            setting, deal = skewed_setting(corpus, cfg.out)
+            settings[split] = [setting]
+        elif split == "emodb-loso":
+            settings[split] = loso_settings(corpus, load_fleet(DEFAULT_FLEETS["emodb"]), cfg.out, cfg.folds)
+        else:
+            settings[split] = [
+                within_setting(split, corpus, load_fleet(DEFAULT_FLEETS[corpus.name]), cfg.out)
+            ]
+    return settings, deal
+
+
+def run_or_load(cfg: SeedsConfig, setting: Setting, arm: str, seed: int) -> Run:
+    """Train one arm once on a setting, or read the run back if OUT/completed holds it."""
+    from fedspeech.bench import BenchConfig, Run, run_once
+
+    done = cfg.out / "completed" / f"{setting.key}-{arm}-{seed}.json"
+    if done.exists():
+        run = Run.from_dict(json.loads(done.read_text()))
+        if len(run.rounds) == cfg.rounds:
+            return run
+    bench = BenchConfig(
+        cfg.out,
+        [],
+        BASELINE,
+        seeds=cfg.seeds,
+        rounds=cfg.rounds,
+        data_dir=cfg.data_dir,
+        fleets={setting.key: setting.fleet},
+        corpus_settings={setting.key: setting.settings},
+        corpus_of={setting.key: setting.corpus},
+        round_timeout_s=cfg.round_timeout_s,
+    )
+    run = run_once(bench, setting.key, arm_for(arm, setting), seed)
+    done.parent.mkdir(parents=True, exist_ok=True)
+    done.write_text(json.dumps(asdict(run)))
+    return run
+
+
+@dataclass
+class Results:
+    """What the bench gathered: runs per split, failures, the skewed deal and its centralized reference."""
+
+    runs: dict[str, list[Run]] = field(default_factory=dict)
+    failures: list[str] = field(default_factory=list)
+    central: list[CentralResult] = field(default_factory=list)
+
+
+def target_of(split: str) -> float:
+    """The accuracy whose rounds and time to reach are reported for a split."""
+    from fedspeech.bench import DEFAULT_TARGETS
+
+    if split == "emodb-loso":
+        return LOSO_TARGET
+    if split == "speech-commands-skewed":
+        return SKEWED_TARGET
+    return DEFAULT_TARGETS[SPLIT_CORPUS[split]]
+
+
+def run_seeds(cfg: SeedsConfig) -> Path:
+    """Run every split, fold, seed and arm; write results.md, results.json and plots under cfg.out."""
+    from fedspeech.fleets.fleet_files import check_fleet
+
+    check_config(cfg)
+    cfg = replace(cfg, out=cfg.out.resolve())  # the devices and coordinator read its folders by path
+    cfg.out.mkdir(parents=True, exist_ok=True)
+    settings, deal = build_settings(cfg)
+    for group in settings.values():  # timings only mean something if devices never slow each other down
+        for setting in group:
+            check_fleet(setting.fleet)
+    if deal is not None:
+        print("speech-commands-skewed: clips per device and label\n" + label_counts_table(deal), flush=True)
+    results = Results({split: [] for split in cfg.splits})
+    for seed in range(cfg.seeds):
+        for split in cfg.splits:
+            for setting in settings[split]:
+                for arm in cfg.arms:
+                    try:
+                        run = run_or_load(cfg, setting, arm, seed)
+                    except Exception as exc:  # one broken run must not lose hours of the others
+                        traceback.print_exc()
+                        results.failures.append(f"{setting.key} {arm} seed {seed}: {exc}")
+                        continue
+                    results.runs[split].append(run)
+                    print(
+                        f"{setting.key} {arm:12s} seed {seed}: accuracy {run.final_accuracy:.4f}, "
+                        f"{run.wall_s:.1f} s ({run.wall_s / len(run.rounds):.1f} s a round), "
+                        f"{run.bytes_total / 1e6:.1f} MB",
+                        flush=True,
+                    )
+    if deal is not None and cfg.central:
+        epochs = cfg.rounds * _local_epochs()
+        for seed in range(cfg.seeds):
+            results.central.append(central_reference(deal, seed, epochs))
+            print(f"centralized seed {seed}: accuracy {results.central[-1].accuracy:.4f}", flush=True)
+    return write_report(cfg, settings, deal, results)
+
+
+def _local_epochs() -> int:
+    from fedspeech.coordinator.orchestrator import RoundConfig
+
+    return RoundConfig().epochs
+
+
+def write_report(
+    cfg: SeedsConfig, settings: Mapping[str, list[Setting]], deal: SkewedDeal | None, results: Results
+) -> Path:
+    """results.md (a table per split, LOSO per speaker, Table 2, the goals), results.json and PNGs."""
+    from fedspeech.bench import markdown_table, summarize, write_plots
+
+    report = [
+        "# fedspeech seed-methods benchmark",
+        "",
+        f"{cfg.seeds} seeds x {cfg.rounds} rounds; arms: {', '.join(cfg.arms)}; baseline {BASELINE}.",
+        "",
+    ]
+    data: dict[str, Any] = {}
+    for split in cfg.splits:
+        runs = results.runs[split]
+        if not runs:
+            report += [f"### {split}: no completed runs", ""]
+            continue
+        target = target_of(split)
+        rows = summarize(runs, target, BASELINE)
+        fleet = settings[split][0].fleet
+        described = f"{len(fleet)} devices" + (
+            f", one speaker held out per fold ({len(settings[split])} folds; a run per fold and seed)"
+            if split == "emodb-loso"
+            else ""
+        )
+        report.append(markdown_table(split, rows, target, described, BASELINE))
+        if split == "emodb-loso":
+            report += [
+                loso_table(runs),
+                loso_goal(runs),
+                f"![emodb-loso-speakers]({plot_loso(runs, cfg.out).name})",
+            ]
+        else:
+            report += [f"![{p.stem}]({p.name})" for p in write_plots(split, runs, rows, cfg.out)]
+        if split == "speech-commands-skewed" and deal is not None:
+            report += [
+                "",
+                "Clips per device and label (rule: bench_seeds.skewed_deal):",
+                "",
+                label_counts_table(deal),
+            ]
+            if results.central:
+                accuracy = [c.accuracy for c in results.central]
+                report += [
+                    f"Centralized training of the same CNN on the pooled training clips, "
+                    f"{results.central[0].epochs} epochs: accuracy "
+                    f"{_mean(accuracy):.4f} ± {_std(accuracy):.4f} over {len(accuracy)} seeds.",
+                    "",
+                    skewed_goal(runs, accuracy),
+                ]
+        report += [
+            table2(split, rows, target),
+            f"![{split}-rounds]({plot_rounds(split, runs, cfg.out).name})",
+            "",
+        ]
+        data[split] = {"summaries": [asdict(r) for r in rows], "runs": [asdict(r) for r in runs]}
+    if results.failures:
+        report += ["### Failed runs", "", *(f"- {failure}" for failure in results.failures), ""]
+    data["central"] = [asdict(c) for c in results.central]
+    data["failures"] = results.failures
+    (cfg.out / "results.json").write_text(json.dumps(data, indent=2))
+    path = cfg.out / "results.md"
+    path.write_text("\n".join(report))
+    print(f"wrote {path}, {cfg.out / 'results.json'} and the plots beside them")
+    return path
+
+
+# --- command line ----------------------------------------------------------------------------------
+
+
+def _names(text: str) -> list[str]:
+    return [name.strip() for name in text.split(",") if name.strip()]
+
+
+def add_parser(bench_subparsers: argparse._SubParsersAction) -> None:
+    """Add `bench seeds` and its options to the `bench` subcommands."""
+    p = bench_subparsers.add_parser(
+        "seeds",
+        help="FedAvg, FedProx, FedBN, quality, grouped, class prior and MKD on the same splits and seeds",
+    )
+    p.add_argument(
+        "--splits", type=_names, default=list(SPLITS), help=f"comma-separated (default: {','.join(SPLITS)})"
+    )
+    p.add_argument(
+        "--arms", type=_names, default=list(ARMS), help=f"comma-separated (default: {','.join(ARMS)})"
+    )
+    p.add_argument("--seeds", type=int, default=3)
+    p.add_argument("--rounds", type=int, default=20)
+    p.add_argument(
+        "--folds", type=int, help="emodb-loso: only the first N speakers in sorted order (default all)"
+    )
+    p.add_argument(
+        "--data-dir", type=Path, help="folder holding the corpora (needed for emodb, speech_commands)"
+    )
+    p.add_argument("--out", type=Path, default=Path("fedspeech-bench-seeds"), help="where results go")
+    p.add_argument("--no-central", action="store_true", help="skip the skewed fleet's centralized reference")
+    p.set_defaults(run=run_from_args)
+
+
+def run_from_args(args: argparse.Namespace) -> None:
+    """`fedspeech bench seeds`: check the options, then run."""
+    cfg = SeedsConfig(
+        out=args.out,
+        splits=args.splits,
+        arms=args.arms,
+        seeds=args.seeds,
+        rounds=args.rounds,
+        folds=args.folds,
+        data_dir=args.data_dir,
+        central=not args.no_central,
+    )
+    try:
+        check_config(cfg)
+    except (ValueError, FileNotFoundError) as exc:
+        raise SystemExit(f"fedspeech bench seeds: {exc}") from None
+    run_seeds(cfg)
