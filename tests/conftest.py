@@ -22,12 +22,48 @@ import paho.mqtt.client as mqtt
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
+from fedspeech.bench import Run
+from fedspeech.coordinator.store import RoundRecord
 from fedspeech.fleet_run import free_port  # noqa: F401 - the tests import it from here
 from fedspeech.protocol import messages, signing, weights
 from fedspeech.protocol.messages import Credentials, DeviceStatus, ModelSpec, Profile, Registration, Task
 from fedspeech.protocol.topics import Topics, parse_broker_url
 
 MOSQUITTO = ("127.0.0.1", 1883)
+
+
+# the corpora beside the repository: CI clones it next to a copy of shared/
+SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
+needs_shared = pytest.mark.skipif(not SHARED_DATA.is_dir(), reason=f"no shared data at {SHARED_DATA}")
+
+
+def made_up_run(
+    corpus: str,
+    arm: str,
+    seed: int,
+    accuracies: list[float],
+    round_s: float = 10.0,
+    mb_per_round: float = 0.002,
+) -> Run:
+    """A benchmark run with these accuracies, one round every round_s seconds moving mb_per_round MB."""
+    rounds = [
+        RoundRecord(
+            round=i + 1,
+            started_at=100.0 + i * round_s,
+            finished_at=100.0 + (i + 1) * round_s,
+            wall_s=round_s,
+            devices=3,
+            results=3,
+            accuracy=acc,
+            macro_f1=acc,
+            loss=1.0,
+            bytes_up=int(mb_per_round * 1e6 / 2),
+            bytes_down=int(mb_per_round * 1e6 / 2),
+            weights_sha256="00",
+        )
+        for i, acc in enumerate(accuracies)
+    ]
+    return Run(corpus, arm, seed, rounds, t0=100.0)
 
 
 def wait_for(predicate: Callable[[], object], timeout: float, what: str, interval: float = 0.2):

@@ -1,31 +1,14 @@
 """The benchmarks' summary, statistics and report on hand-made runs (no training)."""
 
 import pytest
+from conftest import made_up_run
 from scipy import stats
 
 from fedspeech.bench import Run, markdown_table, summarize, write_plots
-from fedspeech.coordinator.store import RoundRecord
 
 
 def _run(arm: str, seed: int, accuracies: list[float], round_s: float, mb_per_round: float) -> Run:
-    rounds = [
-        RoundRecord(
-            round=i + 1,
-            started_at=100.0 + i * round_s,
-            finished_at=100.0 + (i + 1) * round_s,
-            wall_s=round_s,
-            devices=3,
-            results=3,
-            accuracy=acc,
-            macro_f1=acc,
-            loss=1.0,
-            bytes_up=int(mb_per_round * 1e6 / 2),
-            bytes_down=int(mb_per_round * 1e6 / 2),
-            weights_sha256="00",
-        )
-        for i, acc in enumerate(accuracies)
-    ]
-    return Run("fsdd", arm, seed, rounds, t0=100.0)
+    return made_up_run("fsdd", arm, seed, accuracies, round_s, mb_per_round)
 
 
 RUNS = [

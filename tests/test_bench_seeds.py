@@ -5,6 +5,7 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
+from conftest import SHARED_DATA, made_up_run, needs_shared
 from scipy import stats
 
 from fedspeech import bench_seeds
@@ -15,23 +16,22 @@ from fedspeech.bench_seeds import (
     arm_for,
     check_arms,
     check_config,
+    loso_table,
+    skewed_goal,
+    table2,
+)
+from fedspeech.bench_splits import (
+    Setting,
     folder_train_clips,
     loso_settings,
-    loso_table,
     skewed_deal,
-    skewed_goal,
     skewed_setting,
-    table2,
     validation_clips,
     within_setting,
 )
-from fedspeech.coordinator.store import RoundRecord
 from fedspeech.fleets.fleet_files import DEFAULT_FLEETS, DeviceSpec, load_fleet
 from fedspeech.models.datasets import SILENCE_SPEAKER, load_corpus
 from fedspeech.models.folders import list_folder
-
-SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
-needs_shared = pytest.mark.skipif(not SHARED_DATA.is_dir(), reason=f"no shared data at {SHARED_DATA}")
 
 
 def _linked(folder: Path) -> dict[Path, str]:
@@ -40,24 +40,7 @@ def _linked(folder: Path) -> dict[Path, str]:
 
 
 def _run(corpus: str, arm: str, seed: int, accuracies: list[float], round_s: float = 10.0) -> Run:
-    rounds = [
-        RoundRecord(
-            round=i + 1,
-            started_at=100.0 + i * round_s,
-            finished_at=100.0 + (i + 1) * round_s,
-            wall_s=round_s,
-            devices=3,
-            results=3,
-            accuracy=acc,
-            macro_f1=acc,
-            loss=1.0,
-            bytes_up=1000,
-            bytes_down=1000,
-            weights_sha256="00",
-        )
-        for i, acc in enumerate(accuracies)
-    ]
-    return Run(corpus, arm, seed, rounds, t0=100.0)
+    return made_up_run(corpus, arm, seed, accuracies, round_s)
 
 
 @needs_shared
@@ -143,8 +126,8 @@ def test_validation_clips_take_what_a_device_has():
 
 
 def test_arms_get_their_folders_and_fedbn_its_personal_evaluation(tmp_path):
-    within = bench_seeds.Setting("fsdd-within", "fsdd-within", "fsdd", [], {}, tmp_path, personalised=True)
-    held = bench_seeds.Setting("emodb-loso-03", "emodb-loso", "emodb", [], {"EVAL_DATA": "x"}, tmp_path)
+    within = Setting("fsdd-within", "fsdd-within", "fsdd", [], {}, tmp_path, personalised=True)
+    held = Setting("emodb-loso-03", "emodb-loso", "emodb", [], {"EVAL_DATA": "x"}, tmp_path)
     assert arm_for("quality", within).settings["VALIDATION_DATA"] == str(tmp_path)
     assert arm_for("mkd", within).settings["SERVER_DATA"] == str(tmp_path)
     assert arm_for("fedbn", within).settings["EVAL_CORPUS"] is None

@@ -1,10 +1,9 @@
 """Corpus listing, speaker partitions and audio loading, on the real corpora."""
 
-from pathlib import Path
-
 import numpy as np
 import pytest
 import soundfile
+from conftest import SHARED_DATA, needs_shared
 
 from fedspeech.models.datasets import (
     AudioError,
@@ -18,10 +17,6 @@ from fedspeech.models.datasets import (
     server_test_clips,
     speakers,
 )
-
-# CI clones the repository next to a copy of shared/
-SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
-needs_shared = pytest.mark.skipif(not SHARED_DATA.is_dir(), reason=f"no shared data at {SHARED_DATA}")
 
 
 @pytest.fixture(scope="module")

@@ -2,6 +2,9 @@
 the fake devices and fake model of test_orchestrator (no broker, no HTTP, no torch)."""
 
 import math
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -170,7 +173,7 @@ def test_an_update_out_of_turn_in_a_group_is_not_wanted(tmp_path):
         fleet.link.responders[device] = lambda task, d=device: first.append((d, task))
     with fleet.running():
         while not first:
-            pass
+            time.sleep(0.01)
         device, task = first[0]
         other = next(d for d in ("a", "b", "c") if d != device)
         with pytest.raises(NotWanted, match=f"no open task .* for {other}"):
@@ -202,18 +205,25 @@ def test_fedbn_takes_uploads_without_normalisation_and_keeps_the_global_ones(tmp
     assert all(t.config == {"local_norm": 1.0} for _, t in fleet.link.published)
 
 
-def test_fedbn_refuses_an_update_that_carries_normalisation_layers(tmp_path):
-    fleet = Fleet(tmp_path, model=MethodsModel(norm=True), rounds=1, strategy="fedbn")
+@contextmanager
+def _first_task(fleet: Fleet) -> Iterator[Task]:
+    """Two silent devices a and b; yields a's first task while its round is open."""
     fleet.device("a", value=None)
     fleet.device("b", value=None)
     got: list[Task] = []
     fleet.link.responders["a"] = got.append
     with fleet.running():
         while not got:
-            pass
+            time.sleep(0.01)
+        yield got[0]
+
+
+def test_fedbn_refuses_an_update_that_carries_normalisation_layers(tmp_path):
+    fleet = Fleet(tmp_path, model=MethodsModel(norm=True), rounds=1, strategy="fedbn")
+    with _first_task(fleet) as task:
         body = weights.encode(
             {"w": np.ones(2, np.float32), "bn": np.ones(2, np.float32)},
-            {"task_id": got[0].task_id, "num_samples": "10"},
+            {"task_id": task.task_id, "num_samples": "10"},
         )
         with pytest.raises(BadUpload, match="bn"):
             fleet.orchestrator.receive_update(1, "a", body, weights.sha256(body))
@@ -260,15 +270,8 @@ BAD_COUNTS = [
 @pytest.mark.parametrize("counts", BAD_COUNTS)
 def test_malformed_predicted_counts_are_a_bad_upload(tmp_path, counts):
     fleet = Fleet(tmp_path, rounds=1, strategy="class_prior")
-    fleet.device("a", value=None)
-    fleet.device("b", value=None)
-    got: list[Task] = []
-    fleet.link.responders["a"] = got.append
-    with fleet.running():
-        while not got:
-            pass
-        with pytest.raises(BadUpload, match="predicted_counts"):
-            _upload_counts(fleet, "a", got[0], counts)
+    with _first_task(fleet) as task, pytest.raises(BadUpload, match="predicted_counts"):
+        _upload_counts(fleet, "a", task, counts)
 
 
 def test_mkd_trains_the_server_model_after_each_round_and_sends_it_as_teacher(tmp_path):

@@ -186,7 +186,7 @@ def test_attacking_trainer_uploads_the_tampered_weights_with_the_honest_metadata
     honest = {"w": np.array([1.5, 1.0], np.float32)}
     metadata = {"device_id": "d9", "num_samples": "40"}
 
-    def honest_train(self, task, arrays, train):
+    def honest_train(self, task, arrays, train, teacher=None):
         assert arrays is start
         return "result", weights.encode(honest, metadata=metadata)
 
