@@ -159,7 +159,7 @@ class Run:
 
     @property
     def accuracies(self) -> list[float]:
-        """Each round's accuracy: on the coordinator's held-out set, else pooled over the devices."""
+        """Each round's accuracy: pooled over the devices where they evaluated, else the coordinator's."""
         return [_accuracy(r) for r in self.rounds]
 
     @property
@@ -193,8 +193,11 @@ class Run:
 
 
 def _accuracy(record: RoundRecord) -> float:
-    """A round's accuracy on the coordinator's held-out set, else pooled over the devices' test clips."""
-    accuracy = record.accuracy if record.accuracy is not None else record.federated_accuracy
+    """A round's accuracy pooled over the devices' test clips where they evaluated, else centrally.
+
+    Devices evaluate only where an arm asks them to: FedBN's personalised models exist only there.
+    """
+    accuracy = record.federated_accuracy if record.federated_accuracy is not None else record.accuracy
     if accuracy is None:
         raise ValueError(f"round {record.round} has no accuracy: give the run a held-out set")
     return accuracy

@@ -2,6 +2,7 @@
 
 import argparse
 from collections import Counter
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -17,6 +18,7 @@ from fedspeech.bench_seeds import (
     check_arms,
     check_config,
     loso_table,
+    personalised_line,
     skewed_goal,
     table2,
 )
@@ -130,7 +132,7 @@ def test_arms_get_their_folders_and_fedbn_its_personal_evaluation(tmp_path):
     held = Setting("emodb-loso-03", "emodb-loso", "emodb", [], {"EVAL_DATA": "x"}, tmp_path)
     assert arm_for("quality", within).settings["VALIDATION_DATA"] == str(tmp_path)
     assert arm_for("mkd", within).settings["SERVER_DATA"] == str(tmp_path)
-    assert arm_for("fedbn", within).settings["EVAL_CORPUS"] is None
+    assert "EVAL_CORPUS" not in arm_for("fedbn", within).settings, "the global model is scored as well"
     assert arm_for("fedbn", within).settings["EVAL_EVERY"] == 1
     assert arm_for("fedbn", held).settings == {"STRATEGY": "fedbn", "MODEL": "cnn_bn"}
     assert arm_for("grouped-N", held).settings == {"STRATEGY": "grouped", "GROUPS": 0}
@@ -237,3 +239,13 @@ def test_launch_gives_a_folder_device_its_data(monkeypatch, tmp_path):
     assert started[0][:4] == ["--data", str(tmp_path), "--device-id", "folder"]
     assert "--corpus" not in started[0] and "--data-dir" not in started[0]
     assert started[1][:6] == ["--corpus", "fsdd", "--speaker", "jackson", "--device-id", "speaker"]
+
+
+def test_fedbn_is_scored_by_its_personalised_models_next_to_its_global_one():
+    run = _run("fsdd-within", "fedbn", 0, [0.2, 0.3])
+    run.rounds[-1] = replace(run.rounds[-1], federated_accuracy=0.9)
+    assert run.accuracies == [0.2, 0.9], "the devices' own scores where they evaluated"
+    line = personalised_line([run, _run("fsdd-within", "fedavg", 0, [0.5])])
+    assert "personalised models (their own normalisation layers) 0.9000" in line
+    assert "global model (the initial normalisation layers) 0.3000" in line
+    assert personalised_line([_run("fsdd-within", "fedavg", 0, [0.5])]) == ""
