@@ -1,9 +1,6 @@
 """The round loop: select devices, hand out tasks, collect and check updates, aggregate, store, announce."""
 
-import json
 import logging
-import math
-import re
 import threading
 import time
 import uuid
@@ -21,6 +18,7 @@ from fedspeech.coordinator.ports import DeviceLink, ModelOps
 from fedspeech.coordinator.scheduling import depth_for_round
 from fedspeech.coordinator.store import RoundRecord, StateWriteError, Store, UpdateRecord
 from fedspeech.coordinator.strategies import MethodSettings, Result, RoundPlan, make_strategy
+from fedspeech.coordinator.update_metadata import claimed_samples, optional_number, predicted_counts
 from fedspeech.models import depth_of
 from fedspeech.protocol import messages, routes, weights
 from fedspeech.protocol.messages import BlobRef, ModelAnnouncement, ModelSpec, Profile, Task
@@ -30,9 +28,6 @@ log = logging.getLogger(__name__)
 
 UNMEASURED = Profile(cpu_count=1, cpu_freq_mhz=0.0, ram_available_mb=0.0)  # a device that sent no profile
 RETRY_S = 5.0  # before a round that failed is run again
-_COUNT = re.compile(r"^[0-9]{1,18}$")  # an update's num_samples: a plain decimal count, parsed cheaply
-_MAX_NUMBER_CHARS = 64  # an update's train_loss or train_seconds
-_MAX_COUNTS_CHARS = 64 * 20  # an update's predicted_counts: a JSON list of up to 64 counts
 
 
 @dataclass(frozen=True)
@@ -94,43 +89,6 @@ class RoundConfig:
             self.distill_weight,
             self.distill_temperature,
         )
-
-
-def _optional_number(meta: Mapping[str, str], key: str) -> float | None:
-    """A number from an update's metadata, None if absent or not finite; ValueError if it is not a number."""
-    text = meta.get(key)
-    if text is None:
-        return None
-    if len(text) > _MAX_NUMBER_CHARS:
-        raise ValueError(f"{key} is not a number")
-    value = float(text)
-    return value if math.isfinite(value) else None
-
-
-def _claimed_samples(meta: Mapping[str, str]) -> int:
-    """An update's num_samples; ValueError unless it is a whole number of at most 18 digits."""
-    text = meta.get("num_samples")
-    if text is None or not _COUNT.match(text):
-        raise ValueError("num_samples must be a whole number of at most 18 digits")
-    return int(text)
-
-
-def _predicted_counts(meta: Mapping[str, str], num_classes: int) -> tuple[int, ...] | None:
-    """An update's predicted class counts, None if absent; ValueError unless num_classes bounded counts."""
-    text = meta.get("predicted_counts")
-    if text is None:
-        return None
-    try:
-        counts = json.loads(text) if len(text) <= _MAX_COUNTS_CHARS else None
-    except ValueError:  # not JSON, or an integer of thousands of digits
-        counts = None
-    if (
-        not isinstance(counts, list)
-        or len(counts) != num_classes
-        or not all(type(c) is int and 0 <= c <= messages.MAX_COUNT for c in counts)
-    ):
-        raise ValueError(f"predicted_counts must be a list of {num_classes} counts")
-    return tuple(counts)
 
 
 def _optional_count(open_: "OpenRound") -> int:
@@ -221,13 +179,13 @@ class Orchestrator:
             raise NotWanted("the coordinator has no global model yet")
         try:
             weights.check_like(arrays, self._shared(global_))
-            claimed = _claimed_samples(meta)
-            counts = _predicted_counts(meta, self.model.spec.num_classes)
+            claimed = claimed_samples(meta)
+            counts = predicted_counts(meta, self.model.spec.num_classes)
             record = UpdateRecord(
                 device_id=device_id,
                 num_samples=min(claimed, self._reported_samples(device_id)),
-                train_loss=_optional_number(meta, "train_loss"),
-                train_seconds=_optional_number(meta, "train_seconds"),
+                train_loss=optional_number(meta, "train_loss"),
+                train_seconds=optional_number(meta, "train_seconds"),
                 sha256=digest,
             )
         except ValueError as exc:
@@ -317,8 +275,8 @@ class Orchestrator:
             "round %d: %s selected %d of %d devices, aggregating the first %d and waiting for %s",
             round, self.strategy.name, len(plan.work), len(devices), plan.needed, plan.required or "no other",
         )  # fmt: skip
-        open_ = self._train_in_groups(round, plan, started, stop) if plan.groups else None
-        open_ = open_ or self._train_in_parallel(round, plan, started, stop)
+        train = self._train_in_groups if plan.groups else self._train_in_parallel
+        open_ = train(round, plan, started, stop)
         if stop.is_set():
             return None
         on_time = set(open_.updates)
