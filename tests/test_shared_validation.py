@@ -127,3 +127,19 @@ def test_clips_are_picked_in_turn_from_each_label():
     assert pick_clips(labels, 4).tolist() == [0, 1, 3, 4]
     assert pick_clips(labels, 100).tolist() == list(range(6))
     assert pick_clips(labels, 0).tolist() == []
+
+
+def test_a_device_shares_a_bounded_number_of_clips(tmp_path):
+    from fedspeech.edge_client.daemon import MAX_SHARED_CLIPS, ClientConfig
+    from fedspeech.edge_client.local_data import DataSource
+    from fedspeech.protocol.mqtt import BrokerSettings
+
+    def config(count: int) -> ClientConfig:
+        broker = BrokerSettings("mqtt://127.0.0.1:1883")
+        source = DataSource(folder=tmp_path)
+        return ClientConfig("http://127.0.0.1:8080", broker, "d1", source, tmp_path, share_validation=count)
+
+    config(MAX_SHARED_CLIPS).check()
+    for count in (-1, MAX_SHARED_CLIPS + 1):
+        with pytest.raises(ValueError, match="share at most"):
+            config(count).check()
