@@ -1,9 +1,9 @@
 """Quality-weighted aggregation: the c-validation set of "FedVMR: A New Federated Learning method for
 Video Moment Retrieval".
 
-The coordinator scores each local model on a small validation set of its own (accuracy), and averages
-the updates with weights softmax(score / temperature), optionally times each update's samples: a local
-model that generalises worse counts for less.
+The coordinator scores each local model on a small validation set (accuracy): its own clips, and clips
+devices chose to share. It averages the updates with weights softmax(score / temperature), optionally
+times each update's samples: a local model that generalises worse counts for less.
 """
 
 import logging
