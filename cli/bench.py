@@ -232,15 +232,20 @@ def run_once(cfg: BenchConfig, corpus: str, arm: Arm, seed: int) -> Run:
 
 
 def welch(a: Sequence[float], b: Sequence[float]) -> tuple[float, float]:
-    """Welch's t-test p-value and Cohen's d (pooled SD) of a against b."""
+    """Welch's t-test p-value and Cohen's d (pooled SD) of a against b; NaN without two values each or spread.
+
+    Runs that all end exactly alike (a model stuck on one class scores the same every seed) give no
+    test: the t statistic would be infinite and p a meaningless 0.
+    """
     from scipy import stats
 
     if len(a) < 2 or len(b) < 2:
         return float("nan"), float("nan")
-    p = float(stats.ttest_ind(a, b, equal_var=False).pvalue)
     pooled = np.sqrt((np.var(a, ddof=1) + np.var(b, ddof=1)) / 2)
-    d = float((np.mean(a) - np.mean(b)) / pooled) if pooled > 0 else float("nan")
-    return p, d
+    if not pooled > 0:
+        return float("nan"), float("nan")
+    p = float(stats.ttest_ind(a, b, equal_var=False).pvalue)
+    return p, float((np.mean(a) - np.mean(b)) / pooled)
 
 
 @dataclass(frozen=True)

@@ -1,10 +1,12 @@
 """The benchmarks' summary, statistics and report on hand-made runs (no training)."""
 
+import math
+
 import pytest
 from conftest import made_up_run
 from scipy import stats
 
-from fedspeech.bench import Run, markdown_table, summarize, write_plots
+from fedspeech.bench import Run, markdown_table, summarize, welch, write_plots
 
 
 def _run(arm: str, seed: int, accuracies: list[float], round_s: float, mb_per_round: float) -> Run:
@@ -57,3 +59,10 @@ def test_run_reads_back_from_its_dict():
     run = RUNS[3]
     again = Run.from_dict(json.loads(json.dumps(asdict(run))))
     assert again == run and again.time_to(0.85) == run.time_to(0.85)
+
+
+def test_runs_that_end_exactly_alike_give_no_test():
+    assert all(math.isnan(x) for x in welch([0.2, 0.2], [0.3, 0.3])), "no spread: no p, no d"
+    assert all(math.isnan(x) for x in welch([0.2], [0.3, 0.4])), "one value: no test"
+    p, d = welch([0.2, 0.3], [0.2, 0.2])
+    assert 0 < p < 1 and d == pytest.approx(0.05 / math.sqrt(0.005 / 2))
