@@ -31,7 +31,7 @@ def central_run(
 
     import torch
 
-    from fedspeech.coordinator.orchestrator import RoundConfig
+    from fedspeech.coordinator.round_config import RoundConfig
     from fedspeech.models import build_model
     from fedspeech.models.datasets import default_spec, load_corpus, load_waveforms, server_test_clips
     from fedspeech.models.train import evaluate, train_local

@@ -18,7 +18,8 @@ from fedspeech.coordinator.enrolment import MAX_DEVICES, Enrolment
 from fedspeech.coordinator.global_model import GlobalModel
 from fedspeech.coordinator.http_server import HttpServer, serve
 from fedspeech.coordinator.mqtt_link import CoordinatorLink
-from fedspeech.coordinator.orchestrator import Orchestrator, RoundConfig
+from fedspeech.coordinator.orchestrator import Orchestrator
+from fedspeech.coordinator.round_config import RoundConfig
 from fedspeech.coordinator.shared_validation import SharedValidation
 from fedspeech.coordinator.store import StateError, Store
 from fedspeech.protocol import signing

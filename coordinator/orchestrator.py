@@ -15,12 +15,13 @@ from fedspeech.coordinator.chains import Chain
 from fedspeech.coordinator.errors import BadUpload, NotWanted
 from fedspeech.coordinator.evaluation_phase import EvaluationPhase
 from fedspeech.coordinator.ports import DeviceLink, ModelOps
+from fedspeech.coordinator.round_config import RoundConfig
 from fedspeech.coordinator.scheduling import depth_for_round
 from fedspeech.coordinator.store import RoundRecord, StateWriteError, Store, UpdateRecord
-from fedspeech.coordinator.strategies import MethodSettings, Result, RoundPlan, make_strategy
+from fedspeech.coordinator.strategies import Result, RoundPlan, make_strategy
 from fedspeech.coordinator.update_metadata import claimed_samples, optional_number, predicted_counts
 from fedspeech.models import depth_of
-from fedspeech.protocol import messages, routes, weights
+from fedspeech.protocol import routes, weights
 from fedspeech.protocol.messages import BlobRef, ModelAnnouncement, ModelSpec, Profile, Task
 from fedspeech.protocol.weights import Arrays, WeightsError
 
@@ -30,65 +31,9 @@ UNMEASURED = Profile(cpu_count=1, cpu_freq_mhz=0.0, ram_available_mb=0.0)  # a d
 RETRY_S = 5.0  # before a round that failed is run again
 
 
-@dataclass(frozen=True)
-class RoundConfig:
-    """How rounds run."""
-
-    rounds: int = 10
-    min_devices: int = 2
-    min_results: int = 2
-    round_timeout_s: float = 120.0
-    epochs: int = 2
-    batch_size: int = 16
-    learning_rate: float = 3e-3
-    seed: int = 0
-    strategy: str = "fedavg"  # a name in coordinator.strategies.STRATEGIES
-    k: int = 3  # devices aggregated per round by the top-K and random-K strategies
-    # a transformer's depth by round: constant, linear (in depth_stages stages, 0: one block per stage)
-    # or a list of depths such as "1,2,4"; see scheduling.depth_for_round
-    depth_schedule: str = "linear"
-    depth_stages: int = 0
-    # federated evaluation of the new global model on the devices' own test splits
-    eval_every: int = 1  # every N rounds (and always the last); 0: never
-    eval_devices: int = 0  # devices asked, sampled from those online; 0: all of them
-    eval_timeout_s: float = 60.0
-    eval_min_reports: int = 1  # fewer reports than this give no federated scores
-    # an update counts for at most the samples its device reported, and at most this many
-    max_device_samples: int = 100_000
-    # the methods' settings (strategies.MethodSettings): grouped, quality, class_prior and mkd
-    groups: int = 0
-    quality_temperature: float = 0.1
-    quality_by_samples: bool = False
-    prior_weight: float = 1.0
-    distill_weight: float = 1.0
-    distill_temperature: float = 2.0
-
-    def __post_init__(self) -> None:
-        bounds = [
-            ("epochs", self.epochs, 1, messages.MAX_EPOCHS),
-            ("batch_size", self.batch_size, 1, messages.MAX_BATCH_SIZE),
-            ("learning_rate", self.learning_rate, 1e-12, messages.MAX_LEARNING_RATE),
-            ("round_timeout_s", self.round_timeout_s, 1e-3, messages.MAX_TASK_SECONDS),
-            ("eval_timeout_s", self.eval_timeout_s, 1e-3, messages.MAX_TASK_SECONDS),
-            ("max_device_samples", self.max_device_samples, 1, messages.MAX_COUNT),
-        ]
-        for name, value, low, high in bounds:
-            if not low <= value <= high:  # also refuses NaN
-                raise ValueError(
-                    f"{name} must be between {low:g} and {high:g} (a task's bounds), got {value}"
-                )
-        self.method_settings()  # refuses settings out of range
-
-    def method_settings(self) -> MethodSettings:
-        """The settings the strategies read."""
-        return MethodSettings(
-            self.groups,
-            self.quality_temperature,
-            self.quality_by_samples,
-            self.prior_weight,
-            self.distill_weight,
-            self.distill_temperature,
-        )
+def _blob_ref(path: str, blob: bytes) -> BlobRef:
+    """Where devices download a blob, with its digest and size."""
+    return BlobRef(path, weights.sha256(blob), len(blob))
 
 
 def _optional_count(open_: "OpenRound") -> int:
@@ -122,6 +67,7 @@ class Orchestrator:
         self._local_names = self._check_method_needs()
         self._open: OpenRound | None = None
         self._server: Arrays | None = None  # mutual distillation's server model, once trained
+        self._teacher: BlobRef | None = None  # where devices download it
         self.evaluation = EvaluationPhase(store, link, model.spec.num_classes, config.eval_min_reports)
         self.settled_round = -1  # the last round whose model is stored and, where asked for, evaluated
         self._global: Arrays | None = None
@@ -256,7 +202,11 @@ class Orchestrator:
             self._global = weights.decode(data)[0]
             teacher = self.store.model_path(latest.round, "teacher")
             if self.strategy.distils and teacher.exists():
-                self._server = weights.decode(teacher.read_bytes())[0]
+                blob = teacher.read_bytes()
+                self._server = weights.decode(blob)[0]
+                self._teacher = BlobRef(
+                    routes.model(latest.round, "teacher"), weights.sha256(blob), len(blob)
+                )
             log.info("resuming after round %d", latest.round)
             self._announce(latest)
             self.settled_round = latest.round
@@ -415,7 +365,7 @@ class Orchestrator:
         """Store an update for the next device of its group; where that device downloads it."""
         blob = weights.encode(arrays, metadata={"round": str(round)})
         self.store.save_relay(round, step, blob)
-        return BlobRef(routes.relay(round, step), weights.sha256(blob), len(blob))
+        return _blob_ref(routes.relay(round, step), blob)
 
     def relay_file(self, round: int, step: int, device_id: str) -> Path:
         """The relayed update a device's open task trains from; NotWanted for anyone else."""
@@ -540,7 +490,7 @@ class Orchestrator:
     def _tasks(self, round: int, deadline: float, work: Mapping[str, Mapping[str, Any]]) -> dict[str, Task]:
         """One task per device on the latest global model, with that device's work (training by default)."""
         ref, spec = self._latest_ref(), self.model.spec_of(self._current)
-        teacher = self._teacher_ref() if self.strategy.distils else None
+        teacher = self._teacher
         return {
             device: Task(
                 task_id=uuid.uuid4().hex,
@@ -571,16 +521,6 @@ class Orchestrator:
             raise RuntimeError("no completed round yet")
         size = self.store.model_path(latest.round, "weights").stat().st_size
         return BlobRef(routes.model(latest.round, "weights"), latest.weights_sha256, size)
-
-    def _teacher_ref(self) -> BlobRef | None:
-        """Where devices download the latest server model, None before there is one."""
-        latest = self.store.latest_round()
-        path = self.store.model_path(latest.round, "teacher") if latest else None
-        if latest is None or path is None or not path.exists():
-            return None
-        return BlobRef(
-            routes.model(latest.round, "teacher"), weights.sha256(path.read_bytes()), path.stat().st_size
-        )
 
     def _all_in(self, open_: OpenRound) -> bool:
         """Whether the round has its needed results and its required devices, or all devices still online."""
@@ -634,6 +574,10 @@ class Orchestrator:
             weights.encode(teacher, metadata={"round": str(round)}) if teacher is not None else None
         )
         self.store.save_round(record, blob, onnx, updates, teacher_blob)
+        if teacher_blob is not None:
+            self._teacher = BlobRef(
+                routes.model(round, "teacher"), weights.sha256(teacher_blob), len(teacher_blob)
+            )
         self._global = arrays
         log.info(
             "round %d complete: %d/%d updates, accuracy %s, %.1f s",

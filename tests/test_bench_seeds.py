@@ -11,17 +11,8 @@ from scipy import stats
 
 from fedspeech import bench_seeds
 from fedspeech.bench import Run, summarize
-from fedspeech.bench_seeds import (
-    SeedsConfig,
-    add_parser,
-    arm_for,
-    check_arms,
-    check_config,
-    loso_table,
-    personalised_line,
-    skewed_goal,
-    table2,
-)
+from fedspeech.bench_seeds import SeedsConfig, add_parser, arm_for, check_arms, check_config
+from fedspeech.bench_seeds_report import loso_table, personalised_line, skewed_goal, table2
 from fedspeech.bench_splits import (
     Setting,
     folder_train_clips,

@@ -16,8 +16,9 @@ import pytest
 
 from fedspeech.coordinator import orchestrator as orchestrator_module
 from fedspeech.coordinator.errors import BadUpload, NotWanted
-from fedspeech.coordinator.orchestrator import Orchestrator, RoundConfig
+from fedspeech.coordinator.orchestrator import Orchestrator
 from fedspeech.coordinator.ports import Evaluation
+from fedspeech.coordinator.round_config import RoundConfig
 from fedspeech.coordinator.store import Store
 from fedspeech.protocol import messages, weights
 from fedspeech.protocol.messages import (

@@ -1,0 +1,67 @@
+"""How rounds run: the coordinator's settings for its round loop, each bounded as a task is."""
+
+from dataclasses import dataclass
+
+from fedspeech.coordinator.strategies import MethodSettings
+from fedspeech.protocol import messages
+
+
+@dataclass(frozen=True)
+class RoundConfig:
+    """How rounds run."""
+
+    rounds: int = 10
+    min_devices: int = 2
+    min_results: int = 2
+    round_timeout_s: float = 120.0
+    epochs: int = 2
+    batch_size: int = 16
+    learning_rate: float = 3e-3
+    seed: int = 0
+    strategy: str = "fedavg"  # a name in coordinator.strategies.STRATEGIES
+    k: int = 3  # devices aggregated per round by the top-K and random-K strategies
+    # a transformer's depth by round: constant, linear (in depth_stages stages, 0: one block per stage)
+    # or a list of depths such as "1,2,4"; see scheduling.depth_for_round
+    depth_schedule: str = "linear"
+    depth_stages: int = 0
+    # federated evaluation of the new global model on the devices' own test splits
+    eval_every: int = 1  # every N rounds (and always the last); 0: never
+    eval_devices: int = 0  # devices asked, sampled from those online; 0: all of them
+    eval_timeout_s: float = 60.0
+    eval_min_reports: int = 1  # fewer reports than this give no federated scores
+    # an update counts for at most the samples its device reported, and at most this many
+    max_device_samples: int = 100_000
+    # the methods' settings (strategies.MethodSettings): grouped, quality, class_prior and mkd
+    groups: int = 0
+    quality_temperature: float = 0.1
+    quality_by_samples: bool = False
+    prior_weight: float = 1.0
+    distill_weight: float = 1.0
+    distill_temperature: float = 2.0
+
+    def __post_init__(self) -> None:
+        bounds = [
+            ("epochs", self.epochs, 1, messages.MAX_EPOCHS),
+            ("batch_size", self.batch_size, 1, messages.MAX_BATCH_SIZE),
+            ("learning_rate", self.learning_rate, 1e-12, messages.MAX_LEARNING_RATE),
+            ("round_timeout_s", self.round_timeout_s, 1e-3, messages.MAX_TASK_SECONDS),
+            ("eval_timeout_s", self.eval_timeout_s, 1e-3, messages.MAX_TASK_SECONDS),
+            ("max_device_samples", self.max_device_samples, 1, messages.MAX_COUNT),
+        ]
+        for name, value, low, high in bounds:
+            if not low <= value <= high:  # also refuses NaN
+                raise ValueError(
+                    f"{name} must be between {low:g} and {high:g} (a task's bounds), got {value}"
+                )
+        self.method_settings()  # refuses settings out of range
+
+    def method_settings(self) -> MethodSettings:
+        """The settings the strategies read."""
+        return MethodSettings(
+            self.groups,
+            self.quality_temperature,
+            self.quality_by_samples,
+            self.prior_weight,
+            self.distill_weight,
+            self.distill_temperature,
+        )
