@@ -5,6 +5,7 @@ import logging
 import signal
 from pathlib import Path
 
+from fedspeech.bench_listen import add_parser as add_listen_bench_parser
 from fedspeech.bench_seeds import add_parser as add_seeds_parser
 from fedspeech.connection_options import (
     add_broker_options,
@@ -199,12 +200,7 @@ def _listen(args: argparse.Namespace) -> None:
     from fedspeech.listen import ListenConfig, ListenError, list_devices, run_listen
 
     signal.signal(signal.SIGTERM, signal.default_int_handler)  # stop as on Ctrl-C, cleanly
-    options = {
-        "hop_ms": args.hop_ms,
-        "threshold": args.threshold,
-        "energy_threshold": args.energy_threshold,
-        "refractory_s": args.refractory,
-    }
+    options = {"hop_ms": args.hop_ms, "threshold": args.threshold}
     detector = DetectorConfig(**{k: v for k, v in options.items() if v is not None})
     config = ListenConfig(
         model=args.model,
@@ -354,6 +350,7 @@ def build_parser() -> argparse.ArgumentParser:
     bi.add_argument("--repeats", type=int, default=1000, help="windows timed per engine")
     bi.set_defaults(run=_bench_inference)
     add_seeds_parser(b)
+    add_listen_bench_parser(b)
 
     li = sub.add_parser("listen", help="run the global model on a microphone or an audio file (no torch)")
     source = li.add_mutually_exclusive_group()
@@ -377,10 +374,12 @@ def build_parser() -> argparse.ArgumentParser:
     audio.add_argument("--list-devices", action="store_true", help="list the audio devices and exit")
     li.add_argument("--realtime", action="store_true", help="pace --input at real speed (default: at once)")
     li.add_argument("--duration", type=float, metavar="SECONDS", help="stop after this many seconds of audio")
-    li.add_argument("--hop-ms", type=float, help="classify a window every HOP_MS ms (default 100)")
-    li.add_argument("--threshold", type=float, help="smoothed probability that detects (default 0.6)")
-    li.add_argument("--energy-threshold", type=float, help="window RMS below which to skip (default 0.002)")
-    li.add_argument("--refractory", type=float, help="seconds of quiet after a detection (default 0.5)")
+    li.add_argument("--hop-ms", type=float, help="classify a window every HOP_MS ms of speech (default 100)")
+    li.add_argument(
+        "--threshold",
+        type=float,
+        help="a word's score that detects it (default: the model's calibrated one, else 0.6)",
+    )
     li.add_argument("--timings", action="store_true", help="print ms per window for each stage at the end")
     li.set_defaults(run=_listen)
     return parser

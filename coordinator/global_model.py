@@ -152,7 +152,7 @@ class GlobalModel:
         return get_arrays(model)
 
     def to_onnx(self, arrays: Arrays, round: int) -> bytes:
-        """The model as ONNX bytes, labels and round in its metadata."""
+        """The model as ONNX bytes: labels, round and, with a held-out set, its calibrated threshold."""
         from fedspeech.export.onnx_export import export_onnx, update_onnx_weights
 
         spec = self.spec_of(arrays)
@@ -162,7 +162,29 @@ class GlobalModel:
             template = Path(self._workdir.name) / f"template-{spec.depth}.onnx"
             model = self._model(arrays)
             self._templates[spec] = export_onnx(model, spec, self.labels, template, task=self.task)
-        return update_onnx_weights(self._templates[spec], arrays, out, round=round).read_bytes()
+        threshold = self.calibrated_threshold(arrays)
+        return update_onnx_weights(
+            self._templates[spec], arrays, out, round=round, threshold=threshold
+        ).read_bytes()
+
+    def calibrated_threshold(self, arrays: Arrays) -> float | None:
+        """The detection threshold calibrated on the held-out set (None without one)."""
+        import torch
+
+        from fedspeech.models.calibration import calibrate_threshold
+        from fedspeech.protocol.labels import is_word
+
+        if self.heldout is None:
+            return None
+        waveforms = np.ascontiguousarray(self.heldout[0], dtype=np.float32)
+        model = self._model(arrays).eval()
+        with torch.no_grad():
+            batches = [
+                torch.softmax(model(torch.from_numpy(waveforms[i : i + 256])), dim=-1)
+                for i in range(0, len(waveforms), 256)
+            ]
+        words = [i for i, label in enumerate(self.labels) if is_word(label)]
+        return calibrate_threshold(torch.cat(batches).numpy(), self.heldout[1], words)
 
     def parity(self, arrays: Arrays, onnx_path: Path) -> "Parity":
         """How closely an ONNX file of these weights agrees with torch on the held-out set."""

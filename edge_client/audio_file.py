@@ -6,26 +6,20 @@ from pathlib import Path
 
 import numpy as np
 
+MAX_INPUT_SECONDS = 600.0  # a file to listen to is read whole: ten minutes, at most ~230 MB decoded
+
 
 def read_audio(path: Path, sample_rate: int) -> np.ndarray:
     """A whole audio file as float32 mono at sample_rate (channels mixed down, other rates resampled).
 
-    AudioError (models.datasets) says in one line why a file cannot be used.
+    AudioError (models.datasets) says in one line why a file cannot be used, a file over
+    MAX_INPUT_SECONDS among them.
     """
-    import soundfile
-
     # Decoding stays in models.datasets (torch-free), not here: the coordinator decodes clips the same way
     # and must not import edge_client.
-    from fedspeech.models.datasets import load_audio
+    from fedspeech.models.datasets import load_recording
 
-    # load_audio checks and decodes the file as training does; asked for the file's own length at
-    # sample_rate, it neither crops nor pads
-    try:
-        info = soundfile.info(str(path))
-        length = max(1, round(info.frames * sample_rate / info.samplerate))
-    except (RuntimeError, TypeError, OSError):
-        length = 1  # unreadable: load_audio says why
-    return load_audio(path, sample_rate, length)
+    return load_recording(path, sample_rate, MAX_INPUT_SECONDS)
 
 
 def file_frames(

@@ -26,13 +26,14 @@ def listen(
     called with each detection as it is made. The frames are closed at the end, which stops a microphone.
     """
     log.info(
-        "listening to %s with %s: a window of %d samples classified every %d frames of %d",
+        "listening to %s with %s: a window of %d samples classified every %d frames of %d in speech",
         source,
         detector.model.describe(),
         detector.num_samples,
         detector.hop_frames,
         detector.frame_size,
     )
+    _log_threshold(detector)
     max_samples = None if max_seconds is None else max_seconds * detector.sample_rate
     detections: list[Detection] = []
     try:
@@ -65,3 +66,9 @@ def _swap_in(detector: StreamingDetector, model: OnnxModel | None) -> None:
         log.error("keeping %s: %s", detector.model.describe(), exc)
         return
     log.info("swapped in %s at %.2f s of audio", model.describe(), detector.samples / detector.sample_rate)
+    _log_threshold(detector)
+
+
+def _log_threshold(detector: StreamingDetector) -> None:
+    """Say which threshold the detector uses and where it comes from."""
+    log.info("detection threshold %.2f (%s)", detector.threshold, detector.threshold_origin)

@@ -2,29 +2,47 @@
 
 Scanned again before every task, so new recordings count without a restart; each file is decoded once
 per version. Nothing here leaves the device but the counts per label.
+
+A task's negatives (folders or clips inside the data folder; for a corpus speaker, inside the bundled
+data) are cut into clip-length windows that train its none class, and are the noise mixed into speech.
 """
 
+import functools
 import logging
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
-from fedspeech.models.datasets import Clip, Corpus, client_clips, load_corpus
-from fedspeech.models.folders import ClipCache, Skipped, list_folder
+from fedspeech.models.datasets import Clip, Corpus, bundled_data_dir, client_clips, load_corpus, load_windows
+from fedspeech.models.folders import ClipCache, Skipped, list_folder, list_negative
+from fedspeech.protocol.labels import none_class
 from fedspeech.protocol.messages import TaskDefinition
 
 log = logging.getLogger(__name__)
 
+MAX_WINDOWS_PER_FILE = 30  # clip-length windows cut from one negative file: the start of a long recording
+MAX_NEGATIVE_WINDOWS = 1000  # negative windows in all, over all of a task's negatives
+
+
+def _empty(num_samples: int = 0) -> np.ndarray:
+    return np.zeros((0, num_samples), dtype=np.float32)
+
 
 @dataclass(frozen=True)
 class Split:
-    """Waveforms and labels of one side of the split, with clips per label name."""
+    """Waveforms and labels of one side of the split, with clips per label name.
+
+    negatives holds the windows of the task's negatives (training side only): the background noise
+    training mixes into speech. As many of them as the commonest label has clips are also among
+    waveforms, labelled as the none class.
+    """
 
     waveforms: np.ndarray
     labels: np.ndarray
     counts: dict[str, int]
+    negatives: np.ndarray = field(default_factory=_empty)
 
 
 @dataclass(frozen=True)
@@ -49,32 +67,73 @@ class LocalData:
             raise ValueError("a data source is a folder, or a corpus and a speaker")
         self.source, self.max_samples = source, max_samples
         self._cache = ClipCache()
+        self._negative_cache = ClipCache(functools.partial(load_windows, max_windows=MAX_WINDOWS_PER_FILE))
         self._reported: set[tuple[Path, str]] = set()
+        self._missing: set[Path] = set()
         self._corpus: Corpus | None = None
-        self.train = self.test = Split(np.zeros((0, 0), dtype=np.float32), np.zeros(0, dtype=np.int64), {})
+        self.train = self.test = Split(_empty(), np.zeros(0, dtype=np.int64), {})
 
     def refresh(self, task: TaskDefinition) -> None:
-        """Scan the source for the task's labels and load its clips; each file skipped is logged once."""
+        """Scan the source for the task's labels and negatives and load their clips.
+
+        Each file skipped is logged once; the negatives' windows join the training side, never the test.
+        """
         clips, skipped = self._list(task)
         kept, waveforms, bad = self._cache.load(clips, task.sample_rate, task.num_samples)
-        for skip in skipped + bad:
+        negatives, bad_negatives = self._negative_windows(task)
+        for skip in skipped + bad + bad_negatives:
             if (skip.path, skip.reason) not in self._reported:
                 self._reported.add((skip.path, skip.reason))
                 log.warning("skipping %s: %s", skip.path, skip.reason)
         test = np.array([clip.test for clip in kept], dtype=bool)
         labels = np.array([clip.label for clip in kept], dtype=np.int64)
-        train_rows = np.flatnonzero(~test)
+        none = none_class(task.labels) or 0  # a task without a none class has no negative windows
+        examples = _as_many_as_a_label(negatives, labels[~test])
+        train_waveforms = np.concatenate([waveforms[~test], examples])
+        train_labels = np.concatenate([labels[~test], np.full(len(examples), none, dtype=np.int64)])
+        train_rows = np.arange(len(train_labels))
         if self.max_samples is not None and self.max_samples < len(train_rows):
             # a fixed sample across the folder, not its first files, which would be the first labels only
             picked = np.random.default_rng(0).permutation(len(train_rows))[: self.max_samples]
             train_rows = train_rows[np.sort(picked)]
-        self.train = _split(waveforms[train_rows], labels[train_rows], task)
+        self.train = _split(train_waveforms[train_rows], train_labels[train_rows], task, negatives)
         self.test = _split(waveforms[test], labels[test], task)
+
+    def _negative_windows(self, task: TaskDefinition) -> tuple[np.ndarray, list[Skipped]]:
+        """The windows of the task's negatives (at most MAX_NEGATIVE_WINDOWS), and the files skipped.
+
+        A negative that is missing is logged once at INFO: a device need not have any.
+        """
+        if not task.negatives or none_class(task.labels) is None:
+            return _empty(task.num_samples), []
+        root = self.source.folder if self.source.folder is not None else bundled_data_dir()
+        clips: list[Clip] = []
+        skipped: list[Skipped] = []
+        for negative in task.negatives:
+            try:
+                files, passed = list_negative(root, negative)
+            except FileNotFoundError:
+                if root / negative not in self._missing:
+                    self._missing.add(root / negative)
+                    log.info("no negatives %s: the none class trains without them", root / negative)
+                continue
+            except ValueError:
+                skipped.append(Skipped(root / negative, "a negative must be inside the data folder"))
+                continue
+            clips += [Clip(path, 0, "", False) for path in files]
+            skipped += passed
+        # every file gives at least one window: more files than windows are never read
+        _, windows, bad = self._negative_cache.read(
+            clips[:MAX_NEGATIVE_WINDOWS], task.sample_rate, task.num_samples
+        )
+        if not windows:
+            return _empty(task.num_samples), skipped + bad
+        return np.concatenate(windows)[:MAX_NEGATIVE_WINDOWS], skipped + bad
 
     def _list(self, task: TaskDefinition) -> tuple[list[Clip], list[Skipped]]:
         source = self.source
         if source.folder is not None:
-            return list_folder(source.folder, task.labels)
+            return list_folder(source.folder, task.labels, task.negatives)
         if source.corpus is None or source.speaker is None:
             raise ValueError("a data source is a folder, or a corpus and a speaker")
         if self._corpus is None:  # a bundled corpus does not change: listed once
@@ -90,6 +149,23 @@ class LocalData:
         return sorted(clips, key=lambda c: c.path), skipped
 
 
-def _split(waveforms: np.ndarray, labels: np.ndarray, task: TaskDefinition) -> Split:
+def _as_many_as_a_label(negatives: np.ndarray, labels: np.ndarray) -> np.ndarray:
+    """A fixed sample of the negative windows, as many as the commonest label has clips (at least one).
+
+    The none class is one class among the others: more of it would crowd out the words. All the windows
+    still serve as the noise training mixes into speech.
+    """
+    count = max([1, *np.bincount(labels).tolist()])
+    if len(negatives) <= count:
+        return negatives
+    return negatives[np.sort(np.random.default_rng(0).permutation(len(negatives))[:count])]
+
+
+def _split(
+    waveforms: np.ndarray, labels: np.ndarray, task: TaskDefinition, negatives: np.ndarray | None = None
+) -> Split:
     counts = Counter(task.labels[i] for i in labels.tolist())
-    return Split(waveforms, labels, {label: counts[label] for label in task.labels if counts[label]})
+    negatives = _empty(task.num_samples) if negatives is None else negatives
+    return Split(
+        waveforms, labels, {label: counts[label] for label in task.labels if counts[label]}, negatives
+    )

@@ -2,48 +2,58 @@
 
 In the style of openWakeWord: audio arrives in fixed frames (`frame_ms`, 10 ms by default) at the model's
 sample rate and is written into a preallocated ring buffer that holds exactly one model window
-(`num_samples`, 1 s for the fedspeech models). Every hop (`hop_ms`, 100 ms by default, counted in frames
-from the start of the stream) the newest window is classified, unless it is silent. Each hop:
+(`num_samples`, 1 s for the fedspeech models). One word, one decision:
 
-1. Energy gate: if the RMS of the whole window is below `energy_threshold`, the model is not run, and the
-   smoothing history is cleared (silence ends a word): silence costs one sum of 100 numbers per hop. The
-   whole window is measured, not the newest hop, because a word is seen best when it sits in the middle of
-   the window, with silence after it.
-2. Smoothing: the class probabilities of the last `smoothing` windows are averaged; right after silence
-   the missing windows count as zeros, so it takes `smoothing` windows in a row that agree to detect
-   anything, never one lucky window.
-3. Rising edge: a detection fires when the largest averaged probability reaches `threshold` after the
-   window was silent, or below the threshold over a full smoothing history, at an earlier hop. A word
-   stays in the window for up to a second, seen by many windows, but its probability rises over the
-   threshold once: one word, one detection.
-4. Refractory period: a rising edge within `refractory_s` of the previous detection is ignored, so a
-   probability that flickers around the threshold during one word still gives one detection.
+1. Speech gate: each frame goes through a SpeechGate (an energy gate with an adaptive noise floor and a
+   hangover, see speech_gate), which tells which frames belong to a segment of speech: a word, with the
+   short pauses inside it. A ring holds one such flag per frame of the window.
+2. Windows: every hop (`hop_ms`, 100 ms by default, counted in frames from the start of the stream) the
+   newest window is classified if the hop of frames at its centre holds speech, and its probabilities are
+   kept with the segment's others. A window centred in a word sees it whole, as the model saw its clips,
+   but not the word before or after it when the pauses between words are at least half a window. The
+   flags are read half a window late, when the gate has long settled them (pauses shorter than its
+   hangover are filled in, clicks are dropped). Silence costs the gate's few sums per frame: the model is
+   not run.
+3. Decision: when the window's centre has left the segment, each class is scored by the mean of its
+   `best_windows` highest probabilities in the segment's windows and the best class wins. It is a
+   detection if it is a word (protocol.labels.is_word: `_none_`, `_silence_` and `_unknown_` never are)
+   and its score reaches the threshold: the one given, else the model's calibrated one from its metadata,
+   else DEFAULT_THRESHOLD. A detection's time is the stream time of the end of the speech its windows
+   were centred on.
+4. Words run together: in a loud, changing background the gate may not part words, and one segment then
+   holds several, with noise between them. So a segment is also cut into pieces, each decided as above:
+   where the winning class of its windows changes, once the piece has more than `best_windows` windows,
+   and after `max_segment_s` (a window: longer than a word). In a piece, missing windows count as zeros,
+   so a piece of a window or two, a flicker, rarely reaches the threshold; a piece won by the word the
+   piece before it detected holds the rest of that word and does not detect it again.
 
-A detection's time is the stream time of the newest sample of the window it was made from.
-
-`swap` replaces the model between two frames: the ring buffer, the frame count and the detection state go
-on untouched, so no audio is lost and a word the old model detected is not detected again by the new one.
-The smoothing history is kept when the new model has the same labels (successive rounds of one task: their
-probabilities cross-fade over `smoothing` windows) and cleared otherwise. A model with another sample rate
-or window length is refused with a ValueError: its windows would be different audio, and whatever feeds
-the detector runs at the old rate.
+`swap` replaces the model between two frames: the ring buffer, the gate and the frame count go on
+untouched, so no audio is lost. The windows of the open segment are kept when the new model has the same
+labels (successive rounds of one task) and dropped otherwise, so a word is decided once, by one model's
+view of it. A model with another sample rate or window length is refused with a ValueError: its windows
+would be different audio, and whatever feeds the detector runs at the old rate.
 
 The detector has no threads of its own: whoever owns the audio calls `push` for every frame, and `swap`
 between two calls.
 """
 
+import math
 import time
-from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
 from fedspeech.edge_client.onnx_model import OnnxModel
+from fedspeech.edge_client.speech_gate import GateConfig, SpeechGate
+from fedspeech.protocol import onnx_metadata as meta
+from fedspeech.protocol.labels import is_word
+
+DEFAULT_THRESHOLD = 0.6  # for a model without a calibrated threshold
 
 
 @dataclass(frozen=True)
 class Detection:
-    """One detected word: its label, its smoothed probability and the stream time of its window's end."""
+    """One detected word: its label, its score and the stream time of the end of its speech."""
 
     label: str
     confidence: float
@@ -52,14 +62,14 @@ class Detection:
 
 @dataclass(frozen=True)
 class DetectorConfig:
-    """Frame and hop sizes and the detection rules (see the module docstring)."""
+    """Frame and hop sizes, the speech gate and the decision rules (see the module docstring)."""
 
     frame_ms: float = 10.0
     hop_ms: float = 100.0
-    threshold: float = 0.6
-    smoothing: int = 3
-    energy_threshold: float = 0.002
-    refractory_s: float = 0.5
+    threshold: float | None = None  # None: the model's calibrated threshold, else DEFAULT_THRESHOLD
+    best_windows: int = 3
+    max_segment_s: float = 1.0
+    gate: GateConfig = field(default_factory=GateConfig)
 
 
 @dataclass
@@ -97,8 +107,33 @@ class StageTimes:
         )
 
 
+def model_threshold(model: OnnxModel) -> float | None:
+    """The threshold calibrated for the model, from its metadata; None if it has none, ValueError if bad."""
+    text = model.metadata.get(meta.THRESHOLD)
+    if text is None:
+        return None
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not 0 < value <= 1:
+        raise ValueError(f"the model's threshold {text[:20]!r} is not a probability")
+    return value
+
+
+def segment_score(probabilities: np.ndarray, best_windows: int, whole: bool = True) -> tuple[int, float]:
+    """The winning class of windows' probabilities (windows, classes) and its score, best_windows' mean.
+
+    whole: the windows are a whole segment, else a piece of one, where missing windows count as zeros.
+    """
+    k = min(best_windows, len(probabilities)) if whole else best_windows
+    scores = np.sort(probabilities, axis=0)[-k:].sum(axis=0) / k
+    best = int(np.argmax(scores))
+    return best, float(scores[best])
+
+
 class StreamingDetector:
-    """Fed fixed-size frames with `push`, it classifies a sliding window every hop and emits detections."""
+    """Fed fixed-size frames with `push`, it classifies the windows centred in speech and emits detections."""
 
     def __init__(self, model: OnnxModel, config: DetectorConfig | None = None, timings: bool = False):
         self.config = config or DetectorConfig()
@@ -108,23 +143,34 @@ class StreamingDetector:
         hop_size = round(self.sample_rate * self.config.hop_ms / 1000)
         if not 0 < self.frame_size <= self.num_samples:
             raise ValueError(f"a frame of {self.config.frame_ms} ms does not fit the model's window")
-        if hop_size < self.frame_size or hop_size % self.frame_size:
-            raise ValueError(f"hop ({self.config.hop_ms} ms) must be a multiple of the frame")
-        if self.config.smoothing < 1:
-            raise ValueError("smoothing must be at least 1 window")
+        if hop_size < self.frame_size or hop_size % self.frame_size or hop_size > self.num_samples:
+            raise ValueError(f"hop ({self.config.hop_ms} ms) must be frames, and at most a window")
+        if self.config.best_windows < 1:
+            raise ValueError("best_windows must be at least 1")
+        given = self.config.threshold
+        if given is not None and not 0 < given <= 1:
+            raise ValueError(f"the threshold must be a probability in (0, 1], not {given}")
         self.hop_frames = hop_size // self.frame_size
         self.frames = 0  # frames pushed since the start of the stream
         self.timings = StageTimes() if timings else None
-        self._model = model
-        self._labels = model.labels
+        self.gate = SpeechGate(self.config.gate, self.frame_size / self.sample_rate)
         self._ring = np.zeros(self.num_samples, dtype=np.float32)
         self._pos = 0  # where the next sample goes; also the oldest sample of the window
         self._window = np.zeros((1, self.num_samples), dtype=np.float32)
-        # energy (sum of squares) of the frames of the last window, a ring of its own
-        self._energies = np.zeros(max(1, self.num_samples // self.frame_size), dtype=np.float64)
-        self._history: deque[np.ndarray] = deque(maxlen=self.config.smoothing)
-        self._last_detection_s: float | None = None
-        self._armed = True
+        window_frames = self.num_samples // self.frame_size
+        self._speech = np.zeros(window_frames, dtype=bool)  # ring: is frame n % window_frames speech
+        # the hop of frames centred on the window's centre, counted back from the newest frame
+        centre = window_frames // 2 + self.hop_frames // 2
+        self._centre_back = np.arange(centre - self.hop_frames + 1, centre + 1)
+        self._max_windows = max(1, round(self.config.max_segment_s * 1000 / self.config.hop_ms))
+        self._probabilities = np.zeros((self._max_windows, len(model.labels)), dtype=np.float32)
+        self._collected = 0  # windows of the open segment in _probabilities
+        self._cut = False  # the open segment has been cut into pieces
+        self._piece_word: str | None = None  # the word the piece before detected
+        self._speech_end = 0  # the frame after the last speech frame seen at a window's centre
+        self._model = model
+        self._labels = model.labels
+        self.threshold, self.threshold_origin = self._threshold_of(model)
 
     @property
     def model(self) -> OnnxModel:
@@ -143,13 +189,16 @@ class StreamingDetector:
                 f"cannot swap to a model of {model.num_samples} samples at {model.sample_rate} Hz: "
                 f"the stream runs windows of {self.num_samples} samples at {self.sample_rate} Hz"
             )
+        threshold = self._threshold_of(model)
         if model.labels != self._labels:
-            self._history.clear()
+            self._collected, self._cut, self._piece_word = 0, False, None
+            self._probabilities = np.zeros((self._max_windows, len(model.labels)), dtype=np.float32)
         self._model = model
         self._labels = model.labels
+        self.threshold, self.threshold_origin = threshold
 
     def push(self, frame: np.ndarray) -> Detection | None:
-        """Add one frame of frame_size float samples; return a detection if this frame's window makes one."""
+        """Add one frame of frame_size float samples; return a detection if it ends a word's segment."""
         if frame.shape != (self.frame_size,):
             raise ValueError(f"expected a frame of shape ({self.frame_size},), got {frame.shape}")
         end = self._pos + self.frame_size
@@ -160,19 +209,34 @@ class StreamingDetector:
             self._ring[self._pos :] = frame[:split]
             self._ring[: self.frame_size - split] = frame[split:]
         self._pos = end % self.num_samples
-        self._energies[self.frames % len(self._energies)] = np.dot(frame, frame)
+        speech = min(self.gate.push(frame), len(self._speech))
+        self._speech[self.frames % len(self._speech)] = False
         self.frames += 1
+        if speech:
+            self._speech[np.arange(self.frames - speech, self.frames) % len(self._speech)] = True
         if self.frames % self.hop_frames:
             return None
-        return self._evaluate()
+        return self._hop()
 
-    def _evaluate(self) -> Detection | None:
-        """Classify the current window, unless it is silent, and apply the detection rules."""
-        rms = np.sqrt(self._energies.sum() / (len(self._energies) * self.frame_size))
-        if rms < self.config.energy_threshold:
-            self._history.clear()
-            self._armed = True
-            return None
+    def _hop(self) -> Detection | None:
+        """Classify the window if its centre is speech; decide the segment once the centre has left it."""
+        centre = self.frames - self._centre_back  # frame numbers, the latest first
+        speech = np.flatnonzero(self._speech[centre % len(self._speech)])
+        if not len(speech):
+            return self._decide(ended=True) if self._collected else None
+        self._speech_end = int(centre[speech[0]]) + 1
+        self._classify()
+        n = self._collected
+        if n == self._max_windows:
+            return self._decide(ended=False)
+        if n > self.config.best_windows + 1:
+            previous, newest = self._probabilities[n - 2 : n].argmax(axis=1)
+            if newest != previous:  # another class wins: the newest window starts the next piece
+                return self._decide(ended=False, keep=1)
+        return None
+
+    def _classify(self) -> None:
+        """Run the model on the current window and keep its probabilities with the segment's."""
         start = time.perf_counter()
         tail = self.num_samples - self._pos
         self._window[0, :tail] = self._ring[self._pos :]  # oldest sample first
@@ -180,24 +244,35 @@ class StreamingDetector:
         copied = time.perf_counter()
         probabilities = self._model.predict(self._window)[0]
         inferred = time.perf_counter()
-        detection = self._decide(probabilities)
+        self._probabilities[self._collected] = probabilities
+        self._collected += 1
         if self.timings is not None:
             self.timings.add(copied - start, inferred - copied, time.perf_counter() - inferred)
-        return detection
 
-    def _decide(self, probabilities: np.ndarray) -> Detection | None:
-        """Smoothing, then a detection on a rising edge over the threshold, outside the refractory period."""
-        self._history.append(probabilities)
-        smoothed = np.sum(self._history, axis=0) / self.config.smoothing
-        best = int(np.argmax(smoothed))
-        if smoothed[best] < self.config.threshold:
-            if len(self._history) == self.config.smoothing:  # not while a swap's history fills up again
-                self._armed = True
+    def _decide(self, ended: bool, keep: int = 0) -> Detection | None:
+        """The word of the windows collected but the newest keep, if they agree on one confidently enough.
+
+        ended: the segment is over, else this is a piece of it and the newest keep windows start the next.
+        """
+        n = self._collected - keep
+        whole = ended and not self._cut
+        best, score = segment_score(self._probabilities[:n], self.config.best_windows, whole)
+        self._probabilities[:keep] = self._probabilities[n : n + keep]
+        self._collected = keep
+        label = self._labels[best]
+        repeated = label == self._piece_word
+        detected = is_word(label) and score >= self.threshold and not repeated
+        self._cut = not ended
+        self._piece_word = label if (detected or repeated) and not ended else None
+        if not detected:
             return None
-        armed, self._armed = self._armed, False
-        now = self.samples / self.sample_rate
-        last = self._last_detection_s
-        if not armed or (last is not None and now - last < self.config.refractory_s):
-            return None
-        self._last_detection_s = now
-        return Detection(self._labels[best], float(smoothed[best]), now)
+        return Detection(label, score, self._speech_end * self.frame_size / self.sample_rate)
+
+    def _threshold_of(self, model: OnnxModel) -> tuple[float, str]:
+        """The threshold to use with model, and where it comes from."""
+        if self.config.threshold is not None:
+            return self.config.threshold, "given"
+        calibrated = model_threshold(model)
+        if calibrated is not None:
+            return calibrated, "calibrated, from the model's metadata"
+        return DEFAULT_THRESHOLD, "the default: the model has none calibrated"

@@ -16,6 +16,7 @@ import numpy as np
 from fedspeech.edge_client.local_data import Split
 from fedspeech.edge_client.local_norm import LocalNorm, lay_over
 from fedspeech.protocol import messages, weights
+from fedspeech.protocol.labels import none_class
 from fedspeech.protocol.messages import EvaluationReport, ModelSpec, Task
 
 log = logging.getLogger(__name__)
@@ -199,7 +200,8 @@ class Trainer:
 
         teacher holds the server model's arrays when the task names one. Under local_norm the device's
         own normalisation arrays replace the task's, are kept after training and are left out of the
-        upload. TrainingStopped if stop is set or the task's deadline passes before the last batch.
+        upload. The split's negatives are the noise mixed into speech, and background windows train the
+        task's none class. TrainingStopped if stop is set or the task's deadline passes before the last batch.
         """
         from fedspeech.models.losses import predicted_counts
         from fedspeech.models.train import Interrupted, get_arrays, train_local
@@ -221,6 +223,8 @@ class Trainer:
                 learning_rate=task.learning_rate,
                 seed=task.seed,
                 should_stop=lambda: self.stop.is_set() or time.time() > task.deadline,
+                noise=train.negatives,
+                none_class=none_class(task.definition.labels),
                 **kwargs,
             )
         except Interrupted:

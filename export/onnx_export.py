@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 from fedspeech.export.graph import strip_debug_info
-from fedspeech.export.onnx_weights import PREFIX, _save_atomically, update_onnx_weights
+from fedspeech.export.onnx_weights import PREFIX, _save_atomically, threshold_metadata, update_onnx_weights
 from fedspeech.protocol import onnx_metadata as meta
 from fedspeech.protocol.messages import ModelSpec
 
@@ -50,9 +50,13 @@ def export_onnx(
     *,
     round: int | None = None,
     task: str = "",
+    threshold: float | None = None,
 ) -> Path:
-    """Export model to path as ONNX: input 'waveform' (batch, num_samples), output 'probabilities'."""
-    metadata = _metadata(spec, labels, round, task)
+    """Export model to path as ONNX: input 'waveform' (batch, num_samples), output 'probabilities'.
+
+    threshold, if given, is the model's calibrated detection threshold (models.calibration).
+    """
+    metadata = _metadata(spec, labels, round, task) | threshold_metadata(threshold)
     was_training = model.training
     model.eval()
     try:

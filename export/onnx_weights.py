@@ -20,10 +20,12 @@ def update_onnx_weights(
     *,
     round: int | None = None,
     task: str | None = None,
+    threshold: float | None = None,
 ) -> Path:
     """Write to out a copy of an export_onnx file with the named weights replaced by arrays.
 
     The names are get_arrays names; any subset of them may be given, the other weights stay as they are.
+    round, task and threshold, if given, replace the template's.
     """
     proto = onnx.load_model(template)
     initializers = {init.name: init for init in proto.graph.initializer}
@@ -41,9 +43,19 @@ def update_onnx_weights(
         metadata[meta.ROUND] = str(round)
     if task is not None:
         metadata[meta.TASK] = task
+    metadata |= threshold_metadata(threshold)
     del proto.metadata_props[:]
     onnx.helper.set_model_props(proto, metadata)
     return _save_atomically(proto, out)
+
+
+def threshold_metadata(threshold: float | None) -> dict[str, str]:
+    """The metadata entry of a calibrated detection threshold (none for None); ValueError if not in (0, 1]."""
+    if threshold is None:
+        return {}
+    if not 0 < threshold <= 1:
+        raise ValueError(f"a detection threshold is a probability in (0, 1], not {threshold}")
+    return {meta.THRESHOLD: f"{threshold:.4f}"}
 
 
 def _save_atomically(proto: onnx.ModelProto, path: Path) -> Path:

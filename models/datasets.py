@@ -1,6 +1,7 @@
 """Speech corpora on disk, their speaker partitions (one speaker = one client) and audio loading."""
 
 import importlib.resources
+import math
 import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
@@ -159,21 +160,44 @@ def load_audio(path: Path, sample_rate: int, num_samples: int) -> np.ndarray:
     AudioError, naming the file and the reason, for a file that is missing, empty, unreadable, too
     long, silent or not finite.
     """
-    path = Path(path)
+    return _fit_length(_read(Path(path), sample_rate, MAX_FILE_SECONDS), num_samples)
+
+
+def load_recording(path: Path, sample_rate: int, max_seconds: float) -> np.ndarray:
+    """A whole recording as float32 mono at sample_rate; AudioError as load_audio, over max_seconds too."""
+    return _read(Path(path), sample_rate, max_seconds)
+
+
+def load_windows(path: Path, sample_rate: int, num_samples: int, max_windows: int) -> np.ndarray:
+    """A file cut into consecutive (k, num_samples) windows, k at most max_windows; only those are read.
+
+    A file shorter than one window is one window, zero-padded as load_audio pads. AudioError as load_audio
+    gives, except that a long file is not refused: its first max_windows windows are used.
+    """
+    audio = _read(Path(path), sample_rate, max_windows * num_samples / sample_rate, cut=True)
+    if len(audio) < num_samples:
+        return _fit_length(audio, num_samples)[None]
+    count = min(max_windows, len(audio) // num_samples)
+    return np.ascontiguousarray(audio[: count * num_samples].reshape(count, num_samples))
+
+
+def _read(path: Path, sample_rate: int, max_seconds: float, cut: bool = False) -> np.ndarray:
+    """A file as float32 mono at sample_rate: refused if longer than max_seconds, or cut to them if cut."""
     if not path.is_file():
         raise AudioError(f"{path}: no such file")
     size = path.stat().st_size
     if size == 0:
         raise AudioError(f"{path}: empty file")
-    if size > MAX_FILE_BYTES:
-        raise AudioError(f"{path}: {size} bytes, more than {MAX_FILE_BYTES} for one clip")
+    max_bytes = MAX_FILE_BYTES * max(1.0, max_seconds / MAX_FILE_SECONDS)
+    if not cut and size > max_bytes:
+        raise AudioError(f"{path}: {size} bytes, more than {max_bytes:.0f} for {max_seconds:g} s")
     try:
         with soundfile.SoundFile(path) as f:
-            seconds = f.frames / f.samplerate
-            if seconds > MAX_FILE_SECONDS:
-                limit = f"{MAX_FILE_SECONDS:g} s"
-                raise AudioError(f"{path}: {seconds:.1f} s long, more than {limit} for one clip")
-            audio, rate = f.read(dtype="float32", always_2d=True), f.samplerate
+            length = f.frames / f.samplerate
+            if not cut and length > max_seconds:
+                raise AudioError(f"{path}: {length:.1f} s long, more than {max_seconds:g} s")
+            frames = min(f.frames, math.ceil(max_seconds * f.samplerate))
+            audio, rate = f.read(frames, dtype="float32", always_2d=True), f.samplerate
     except (RuntimeError, TypeError, OSError) as exc:  # soundfile.LibsndfileError is a RuntimeError
         raise AudioError(f"{path}: unreadable or corrupt audio ({exc})") from None
     if audio.shape[0] == 0:
@@ -185,7 +209,7 @@ def load_audio(path: Path, sample_rate: int, num_samples: int) -> np.ndarray:
         raise AudioError(f"{path}: silent")
     if rate != sample_rate:
         audio = soxr.resample(audio, rate, sample_rate).astype(np.float32)
-    return _fit_length(audio, num_samples)
+    return audio
 
 
 def _fit_length(audio: np.ndarray, num_samples: int) -> np.ndarray:

@@ -1,13 +1,16 @@
 """A folder of one's own recordings, `DIR/<label>/*`, as labelled clips with a train/test split per file."""
 
 import hashlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+import soundfile
 
 from fedspeech.models.datasets import TEST_FRACTION, AudioError, Clip, load_audio
+
+Reader = Callable[[Path, int, int], np.ndarray]  # (path, sample_rate, num_samples) -> audio
 
 MAX_FILES = 100_000  # a folder holding more is a mistake, not a data set
 
@@ -29,18 +32,22 @@ def is_test(relative: str) -> bool:
     return int.from_bytes(digest[:8], "big") < TEST_FRACTION * 2**64
 
 
-def list_folder(root: Path, labels: Sequence[str]) -> tuple[list[Clip], list[Skipped]]:
+def list_folder(
+    root: Path, labels: Sequence[str], negatives: Sequence[str] = ()
+) -> tuple[list[Clip], list[Skipped]]:
     """Every file in root/<label>/ for the task's labels, sorted; what is not in a label folder is skipped.
 
-    Hidden files (a name starting with '.') are passed over silently: half-written recordings live there.
+    Hidden files (a name starting with '.') are passed over silently: half-written recordings live there;
+    so are the task's negatives, which are read on their own (list_negative).
     """
+    passed_over = {Path(negative).parts[0] for negative in negatives}
     root = Path(root)
     if not root.is_dir():
         raise FileNotFoundError(f"no data folder {root}")
     clips: list[Clip] = []
     skipped: list[Skipped] = []
     for entry in sorted(root.iterdir()):
-        if entry.name.startswith("."):
+        if entry.name.startswith(".") or entry.name in passed_over:
             continue
         if not entry.is_dir():
             skipped.append(Skipped(entry, "not inside a label folder"))
@@ -60,16 +67,58 @@ def list_folder(root: Path, labels: Sequence[str]) -> tuple[list[Clip], list[Ski
     return clips, skipped
 
 
-class ClipCache:
-    """Clips loaded once per version of a file (its size and mtime); bad files are remembered with why."""
+def list_negative(root: Path, negative: str) -> tuple[list[Path], list[Skipped]]:
+    """The files of one of a task's negatives, root/negative: a folder's files, sorted, or one file.
 
-    def __init__(self) -> None:
+    FileNotFoundError if it does not exist; ValueError unless it resolves inside root (symlinks followed).
+    Hidden files, and files not named as audio soundfile reads (a folder's notes, its license), are
+    passed over; what is not a regular file is skipped.
+    """
+    path = Path(root) / negative
+    if not path.exists():
+        raise FileNotFoundError(f"no {path}")
+    resolved, inside = path.resolve(), Path(root).resolve()
+    if resolved == inside or not resolved.is_relative_to(inside):
+        raise ValueError(f"{path} is not inside the data folder {root}")
+    if path.is_file():
+        return [path], []
+    audio = {f".{kind.lower()}" for kind in soundfile.available_formats()}
+    files: list[Path] = []
+    skipped: list[Skipped] = []
+    for entry in sorted(path.iterdir()):
+        if entry.name.startswith(".") or entry.suffix.lower() not in audio:
+            continue
+        if not entry.is_file():
+            skipped.append(Skipped(entry, "not a regular file"))
+        elif len(files) >= MAX_FILES:
+            skipped.append(Skipped(entry, f"more than {MAX_FILES} files in the folder"))
+        else:
+            files.append(entry)
+    return files, skipped
+
+
+class ClipCache:
+    """Clips read once per version of a file (its size and mtime); bad files are remembered with why.
+
+    read turns a file into its audio: load_audio (one clip), or another Reader such as a file's windows.
+    """
+
+    def __init__(self, read: Reader = load_audio) -> None:
+        self._read = read
         self._audio: dict[tuple, np.ndarray | str] = {}
 
     def load(
         self, clips: Sequence[Clip], sample_rate: int, num_samples: int
     ) -> tuple[list[Clip], np.ndarray, list[Skipped]]:
         """(clips that loaded, their (N, num_samples) waveforms, skips of files not tried before)."""
+        kept, rows, fresh = self.read(clips, sample_rate, num_samples)
+        waveforms = np.stack(rows) if rows else np.zeros((0, num_samples), dtype=np.float32)
+        return kept, waveforms, fresh
+
+    def read(
+        self, clips: Sequence[Clip], sample_rate: int, num_samples: int
+    ) -> tuple[list[Clip], list[np.ndarray], list[Skipped]]:
+        """(clips that loaded, the audio of each as read gives it, skips of files not tried before)."""
         kept, rows, fresh = [], [], []
         seen = set()
         for clip in clips:
@@ -82,7 +131,7 @@ class ClipCache:
             seen.add(key)
             if key not in self._audio:
                 try:
-                    self._audio[key] = load_audio(clip.path, sample_rate, num_samples)
+                    self._audio[key] = self._read(clip.path, sample_rate, num_samples)
                 except AudioError as exc:
                     reason = str(exc).removeprefix(f"{clip.path}: ")
                     self._audio[key] = reason
@@ -94,5 +143,4 @@ class ClipCache:
         # forget files that were deleted or changed, so the cache holds what the folder holds
         shape = (sample_rate, num_samples)
         self._audio = {k: v for k, v in self._audio.items() if k in seen or k[3:] != shape}
-        waveforms = np.stack(rows) if rows else np.zeros((0, num_samples), dtype=np.float32)
-        return kept, waveforms, fresh
+        return kept, rows, fresh

@@ -4,6 +4,7 @@ import tomllib
 from pathlib import Path
 
 from fedspeech.models.architectures import MAX_DEPTH, MODELS, TRANSFORMERS
+from fedspeech.protocol.labels import NONE_LABEL, none_class
 from fedspeech.protocol.messages import ModelSpec, ProtocolError, TaskDefinition, check_definition
 
 FSDD_LABELS = [str(digit) for digit in range(10)]
@@ -12,14 +13,18 @@ SPEECH_COMMANDS_LABELS = [
     "yes", "no", "up", "down", "left", "right", "on", "off", "stop", "go", "_unknown_", "_silence_",
 ]  # fmt: skip
 
-# one per bundled corpus; EmoDB's utterances are 2-4 s long, so its clips are 3 s
+BACKGROUND_NOISE = "_background_noise_"  # the bundled folder of noise clips, in the data folder
+
+# one per bundled corpus; EmoDB's utterances are 2-4 s long, so its clips are 3 s. FSDD's digits keep
+# indices 0-9, the none class its background noise trains comes after them
 BUILTIN_TASKS: dict[str, TaskDefinition] = {
-    "fsdd": TaskDefinition("fsdd", FSDD_LABELS, 8000, 1.0),
+    "fsdd": TaskDefinition("fsdd", [*FSDD_LABELS, NONE_LABEL], 8000, 1.0, [BACKGROUND_NOISE]),
     "emodb": TaskDefinition("emodb", EMODB_LABELS, 16000, 3.0),
     "speech_commands": TaskDefinition("speech_commands", SPEECH_COMMANDS_LABELS, 16000, 1.0),
 }
 
 _KEYS = {"name": str, "labels": list, "sample_rate": int, "clip_seconds": float}
+_OPTIONAL_KEYS = {"negatives": list}
 
 
 class TaskFileError(ValueError):
@@ -44,26 +49,35 @@ def load_task(name_or_path: str | Path) -> TaskDefinition:
 
 
 def task_from_mapping(document: dict, where: str = "task") -> TaskDefinition:
-    """Check a task's keys and types, then its values; TaskFileError names the key and the problem."""
-    unknown = sorted(set(document) - set(_KEYS))
+    """Check a task's keys and types, then its values; TaskFileError names the key and the problem.
+
+    A task with negatives gets NONE_LABEL as its last label, unless it has a none class already.
+    """
+    keys = {**_KEYS, **_OPTIONAL_KEYS}
+    unknown = sorted(set(document) - set(keys))
     if unknown:
-        raise TaskFileError(f"{where}: unknown key {unknown[0]!r}; a task has {', '.join(_KEYS)}")
-    for key, kind in _KEYS.items():
+        raise TaskFileError(f"{where}: unknown key {unknown[0]!r}; a task has {', '.join(keys)}")
+    for key, kind in keys.items():
         if key not in document:
+            if key in _OPTIONAL_KEYS:
+                continue
             raise TaskFileError(f"{where}: key {key!r} is missing")
         value = document[key]
         numeric = kind is float and isinstance(value, int) and not isinstance(value, bool)
         if not (isinstance(value, kind) and not isinstance(value, bool)) and not numeric:
             raise TaskFileError(f"{where}: key {key!r} must be {_TYPE_NAMES[kind]}, got {_shown(value)}")
-    if not all(isinstance(label, str) for label in document["labels"]):
-        raise TaskFileError(
-            f"{where}: key 'labels' must be a list of strings, got {_shown(document['labels'])}"
-        )
+    for key in ("labels", "negatives"):
+        if not all(isinstance(item, str) for item in document.get(key, [])):
+            shown = _shown(document[key])
+            raise TaskFileError(f"{where}: key {key!r} must be a list of strings, got {shown}")
     for key in ("sample_rate", "clip_seconds"):
         if abs(document[key]) > 2**53:  # as in messages; larger ones overflow float() and str()
             raise TaskFileError(f"{where}: key {key!r} is out of range")
     seconds = float(document["clip_seconds"])
-    definition = TaskDefinition(document["name"], list(document["labels"]), document["sample_rate"], seconds)
+    labels, negatives = list(document["labels"]), list(document.get("negatives", []))
+    if negatives and none_class(labels) is None:
+        labels.append(NONE_LABEL)
+    definition = TaskDefinition(document["name"], labels, document["sample_rate"], seconds, negatives)
     try:
         check_definition(definition)
     except ProtocolError as exc:

@@ -9,6 +9,7 @@ import torch
 from torch import nn
 
 from fedspeech.models import losses, metrics
+from fedspeech.models.augment import DEFAULT_AUGMENTATION, Augmentation, augment_batch
 
 
 def _float_names(model: nn.Module) -> list[str]:
@@ -55,10 +56,12 @@ class EvalResult:
     predictions: np.ndarray
 
 
-def _time_shift(batch: np.ndarray, rng: np.random.Generator, max_shift: int) -> np.ndarray:
-    """Roll each waveform by its own random offset in [-max_shift, max_shift]."""
-    shifts = rng.integers(-max_shift, max_shift + 1, size=len(batch))
-    return np.stack([np.roll(row, shift) for row, shift in zip(batch, shifts, strict=True)])
+def _sample_rate(model: nn.Module) -> int:
+    """The rate of the model's input, from its front-end (every fedspeech model starts with a LogMel)."""
+    rate = getattr(getattr(model, "frontend", None), "sample_rate", None)
+    if not isinstance(rate, int):
+        raise ValueError("the model has no front-end that tells its sample rate")
+    return rate
 
 
 def _prior(class_prior: np.ndarray | None) -> torch.Tensor:
@@ -118,8 +121,15 @@ def train_local(
     teacher: nn.Module | None = None,
     distill_weight: float = 0.0,
     temperature: float = 1.0,
+    augmentation: Augmentation = DEFAULT_AUGMENTATION,
+    noise: np.ndarray | None = None,
+    none_class: int | None = None,
 ) -> TrainResult:
-    """Train in place: Adam, cosine-decayed lr, shuffled time-shifted minibatches; deterministic per seed.
+    """Train in place: Adam, cosine-decayed lr, shuffled augmented minibatches; deterministic per seed.
+
+    Each batch is augmented (models.augment): clips placed anywhere in the window and mixed with white
+    noise or windows of noise (the background pool, (N, num_samples)) at random SNRs; with labels and a
+    none_class, background windows labelled none_class are added to it.
 
     proximal_mu > 0 adds FedProx's term mu/2 * ||w - w_start||^2, keeping the model near where it started.
     prior_weight > 0 adds prior_weight * KL(q || class_prior), q the batch's mean prediction (FedVMR's
@@ -139,8 +149,9 @@ def train_local(
     waveforms = np.ascontiguousarray(waveforms, dtype=np.float32)
     rng = np.random.default_rng(seed)
     optimizer = torch.optim.Adam(model.parameters(), lr=learning_rate)
-    targets = None if labels is None else torch.from_numpy(np.asarray(labels, dtype=np.int64))
-    max_shift = waveforms.shape[1] // 10
+    targets = None if labels is None else np.asarray(labels, dtype=np.int64)
+    pool = None if noise is None else np.ascontiguousarray(noise, dtype=np.float32)
+    sample_rate = _sample_rate(model)
     num_batches = max(1, len(waveforms) // batch_size)
     # decaying to zero at the end of the run settles the weights before they are sent
     schedule = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=epochs * num_batches)
@@ -154,16 +165,20 @@ def train_local(
         for batch in np.array_split(rng.permutation(len(waveforms)), num_batches):
             if should_stop is not None and should_stop():
                 raise Interrupted("stopped between two batches")
-            inputs = torch.from_numpy(_time_shift(waveforms[batch], rng, max_shift))
+            batch_targets = None if targets is None else targets[batch]
+            augmented, batch_targets = augment_batch(
+                waveforms[batch], batch_targets, rng, augmentation, sample_rate, pool, none_class
+            )
+            inputs = torch.from_numpy(augmented)
             logits = model(inputs)
             teacher_logits = None
             if distiller is not None:
                 with torch.no_grad():
                     teacher_logits = distiller(inputs)
-            batch_targets = None if targets is None else targets[batch]
-            loss, reported = _objective(logits, batch_targets, teacher_logits, distill_weight, temperature)
-            total += reported.item() * len(batch)
-            count += len(batch)
+            batch_labels = None if batch_targets is None else torch.from_numpy(batch_targets)
+            loss, reported = _objective(logits, batch_labels, teacher_logits, distill_weight, temperature)
+            total += reported.item() * len(inputs)
+            count += len(inputs)
             if prior is not None:
                 loss = loss + prior_weight * losses.class_distribution_kl(logits, prior)
             if anchor:

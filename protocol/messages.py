@@ -5,17 +5,20 @@ import math
 import re
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
+from pathlib import PurePosixPath
 from typing import Any, Literal, TypeVar
 
 import dacite
 
 from fedspeech.protocol import routes
+from fedspeech.protocol.labels import none_class
 
 SCHEMA_VERSION = 1
 MAX_MESSAGE_BYTES = 64 * 1024
 DEVICE_ID = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}\Z")  # not "." or "..": it names a folder
 NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}\Z")  # task names and labels: also safe as folder names
 MAX_LABELS = 64
+MAX_NEGATIVES, MAX_NEGATIVE_CHARS = 16, 100  # a task's negatives: paths inside a device's data folder
 MAX_CONFIG = 16  # training settings a task may carry
 MAX_COUNT = 10**9  # bound on any count a device reports
 SAMPLE_RATES = (4_000, 48_000)
@@ -56,12 +59,17 @@ class ModelSpec:
 
 @dataclass(frozen=True)
 class TaskDefinition:
-    """What a fleet learns: the labels (also the names of a device's data folders), rate and clip length."""
+    """What a fleet learns: the labels (also the names of a device's data folders), rate and clip length.
+
+    negatives are folders (or single clips) inside each device's data folder whose clips train the task's
+    none class (protocol.labels.none_class).
+    """
 
     name: str
     labels: list[str]
     sample_rate: int
     clip_seconds: float
+    negatives: list[str] = field(default_factory=list)
 
     @property
     def num_samples(self) -> int:
@@ -294,6 +302,24 @@ def check_definition(definition: TaskDefinition) -> None:
     if not (math.isfinite(seconds) and MIN_CLIP_SECONDS <= seconds <= MAX_CLIP_SECONDS):
         limits = f"{MIN_CLIP_SECONDS} and {MAX_CLIP_SECONDS}"
         raise ProtocolError(f"clip_seconds: must be between {limits}, got {seconds}")
+    _check_negatives(definition.negatives, labels)
+
+
+def _check_negatives(negatives: list[str], labels: list[str]) -> None:
+    """ProtocolError unless each negative is a short relative path inside a data folder, not a label's."""
+    if len(negatives) > MAX_NEGATIVES:
+        raise ProtocolError(f"negatives: at most {MAX_NEGATIVES}, got {len(negatives)}")
+    if negatives and none_class(labels) is None:
+        raise ProtocolError("negatives: they train a none class, and the labels have no _none_ or _silence_")
+    for negative in negatives:
+        path = PurePosixPath(negative)
+        if not (0 < len(negative) <= MAX_NEGATIVE_CHARS and negative.isprintable()):
+            limit = f"1 to {MAX_NEGATIVE_CHARS} printable characters"
+            raise ProtocolError(f"negatives: {negative[:40]!r} must be {limit}")
+        if path.is_absolute() or ".." in path.parts or not path.parts:
+            raise ProtocolError(f"negatives: {negative!r} must be a path inside the data folder, no '..'")
+        if path.parts[0] in labels:
+            raise ProtocolError(f"negatives: {negative!r} is in the folder of label {path.parts[0]!r}")
 
 
 def _check_size(ref: BlobRef, kind: str) -> None:

@@ -8,5 +8,6 @@ TASK = "task"  # name of the task learnt ("" if none was given)
 ROUND = "round"  # round of the global model, absent for a model exported outside the rounds
 DEPTH = "depth"  # encoder blocks of a growing model, absent for others
 QUANTIZATION = "quantization"  # "int8" for a quantised copy, absent for fp32
+THRESHOLD = "threshold"  # the detection threshold calibrated on held-out clips, absent without them
 
 REQUIRED = (LABELS, SAMPLE_RATE, NUM_SAMPLES)  # what a runtime needs to feed the model and name its outputs

@@ -276,29 +276,55 @@ class TrainedModel:
 
 @pytest.fixture(scope="session")
 def fsdd_model(tmp_path_factory) -> TrainedModel:
-    """Trained once per test session (about 20 s on one core)."""
+    """Trained once per test session as devices train, with the bundled negatives (~40 s on one core)."""
     import numpy as np
     import torch
 
     from fedspeech.export.onnx_export import export_onnx
     from fedspeech.models import build_model
-    from fedspeech.models.datasets import default_spec, load_corpus, load_waveforms, server_test_clips
+    from fedspeech.models.calibration import calibrate_threshold
+    from fedspeech.models.datasets import (
+        bundled_data_dir,
+        default_spec,
+        load_corpus,
+        load_waveforms,
+        load_windows,
+        server_test_clips,
+    )
     from fedspeech.models.train import train_local
+    from fedspeech.protocol.labels import is_word, none_class
 
     torch.set_num_threads(1)
     torch.manual_seed(0)
     corpus = load_corpus("fsdd")
     spec = default_spec(corpus)
-    waveforms, labels = load_waveforms(
+    labels = corpus.task.labels
+    waveforms, targets = load_waveforms(
         [c for c in corpus.clips if not c.test], spec.sample_rate, spec.num_samples
     )
+    negatives = sorted((bundled_data_dir() / corpus.task.negatives[0]).glob("*.flac"))
+    noise = np.concatenate([load_windows(f, spec.sample_rate, spec.num_samples, 1) for f in negatives])
+    none = none_class(labels)
     model = build_model(spec)
-    train_local(model, waveforms, labels, epochs=6, batch_size=32, learning_rate=3e-3)
-    folder = tmp_path_factory.mktemp("fsdd-model")
-    path = export_onnx(model, spec, corpus.labels, folder / "model.onnx", round=1, task="fsdd")
+    train_local(
+        model,
+        np.concatenate([waveforms, noise]),
+        np.concatenate([targets, np.full(len(noise), none)]),
+        epochs=6,
+        batch_size=32,
+        learning_rate=3e-3,
+        noise=noise,
+        none_class=none,
+    )
     heldout = load_waveforms(server_test_clips(corpus), spec.sample_rate, spec.num_samples)
+    with torch.no_grad():  # the threshold calibrated on the held-out clips, as the coordinator's exports
+        probabilities = torch.softmax(model.eval()(torch.from_numpy(heldout[0])), dim=1).numpy()
+    words = [i for i, label in enumerate(labels) if is_word(label)]
+    threshold = calibrate_threshold(probabilities, heldout[1], words)
+    folder = tmp_path_factory.mktemp("fsdd-model")
+    path = export_onnx(model, spec, labels, folder / "model.onnx", round=1, task="fsdd", threshold=threshold)
     calibration = waveforms[np.random.default_rng(0).choice(len(waveforms), 300, replace=False)]
-    return TrainedModel(model.eval(), spec, list(corpus.labels), path, heldout, calibration)
+    return TrainedModel(model.eval(), spec, list(labels), path, heldout, calibration)
 
 
 @pytest.fixture
@@ -328,3 +354,19 @@ def virtual_microphone(tmp_path, monkeypatch):
     finally:
         server.terminate()
         server.wait(timeout=10)
+
+
+def with_metadata(source: Path, out: Path, labels: list[str] | None = None, **changes: str | None) -> Path:
+    """A copy of an ONNX file with some metadata changed (None: removed): same graph, same weights."""
+    import json
+
+    import onnx
+
+    proto = onnx.load(source)
+    metadata = {prop.key: prop.value for prop in proto.metadata_props} | changes
+    if labels is not None:
+        metadata["labels"] = json.dumps(labels)
+    del proto.metadata_props[:]
+    onnx.helper.set_model_props(proto, {key: value for key, value in metadata.items() if value is not None})
+    onnx.save(proto, out)
+    return out

@@ -148,7 +148,8 @@ def test_audio_errors(tmp_path):
 def test_load_waveforms_and_default_spec(fsdd):
     clips = client_clips(fsdd, "lucas")[1][:12]
     spec = default_spec(fsdd)
-    assert (spec.name, spec.sample_rate, spec.num_samples, spec.num_classes) == ("cnn", 8000, 8000, 10)
+    # the digits and _none_
+    assert (spec.name, spec.sample_rate, spec.num_samples, spec.num_classes) == ("cnn", 8000, 8000, 11)
     waveforms, labels = load_waveforms(clips, spec.sample_rate, spec.num_samples)
     assert waveforms.shape == (12, 8000) and waveforms.dtype == np.float32
     assert labels.dtype == np.int64 and labels.tolist() == [clip.label for clip in clips]

@@ -49,7 +49,7 @@ SPEAKER = "jackson"
 MAX_SAMPLES = 40
 BLOB_PATH = "/api/models/0/weights"
 UPLOAD_PATH = "/api/rounds/1/updates"
-SPEC = ModelSpec("cnn", sample_rate=8000, num_samples=8000, num_classes=10)
+SPEC = ModelSpec("cnn", sample_rate=8000, num_samples=8000, num_classes=11)  # the digits and _none_
 FSDD = BUILTIN_TASKS["fsdd"]
 
 pytestmark = pytest.mark.timeout(60)
@@ -244,7 +244,7 @@ def make_announcement(
     return ModelAnnouncement(
         round=round,
         spec=SPEC,
-        labels=[str(i) for i in range(10)],
+        labels=list(FSDD.labels),
         weights=BlobRef(f"/api/models/{round}/weights", weights.sha256(blob), len(blob)),
         onnx=BlobRef(path, sha256 or weights.sha256(onnx), len(onnx)),
     )
@@ -415,8 +415,8 @@ def test_a_deeper_model_in_a_task_is_built_and_trained(fleet: Fleet) -> None:
     from fedspeech.models.growth import grow
     from fedspeech.models.train import get_arrays
 
-    shallow = ModelSpec("transformer", 8000, 8000, 10, depth=1)
-    deep = ModelSpec("transformer", 8000, 8000, 10, depth=2)
+    shallow = ModelSpec("transformer", 8000, 8000, 11, depth=1)
+    deep = ModelSpec("transformer", 8000, 8000, 11, depth=2)
     coordinator = fleet.coordinator
     coordinator.blob = weights.encode(get_arrays(build_model(shallow)))
     with running_daemon(fleet):
@@ -578,7 +578,7 @@ def test_evaluation_task_reports_counts_of_the_test_split(fleet: Fleet) -> None:
     report = messages.decode(upload.body, EvaluationReport)
     confusion = np.array(report.confusion)
     # FSDD's own split: takes 0-4 of each digit are the speaker's 50 test clips, 5 per digit
-    assert confusion.shape == (10, 10) and confusion.sum(axis=1).tolist() == [5] * 10
+    assert confusion.shape == (11, 11) and confusion.sum(axis=1).tolist() == [5] * 10 + [0], "no _none_ tests"
     assert report.loss_sum > 0 and report.task_id == "eval-1"
     assert b"jackson" not in upload.body and b".flac" not in upload.body
 

@@ -121,7 +121,7 @@ def test_rounds_over_a_real_broker(broker, request, tmp_path, topic_root, proces
         onnx = service.store.model_path(ROUNDS, "onnx").read_bytes()
         assert announced.onnx.sha256 == weights.sha256(onnx)
         assert announced.metrics["accuracy"] == pytest.approx(rounds[-1].accuracy)
-        assert json.loads(json.dumps(announced.labels)) == [str(d) for d in range(10)]
+        assert json.loads(json.dumps(announced.labels)) == [*(str(d) for d in range(10)), "_none_"]
         processes.stop_all()
     assert all(p.returncode == 0 for p in clients), "devices shut down cleanly on SIGTERM"
 

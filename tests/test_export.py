@@ -46,7 +46,7 @@ def exported(fsdd, tmp_path_factory):
     train_local(model, waveforms, labels, epochs=2, batch_size=32, learning_rate=2e-3)
     model.train()  # export must not leave the model in eval mode
     path = tmp_path_factory.mktemp("onnx") / "model.onnx"
-    path = export_onnx(model, spec, corpus.labels, path, round=3, task="fsdd")
+    path = export_onnx(model, spec, corpus.task.labels, path, round=3, task="fsdd")
     assert model.training
     return model, path
 
@@ -64,11 +64,11 @@ def test_metadata_and_file(fsdd, exported):
     corpus, _, _, _ = fsdd
     _, path = exported
     runtime = OnnxModel(path)
-    assert runtime.labels == list(corpus.labels)
+    assert runtime.labels == list(corpus.task.labels)
     assert (runtime.sample_rate, runtime.num_samples) == (8000, 8000)
     assert runtime.metadata["round"] == "3" and runtime.metadata["task"] == "fsdd"
     assert runtime.metadata["model"] == "cnn"
-    assert json.loads(runtime.metadata["labels"]) == list(corpus.labels)
+    assert json.loads(runtime.metadata["labels"]) == list(corpus.task.labels)
     assert os.listdir(path.parent) == ["model.onnx"]  # no temporary file left behind
     graph = onnx.load(path).graph
     assert [value.name for value in graph.input] == ["waveform"]
@@ -81,7 +81,7 @@ def test_dynamic_batch_and_bytes(fsdd, exported):
     runtime = OnnxModel(path.read_bytes())
     single = runtime.predict(waveforms[:1])
     batch = runtime.predict(waveforms[:7])
-    assert single.shape == (1, 10) and batch.shape == (7, 10)
+    assert single.shape == (1, 11) and batch.shape == (7, 11)
     np.testing.assert_allclose(batch.sum(axis=1), 1.0, atol=1e-5)
     np.testing.assert_allclose(batch[:1], single, atol=1e-6)
     with pytest.raises(ValueError, match="8000"):
@@ -103,7 +103,7 @@ def test_update_weights_matches_fresh_export(fsdd, exported, tmp_path):
     torch.manual_seed(1)
     other = build_model(spec)
     train_local(other, waveforms, labels, epochs=1, batch_size=32, learning_rate=2e-3, seed=7)
-    fresh = export_onnx(other, spec, corpus.labels, tmp_path / "fresh.onnx", round=4, task="fsdd")
+    fresh = export_onnx(other, spec, corpus.task.labels, tmp_path / "fresh.onnx", round=4, task="fsdd")
     updated = update_onnx_weights(template, get_arrays(other), tmp_path / "updated.onnx", round=4)
     expected = OnnxModel(fresh).predict(test_waveforms)
     assert not np.allclose(expected, OnnxModel(template).predict(test_waveforms), atol=1e-3)
@@ -130,7 +130,7 @@ def test_runtime_never_imports_torch(exported):
         "import fedspeech.export\n"
         "from fedspeech.edge_client.onnx_model import OnnxModel\n"
         f"model = OnnxModel({str(path)!r})\n"
-        "assert model.predict(np.zeros((2, model.num_samples), np.float32)).shape == (2, 10)\n"
+        "assert model.predict(np.zeros((2, model.num_samples), np.float32)).shape == (2, 11)\n"
         "assert 'torch' not in sys.modules, 'torch was imported'\n"
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
@@ -145,7 +145,8 @@ def exported_bn(fsdd, tmp_path_factory):
     torch.manual_seed(0)
     model = build_model(spec)
     train_local(model, waveforms, labels, epochs=1, batch_size=8, learning_rate=2e-3)
-    path = export_onnx(model, spec, corpus.labels, tmp_path_factory.mktemp("onnx-bn") / "model.onnx", round=1)
+    folder = tmp_path_factory.mktemp("onnx-bn")
+    path = export_onnx(model, spec, corpus.task.labels, folder / "model.onnx", round=1)
     return model, path
 
 

@@ -9,8 +9,9 @@ import torch
 from torch import nn
 
 from fedspeech.models import build_model
+from fedspeech.models.augment import DEFAULT_AUGMENTATION, NO_AUGMENTATION, augment_batch
 from fedspeech.models.losses import class_distribution_kl, distillation_loss, predicted_counts
-from fedspeech.models.train import _time_shift, get_arrays, set_arrays, train_local
+from fedspeech.models.train import get_arrays, set_arrays, train_local
 from fedspeech.protocol.messages import ModelSpec
 
 TINY = ModelSpec("cnn", 8000, 2000, 3)  # 0.25 s clips at 8 kHz, three classes
@@ -153,13 +154,13 @@ def _reference_train(model, waveforms, labels, *, epochs, batch_size, learning_r
     rng = np.random.default_rng(seed)
     optimizer = torch.optim.Adam(model.parameters(), lr=learning_rate)
     targets = torch.from_numpy(np.asarray(labels, dtype=np.int64))
-    max_shift = waveforms.shape[1] // 10
     num_batches = max(1, len(waveforms) // batch_size)
     schedule = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=epochs * num_batches)
     model.train()
     for _ in range(epochs):
         for batch in np.array_split(rng.permutation(len(waveforms)), num_batches):
-            inputs = torch.from_numpy(_time_shift(waveforms[batch], rng, max_shift))
+            augmented, _ = augment_batch(waveforms[batch], labels[batch], rng, DEFAULT_AUGMENTATION, 8000)
+            inputs = torch.from_numpy(augmented)
             loss = nn.functional.cross_entropy(model(inputs), targets[batch])
             optimizer.zero_grad()
             loss.backward()
@@ -214,7 +215,7 @@ def test_class_prior_pulls_predictions_toward_it():
 
 
 def test_reported_loss_is_the_cross_entropy_alone():
-    # constant clips are unchanged by the random time shift; one batch, one step: the loss is the start's
+    # clips not augmented; one batch, one step: the loss is the start's
     waveforms = np.repeat(np.linspace(-0.5, 0.5, 6, dtype=np.float32)[:, None], TINY.num_samples, axis=1)
     labels = np.array([0, 1, 2, 0, 1, 2])
     torch.manual_seed(0)
@@ -226,6 +227,7 @@ def test_reported_loss_is_the_cross_entropy_alone():
         expected_ce = nn.functional.cross_entropy(logits, torch.from_numpy(labels)).item()
         expected_distill = distillation_loss(logits, teacher(torch.from_numpy(waveforms)), 2.0).item()
     kwargs: dict[str, Any] = {"epochs": 1, "batch_size": 6, "learning_rate": 1e-3}
+    kwargs["augmentation"] = NO_AUGMENTATION
     regularised = train_local(
         model, waveforms, labels, **kwargs, class_prior=np.array([0.1, 0.1, 0.8]), prior_weight=5.0,
         teacher=teacher, distill_weight=2.0, temperature=2.0,

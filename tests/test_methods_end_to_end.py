@@ -91,7 +91,7 @@ def test_grouped_sequential_relays_the_model(tmp_path, processes, mosquitto_url,
 def test_class_prior_pools_predicted_counts(tmp_path, processes, mosquitto_url, topic_root, caplog):
     service = _run(tmp_path, processes, mosquitto_url, topic_root, {"STRATEGY": "class_prior"}, caplog)
     prior = service.orchestrator.strategy.prior
-    assert prior is not None and len(prior) == 10 and abs(sum(prior) - 1) < 1e-9
+    assert prior is not None and len(prior) == 11 and abs(sum(prior) - 1) < 1e-9
 
 
 def test_mkd_sends_the_server_model(tmp_path, processes, mosquitto_url, topic_root, caplog):

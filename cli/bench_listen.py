@@ -1,0 +1,456 @@
+"""`fedspeech bench listen`: how well `fedspeech listen` hears words from speakers it never trained on.
+
+The stream: the test takes of every FSDD speaker (300 clips, never trained on), shuffled with --seed and
+joined with --pause-s of silence, with that pause before the first word and after the last, each read as
+`fedspeech listen` reads a file, at the model's sample rate, and brought to one level (WORD_RMS): FSDD's
+speakers were recorded up to 19 dB apart, and a stream-wide SNR would put the quietest at -9 dB when the
+stream is at 10 dB. It is heard in five conditions: clean; white noise at 20 and 10 dB SNR; real
+background noise at 20 and 10 dB SNR. The SNR is 10 log10(P_speech / P_noise), P_speech the mean power of
+the words' samples (pauses excluded, and so each word's) and the noise added over the whole stream. Then
+noise alone: --noise-minutes of white and of real noise, each at its level in the 10 dB condition, where
+every detection is a false one.
+
+Real noise is the Speech Commands test set's `_silence_` clips that do not train the models: the odd ones
+in sorted name order (the even ones are the bundled data/_background_noise_, which training mixes in),
+each brought to one level (those under -60 dBFS, near digital silence, left out), concatenated in a
+shuffled order and looped to length. Without --data-dir those conditions are skipped.
+
+Every stream is written as a WAV file and heard by `run_listen`, the code `fedspeech listen --input` runs,
+with the listener's own settings (--threshold overrides its threshold). The words it detects, in time
+order, are aligned with the words spoken (word_alignment): detected in order = hits / words; wrong or
+extra = substitutions + insertions; misses = deletions.
+"""
+
+import argparse
+import io
+import json
+import shlex
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import soundfile
+
+from fedspeech.edge_client.audio_file import read_audio
+from fedspeech.edge_client.onnx_model import ModelError, load_model
+from fedspeech.edge_client.streaming import Detection
+from fedspeech.listen import ListenConfig, ListenError, run_listen
+from fedspeech.models.datasets import AudioError, Clip, bundled_data_dir, load_corpus, server_test_clips
+from fedspeech.models.tasks import BACKGROUND_NOISE
+from fedspeech.protocol.labels import is_word
+from fedspeech.word_alignment import Alignment, align
+
+DEFAULT_MODEL = Path("fedspeech-demo/model.onnx")
+SNRS_DB = (20.0, 10.0)
+NOISE_ALONE_SNR_DB = 10.0  # noise alone is played at its level in this condition
+MAX_NOISE_MINUTES = 60.0
+WORD_RMS = 0.05  # every word's level in the streams, -26 dBFS
+QUIET_NOISE_RMS = 1e-3  # real noise clips under -60 dBFS are left out
+
+
+@dataclass(frozen=True)
+class ListenBenchConfig:
+    """What `bench listen` runs."""
+
+    models: dict[str, Path]  # name -> ONNX file
+    out: Path = Path("fedspeech-bench-listen")
+    data_dir: Path | None = None  # holds speech_commands_test/_silence_ for real noise; None: skip it
+    seed: int = 0
+    pause_s: float = 0.6
+    noise_minutes: float = 5.0
+    threshold: float | None = None  # None: the listener's default
+    words: int | None = None  # the first N words of the shuffled stream; None: all
+    keep_audio: bool = False
+    command: str = ""  # the command line, for the report
+
+
+@dataclass(frozen=True)
+class Word:
+    """A spoken word in a stream: its label and samples [start, end)."""
+
+    label: str
+    start: int
+    end: int
+
+
+@dataclass(frozen=True)
+class Stream:
+    """Audio at sample_rate and the words spoken in it, in order."""
+
+    audio: np.ndarray
+    sample_rate: int
+    words: list[Word]
+
+    @property
+    def minutes(self) -> float:
+        """Its length in minutes."""
+        return len(self.audio) / self.sample_rate / 60
+
+
+@dataclass(frozen=True)
+class Result:
+    """One model in one condition: the words spoken, what it detected and how they align."""
+
+    condition: str
+    words: int
+    minutes: float
+    alignment: Alignment
+    detections: list[Detection]
+    seconds: float  # wall time to hear it
+
+    @property
+    def false_per_minute(self) -> float | None:
+        """Detections per minute of noise alone; None when words were spoken."""
+        return self.alignment.insertions / self.minutes if self.words == 0 else None
+
+
+def build_stream(
+    clips: Sequence[Clip],
+    labels: Sequence[str],
+    sample_rate: int,
+    pause_s: float,
+    seed: int,
+    words: int | None = None,
+) -> Stream:
+    """The clips in a seeded shuffled order (the first `words` of them), pause_s of silence around each."""
+    order = np.random.default_rng(seed).permutation(len(clips))[:words]
+    pause = np.zeros(round(pause_s * sample_rate), dtype=np.float32)
+    parts, spoken, position = [pause], [], len(pause)
+    for i in order:
+        audio = at_level(read_audio(clips[i].path, sample_rate), WORD_RMS)
+        spoken.append(Word(labels[clips[i].label], position, position + len(audio)))
+        parts += [audio, pause]
+        position += len(audio) + len(pause)
+    return Stream(np.concatenate(parts), sample_rate, spoken)
+
+
+def rms(audio: np.ndarray) -> float:
+    """Root mean square of the samples."""
+    return float(np.sqrt(np.mean(np.square(audio, dtype=np.float64))))
+
+
+def at_level(audio: np.ndarray, level: float) -> np.ndarray:
+    """The audio scaled to this RMS."""
+    return (audio * (level / rms(audio))).astype(np.float32)
+
+
+def speech_power(stream: Stream) -> float:
+    """The mean power of the words' samples, pauses excluded."""
+    samples = np.concatenate([stream.audio[w.start : w.end] for w in stream.words])
+    return float(np.mean(np.square(samples, dtype=np.float64)))
+
+
+def with_noise(stream: Stream, noise: np.ndarray, snr_db: float) -> Stream:
+    """The stream with the noise (as long as it) added at snr_db below the speech."""
+    level = speech_power(stream) / 10 ** (snr_db / 10)
+    return replace(stream, audio=stream.audio + at_level(noise, np.sqrt(level)))
+
+
+def white_noise(num_samples: int, seed: int) -> np.ndarray:
+    """Gaussian white noise of unit power."""
+    return np.random.default_rng(seed).standard_normal(num_samples).astype(np.float32)
+
+
+def real_noise_paths(data_dir: Path, bundled: Path) -> list[Path]:
+    """Speech Commands' test `_silence_` clips at odd places in name order; ValueError if one is bundled."""
+    folder = data_dir / "speech_commands_test" / "_silence_"
+    paths = sorted(folder.glob("*.flac"), key=lambda p: p.name)
+    if len(paths) < 2:
+        raise FileNotFoundError(f"real noise: fewer than 2 .flac files in {folder}")
+    held_out = paths[1::2]
+    if bundled.is_dir():
+        shared = sorted({p.name for p in held_out} & {p.name for p in bundled.iterdir()})
+        if shared:
+            raise ValueError(f"real noise: {len(shared)} clips ({shared[0]}, ...) are also in {bundled}")
+    return held_out
+
+
+def real_noise(paths: Sequence[Path], sample_rate: int, num_samples: int, seed: int) -> np.ndarray:
+    """The clips at sample_rate, concatenated in a seeded shuffled order and looped to num_samples."""
+    order = np.random.default_rng(seed).permutation(len(paths))
+    clips = [read_audio(paths[i], sample_rate) for i in order]
+    noise = np.concatenate([at_level(clip, 1.0) for clip in clips if rms(clip) >= QUIET_NOISE_RMS])
+    return np.resize(noise, num_samples)
+
+
+def hear(model: Path, stream: Stream, wav: Path, threshold: float | None) -> list[Detection]:
+    """The words `fedspeech listen --input` detects in the stream, written to wav first."""
+    soundfile.write(wav, stream.audio, stream.sample_rate, subtype="FLOAT")  # no clipping, no rounding
+    config = ListenConfig(model=model, input=wav)
+    if threshold is not None:
+        config.detector = replace(config.detector, threshold=threshold)
+    return [d for d in run_listen(config, out=io.StringIO()) if is_word(d.label)]
+
+
+def score(condition: str, stream: Stream, detections: list[Detection], seconds: float) -> Result:
+    """Align the detections, in time order, with the words spoken."""
+    detected = [d.label for d in sorted(detections, key=lambda d: d.time_s)]
+    alignment = align([w.label for w in stream.words], detected)
+    return Result(condition, len(stream.words), stream.minutes, alignment, detections, seconds)
+
+
+def conditions(
+    stream: Stream, cfg: ListenBenchConfig, noise_paths: list[Path] | None
+) -> list[tuple[str, Stream]]:
+    """The stream clean and in noise, then noise alone, each named."""
+    n, rate = len(stream.audio), stream.sample_rate
+    alone = round(cfg.noise_minutes * 60 * rate)
+    alone_level = speech_power(stream) / 10 ** (NOISE_ALONE_SNR_DB / 10)
+    noises: dict[str, Callable[[int, int], np.ndarray]] = {"white": white_noise}  # (length, seed) -> noise
+    if noise_paths is not None:
+        noises["real"] = lambda length, seed: real_noise(noise_paths, rate, length, seed)
+    named = [("clean", stream)]
+    for kind, noise in noises.items():
+        named += [(f"{kind} {snr:g} dB", with_noise(stream, noise(n, cfg.seed), snr)) for snr in SNRS_DB]
+    for kind, noise in noises.items():
+        alone_noise = at_level(noise(alone, cfg.seed + 1), np.sqrt(alone_level))
+        named.append((f"{kind} noise alone", Stream(alone_noise, rate, [])))
+    return named
+
+
+def bench_model(
+    name: str, path: Path, cfg: ListenBenchConfig, noise_paths: list[Path] | None, audio_dir: Path
+) -> tuple[Stream, list[Result]]:
+    """Build the model's stream and hear it in every condition; print one line per condition."""
+    corpus = load_corpus("fsdd")
+    rate = load_model(path).sample_rate
+    stream = build_stream(server_test_clips(corpus), corpus.labels, rate, cfg.pause_s, cfg.seed, cfg.words)
+    results = []
+    for condition, heard in conditions(stream, cfg, noise_paths):
+        start = time.monotonic()
+        wav = audio_dir / f"{name}-{condition.replace(' ', '-')}.wav"
+        result = score(condition, heard, hear(path, heard, wav, cfg.threshold), time.monotonic() - start)
+        print(f"{name}: {condition}: {summary(result)} ({result.seconds:.1f} s)", flush=True)
+        results.append(result)
+    return stream, results
+
+
+def summary(result: Result) -> str:
+    """One line of what a result says."""
+    a = result.alignment
+    if result.words == 0:
+        return f"{a.insertions} false detections in {result.minutes:.1f} min"
+    return (
+        f"{a.hits}/{result.words} detected in order, {a.wrong_or_extra} wrong or extra, {a.deletions} missed"
+    )
+
+
+def percent(count: int, words: int) -> str:
+    """count as a percentage of words."""
+    return f"{100 * count / words:.1f}%"
+
+
+def table(name: str, path: Path, results: Sequence[Result]) -> str:
+    """One model's markdown table."""
+    lines = [
+        f"### {name} ({path})",
+        "",
+        "| condition | words | detected in order | wrong or extra | misses | false detections/min |",
+        "|---|---|---|---|---|---|",
+    ]
+    for r in results:
+        a = r.alignment
+        if r.words == 0:
+            lines.append(
+                f"| {r.condition} ({r.minutes:.1f} min) | - | - | - | - | {r.false_per_minute:.2f} |"
+            )
+        else:
+            lines.append(
+                f"| {r.condition} | {r.words} | {percent(a.hits, r.words)} ({a.hits}) "
+                f"| {a.wrong_or_extra} ({percent(a.wrong_or_extra, r.words)}) | {a.deletions} | - |"
+            )
+    return "\n".join(lines) + "\n"
+
+
+def plot(runs: dict[str, list[Result]], out: Path) -> list[Path]:
+    """Detected in order and wrong or extra (% of words) per condition with words, a bar per model."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    metrics = {
+        "detected-in-order": ("words detected in order", lambda a: a.hits),
+        "wrong-or-extra": ("wrong or extra", lambda a: a.wrong_or_extra),
+    }
+    spoken = [r.condition for r in next(iter(runs.values())) if r.words]  # the same for every model
+    x, width = np.arange(len(spoken)), 0.8 / len(runs)
+    paths = []
+    for metric, (title, count) in metrics.items():
+        fig, ax = plt.subplots(figsize=(8, 4))
+        for i, (name, results) in enumerate(runs.items()):
+            values = [100 * count(r.alignment) / r.words for r in results if r.words]
+            ax.bar(x + (i - (len(runs) - 1) / 2) * width, values, width, label=name)
+        ax.set_xticks(x, spoken)
+        ax.set_ylim(0, 100 if metric == "detected-in-order" else None)
+        ax.set(ylabel="% of words spoken", title=f"bench listen: {title}")
+        ax.grid(axis="y", alpha=0.3)
+        ax.legend()
+        path = out / f"{metric}.png"
+        fig.savefig(path, dpi=120, bbox_inches="tight")
+        plt.close(fig)
+        paths.append(path)
+    return paths
+
+
+def result_json(result: Result) -> dict[str, Any]:
+    """A result as JSON, with its detections."""
+    return {
+        "condition": result.condition,
+        "words": result.words,
+        "minutes": result.minutes,
+        **asdict(result.alignment),
+        "false_per_minute": result.false_per_minute,
+        "seconds": result.seconds,
+        "detections": [
+            {"label": d.label, "confidence": float(d.confidence), "time_s": float(d.time_s)}
+            for d in result.detections
+        ],
+    }
+
+
+def spoken_json(stream: Stream) -> list[dict[str, Any]]:
+    """The words spoken in a stream, with their start and end in seconds, as JSON."""
+    rate = stream.sample_rate
+    return [{"label": w.label, "start_s": w.start / rate, "end_s": w.end / rate} for w in stream.words]
+
+
+def check_config(cfg: ListenBenchConfig) -> None:
+    """ValueError, in one line, for options, models or noise that would only fail later."""
+    if not cfg.models:
+        raise ValueError("no model to benchmark")
+    digits = load_corpus("fsdd").labels
+    for path in cfg.models.values():
+        if not path.is_file():
+            raise ValueError(f"no model at {path}: run `fedspeech demo` first or pass --model")
+        try:
+            labels = load_model(path).labels
+        except ModelError as exc:
+            raise ValueError(str(exc)) from None
+        if not set(digits) <= set(labels):
+            raise ValueError(f"{path}: its labels {labels} are not FSDD's digits")
+    if cfg.pause_s < 0:
+        raise ValueError(f"--pause-s must not be negative, got {cfg.pause_s}")
+    if not 0 < cfg.noise_minutes <= MAX_NOISE_MINUTES:
+        raise ValueError(f"--noise-minutes must be in (0, {MAX_NOISE_MINUTES:g}], got {cfg.noise_minutes}")
+    if cfg.words is not None and cfg.words < 1:
+        raise ValueError(f"--words must be at least 1, got {cfg.words}")
+    if cfg.data_dir is not None:
+        real_noise_paths(cfg.data_dir, bundled_data_dir() / BACKGROUND_NOISE)
+
+
+def run_listen_bench(cfg: ListenBenchConfig) -> Path:
+    """Hear every model (checked: check_config) in every condition; write results.md, .json and plots."""
+    noise_paths = None
+    if cfg.data_dir is None:
+        print("real-noise conditions skipped: no --data-dir (needs DIR/speech_commands_test/_silence_)")
+    else:
+        noise_paths = real_noise_paths(cfg.data_dir, bundled_data_dir() / BACKGROUND_NOISE)
+    cfg.out.mkdir(parents=True, exist_ok=True)
+    runs: dict[str, list[Result]] = {}
+    report: dict[str, Any] = {"command": cfg.command, "config": _config_json(cfg), "models": {}}
+    with tempfile.TemporaryDirectory() as scratch:
+        audio_dir = cfg.out / "audio" if cfg.keep_audio else Path(scratch)
+        audio_dir.mkdir(exist_ok=True)
+        for name, path in cfg.models.items():
+            start = time.monotonic()
+            stream, runs[name] = bench_model(name, path, cfg, noise_paths, audio_dir)
+            seconds = time.monotonic() - start
+            print(f"{name}: whole bench in {seconds:.0f} s", flush=True)
+            report["models"][name] = {
+                "path": str(path),
+                "seconds": seconds,
+                "spoken": spoken_json(stream),
+                "results": [result_json(r) for r in runs[name]],
+            }
+    plots = plot(runs, cfg.out)
+    lines = ["# bench listen", "", f"`{cfg.command}`", ""]
+    if noise_paths is None:
+        lines += ["Real-noise conditions skipped: no --data-dir.", ""]
+    for name, path in cfg.models.items():
+        lines += [
+            table(name, path, runs[name]),
+            f"Whole bench: {report['models'][name]['seconds']:.0f} s.",
+            "",
+        ]
+    lines += [f"![{p.stem}]({p.name})" for p in plots]
+    results_md = cfg.out / "results.md"
+    results_md.write_text("\n".join(lines) + "\n")
+    (cfg.out / "results.json").write_text(json.dumps(report, indent=1))
+    print(f"results in {results_md}")
+    return results_md
+
+
+def _config_json(cfg: ListenBenchConfig) -> dict[str, Any]:
+    """The options, as JSON."""
+    fields = asdict(cfg)
+    fields["models"] = {name: str(path) for name, path in cfg.models.items()}
+    return {key: str(value) if isinstance(value, Path) else value for key, value in fields.items()}
+
+
+def parse_models(values: Sequence[str] | None) -> dict[str, Path]:
+    """--model values, PATH or NAME=PATH, as name -> path (a name is the file's stem by default)."""
+    models: dict[str, Path] = {}
+    for value in values or [str(DEFAULT_MODEL)]:
+        name, path = value.split("=", 1) if "=" in value else (Path(value).stem, value)
+        if not (name and path):
+            raise ValueError(f"--model {value!r}: expected PATH or NAME=PATH")
+        if name in models:
+            raise ValueError(f"two models named {name!r}: name them NAME=PATH")
+        models[name] = Path(path)
+    return models
+
+
+def add_parser(bench_subparsers: argparse._SubParsersAction) -> None:
+    """Add `bench listen` and its options to the `bench` subcommands."""
+    p = bench_subparsers.add_parser(
+        "listen", help="`fedspeech listen` on held-out speakers' words, clean, in noise and on noise alone"
+    )
+    p.add_argument(
+        "--model",
+        action="append",
+        metavar="[NAME=]PATH",
+        help=f"an exported model; repeatable (default {DEFAULT_MODEL}, named by its file stem)",
+    )
+    p.add_argument(
+        "--data-dir", type=Path, help="holds speech_commands_test/ for real noise (default: skip it)"
+    )
+    p.add_argument("--out", type=Path, default=Path("fedspeech-bench-listen"), help="where results go")
+    p.add_argument("--seed", type=int, default=0, help="word order and noise (default 0)")
+    p.add_argument("--pause-s", type=float, default=0.6, help="silence around each word (default 0.6)")
+    p.add_argument("--noise-minutes", type=float, default=5.0, help="of each noise alone (default 5)")
+    p.add_argument("--threshold", type=float, help="override the listener's detection threshold")
+    p.add_argument(
+        "--words", type=int, help="only the first N words of the shuffled stream (default all 300)"
+    )
+    p.add_argument("--keep-audio", action="store_true", help="keep the streams' WAV files under OUT/audio")
+    p.set_defaults(run=run_from_args)
+
+
+def run_from_args(args: argparse.Namespace) -> None:
+    """`fedspeech bench listen`: check the options, then run."""
+    try:
+        cfg = ListenBenchConfig(
+            models=parse_models(args.model),
+            out=args.out,
+            data_dir=args.data_dir,
+            seed=args.seed,
+            pause_s=args.pause_s,
+            noise_minutes=args.noise_minutes,
+            threshold=args.threshold,
+            words=args.words,
+            keep_audio=args.keep_audio,
+            command=shlex.join(["fedspeech", *sys.argv[1:]]),
+        )
+        check_config(cfg)
+    except (ValueError, FileNotFoundError) as exc:
+        raise SystemExit(f"fedspeech bench listen: {exc}") from None
+    try:
+        run_listen_bench(cfg)
+    except (ListenError, AudioError) as exc:  # a stream the listener refuses, an unreadable noise clip
+        raise SystemExit(f"fedspeech bench listen: {exc}") from None
