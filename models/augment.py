@@ -21,7 +21,7 @@ class Augmentation:
 
     place_speech: bool = True  # roll each clip so that its spoken part lands anywhere in the window
     speech_threshold: float = 0.1  # a frame is spoken above this fraction of the loudest frame's RMS
-    noise_probability: float = 0.5  # share of clips that get noise added
+    noise_probability: float = 0.8  # share of clips that get noise added
     snr_db: tuple[float, float] = (5.0, 30.0)  # SNR range, measured on the clip's spoken part
     white_share: float = 0.5  # share of noise and background windows that are white
     background_share: float = 0.1  # background windows per clip in a batch, labelled as the none class
