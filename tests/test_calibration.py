@@ -22,33 +22,43 @@ def rows(winning: list[float], labels: list[int], right: bool = True, classes: i
     return probabilities
 
 
-def test_threshold_accepts_98_percent_of_the_right_word_clips():
-    rng = np.random.default_rng(0)
-    winning = list(rng.uniform(0.5, 1.0, 100))
-    winning[17], winning[30], winning[45] = 0.4, 0.45, 0.47  # the three lowest
-    labels = [i % 2 for i in range(100)]
+def test_threshold_takes_the_most_right_decisions_less_wrong_ones_and_is_the_lowest_such():
+    # right word decisions at 0.5 ... 0.95, wrong ones at 0.45, 0.6 and 0.9, and "no word" clips
+    right = [0.5, 0.55, 0.62, 0.7, 0.8, 0.85, 0.92, 0.95]
     probabilities = np.concatenate(
         [
-            rows(winning, labels),
-            rows([0.9, 0.8], [0, 1], right=False),  # wrong: not accepted, whatever their probability
-            rows([0.35, 0.36], [2, 2]),  # "no word" clips, right but not words
+            rows(right, [i % 2 for i in range(len(right))]),
+            rows([0.45, 0.6, 0.9], [0, 0, 0], right=False),  # wrong words heard: 1 for 0
+            rows([0.99, 0.98], [2, 2]),  # "no word", right: no decision, whatever their probability
+            rows([0.97], [1], right=False),  # a word heard as "no word": no decision
         ]
     )
-    all_labels = np.array(labels + [0, 1, 2, 2])
-    # 100 right word clips: 2 may fall below the threshold, so it is the third lowest
-    assert calibrate_threshold(probabilities, all_labels, WORDS) == pytest.approx(0.47)
-    # 50 of them: 1 may fall below it
-    assert calibrate_threshold(probabilities[:50], all_labels[:50], WORDS) == pytest.approx(0.45)
+    labels = np.array([i % 2 for i in range(len(right))] + [0, 0, 0, 2, 2, 1])
+    # by hand, right taken less wrong taken: from 0.3 (the lowest allowed): 8 - 3 = 5; just above 0.45:
+    # 8 - 2 = 6; at 0.5: 6; at 0.55: 7 - 2 = 5; just above 0.6: 6 - 1 = 5; ... just above 0.9: 2 - 0 = 2.
+    # The most is 6, and the lowest threshold giving it is just above 0.45.
+    threshold = calibrate_threshold(probabilities, labels, WORDS)
+    assert threshold == pytest.approx(0.45) and threshold > 0.45
+    # without the two lowest right ones: 6 - 3 = 3 from 0.3, 6 - 2 = 4 above 0.45, 6 - 1 = 5 above 0.6 and
+    # at 0.62, then less: just above the wrong decision at 0.6
+    threshold = calibrate_threshold(probabilities[2:], labels[2:], WORDS)
+    assert threshold == pytest.approx(0.6) and threshold > 0.6
+    # no wrong decision: every right one is taken, down to the lowest threshold allowed
+    assert calibrate_threshold(probabilities[:8], labels[:8], WORDS) == LOWEST
 
 
 def test_threshold_is_clamped():
     labels = np.array([0, 1] * 25)
     confident = rows([0.999] * 50, list(labels))
-    assert calibrate_threshold(confident, labels, WORDS) == HIGHEST
+    wrong_but_sure = rows([0.97] * 3, [0] * 3, right=False)  # best just above 0.97: clamped
+    both = np.concatenate([confident, wrong_but_sure])
+    assert calibrate_threshold(both, np.append(labels, [0] * 3), WORDS) == HIGHEST
     unsure = rows([0.28] * 50, list(labels), classes=4)
     assert calibrate_threshold(unsure, labels, WORDS) == LOWEST
-    nothing_right = rows([0.9] * 50, list(labels), right=False)
-    assert calibrate_threshold(nothing_right, labels, WORDS) == HIGHEST
+    nothing_right = rows([0.9] * 50, list(labels), right=False)  # every word decision is rejected
+    assert 0.9 < calibrate_threshold(nothing_right, labels, WORDS) == pytest.approx(0.9)
+    no_word = rows([0.9] * 2, [2, 2])
+    assert calibrate_threshold(no_word, np.array([2, 2]), WORDS) == HIGHEST
     with pytest.raises(ValueError, match="do not match"):
         calibrate_threshold(confident, labels[:10], WORDS)
 
