@@ -400,14 +400,14 @@ def test_the_keeper_without_kept_layers_writes_the_global_model(state: Path, tmp
 
 
 def test_the_daemon_distils_keeps_its_norm_and_personalises_its_model(tmp_path: Path) -> None:
-    from test_edge_client import CoordinatorDouble, fleet_of, running_daemon, wait_until
+    from test_edge_client import FSDD, CoordinatorDouble, fleet_of, running_daemon, wait_until
     from test_edge_client import make_task as edge_task
 
     from fedspeech.export.onnx_export import PREFIX, export_onnx
     from fedspeech.models import build_model
     from fedspeech.models.train import set_arrays
 
-    spec = ModelSpec("cnn_bn", sample_rate=8000, num_samples=8000, num_classes=10)  # FSDD's 1 s clips
+    spec = ModelSpec("cnn_bn", sample_rate=8000, num_samples=8000, num_classes=len(FSDD.labels))  # 1 s
     start, teacher = fresh(spec), weights.encode(fresh(spec, seed=5))
     coordinator = CoordinatorDouble(weights.encode(start), files={TEACHER.path: teacher})
     models = tmp_path / "models"
@@ -428,7 +428,7 @@ def test_the_daemon_distils_keeps_its_norm_and_personalises_its_model(tmp_path: 
 
         model = build_model(spec)
         set_arrays(model, start)
-        global_onnx = export_onnx(model, spec, LABELS, tmp_path / "global.onnx", round=1)
+        global_onnx = export_onnx(model, spec, FSDD.labels, tmp_path / "global.onnx", round=1)
         fleet.announce(1, global_onnx.read_bytes())
         wait_until(lambda: (models / KEPT_MODEL).exists(), timeout=30)
     personal = initializers(models / KEPT_MODEL)
