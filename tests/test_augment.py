@@ -162,6 +162,9 @@ def test_a_batch_gets_background_windows_labelled_as_the_none_class(clips, pool)
     # no label to give them: without labels (distillation) or without a none class
     assert augment_batch(waveforms, None, rng, always, RATE, pool, 10)[0].shape == (32, RATE)
     assert augment_batch(waveforms, labels, rng, always, RATE, pool, None)[0].shape == (32, RATE)
+    # nor without negatives to widen: the none class then learns from its own clips alone
+    assert augment_batch(waveforms, labels, rng, always, RATE, pool[:0], 10)[0].shape == (32, RATE)
+    assert augment_batch(waveforms, labels, rng, always, RATE, None, 10)[0].shape == (32, RATE)
 
 
 def test_augmentation_is_deterministic_per_seed(clips, pool):

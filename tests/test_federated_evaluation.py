@@ -73,7 +73,8 @@ def test_bad_reports_are_rejected_and_a_good_one_is_pooled(coordinator, caplog):
         evaluate.upload_path == "/api/rounds/1/evaluations"
         and evaluate.weights.path == "/api/models/1/weights"
     )
-    confusion = np.eye(10, dtype=int) * 4
+    confusion = np.eye(11, dtype=int) * 4  # the digits and _none_
+    confusion[10, 10] = 0  # no clip of the none class
     confusion[3, 5] = 2  # 40 of 42 right
     good = messages.encode(EvaluationReport(evaluate.task_id, 1, confusion.tolist(), 8.4))
     auth = {"Authorization": f"Bearer {token}"}
@@ -88,7 +89,7 @@ def test_bad_reports_are_rejected_and_a_good_one_is_pooled(coordinator, caplog):
     assert post(b"{not json").status_code == 400
     assert post(b"{" + b" " * 200_000 + b"}").status_code == 413
     small = messages.encode(EvaluationReport(evaluate.task_id, 1, [[1, 0], [0, 1]], 0.1))
-    assert post(small).status_code == 400  # two classes: the task has ten
+    assert post(small).status_code == 400  # two classes: the task has eleven
     other = messages.encode(EvaluationReport("not-the-task", 1, confusion.tolist(), 8.4))
     assert post(other).status_code == 409
     assert post(good, round=2).status_code == 409

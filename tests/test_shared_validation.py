@@ -80,7 +80,7 @@ def test_shared_clips_are_kept_and_scored_on(app):
         ),
         (
             weights.encode(
-                {"waveforms": np.zeros((1, NUM_SAMPLES), np.float32), "labels": np.full(1, 10, np.int64)}
+                {"waveforms": np.zeros((1, NUM_SAMPLES), np.float32), "labels": np.full(1, 11, np.int64)}
             ),
             "class indices",
         ),
