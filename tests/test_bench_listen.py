@@ -7,15 +7,12 @@ import numpy as np
 import pytest
 from conftest import SHARED_DATA, needs_shared
 
-from fedspeech.bench_listen import (
-    ListenBenchConfig,
+from fedspeech.bench_listen import ListenBenchConfig, check_config, parse_models, run_listen_bench
+from fedspeech.listen_streams import (
     Stream,
     build_stream,
-    check_config,
-    parse_models,
     real_noise,
     real_noise_paths,
-    run_listen_bench,
     speech_power,
     white_noise,
     with_noise,
