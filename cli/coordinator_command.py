@@ -53,6 +53,8 @@ def run(args: argparse.Namespace) -> None:
         "EPOCHS": args.epochs,
         "BATCH_SIZE": args.batch_size,
         "LEARNING_RATE": args.lr,
+        "FINAL_LR_FRACTION": args.final_lr_fraction,
+        "SERVER_MOMENTUM": args.server_momentum,
         "STRATEGY": args.strategy,
         "K": args.k,
         "MODEL": args.model,
@@ -131,6 +133,14 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     c.add_argument("--epochs", type=int, help="local epochs per round")
     c.add_argument("--batch-size", type=int)
     c.add_argument("--lr", type=float, help="local learning rate")
+    c.add_argument(
+        "--final-lr-fraction",
+        type=float,
+        help="the last round's learning rate as a fraction of --lr, along a cosine (default 1: constant)",
+    )
+    c.add_argument(
+        "--server-momentum", type=float, help="momentum on the global model's step, FedAvgM (default 0)"
+    )
     c.add_argument("--strategy", help=f"how devices are picked and weighted: {STRATEGY_NAMES}")
     c.add_argument("--k", type=int, help="devices aggregated per round by top-K and random-K strategies")
     c.add_argument("--model", choices=MODELS, help="architecture (default cnn)")

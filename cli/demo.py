@@ -18,6 +18,11 @@ log = logging.getLogger(__name__)
 # Of the strategies that reached 0.97 on the Pi-mix fleet (`fedspeech bench strategies`), the fastest:
 # every device trains each round, the slow ones for fewer epochs, so no one waits long for a Pi 3.
 DEMO_STRATEGY = "epochs_only"
+# Each device holds one speaker's voice, and plain averaging drifts between them: a learning rate falling
+# to a tenth along a cosine and server momentum (FedAvgM) took the clip accuracy of an in-process run of
+# this fleet's data from 0.970 to 0.990 in 30 rounds.
+DEMO_FINAL_LR_FRACTION = 0.1
+DEMO_SERVER_MOMENTUM = 0.8
 
 
 @dataclass(frozen=True)
@@ -105,6 +110,8 @@ def run_demo(cfg: DemoConfig) -> dict:
         "ROUND_TIMEOUT_S": cfg.round_timeout_s,
         "STRATEGY": cfg.strategy,
         "EVAL_EVERY": cfg.eval_every,
+        "FINAL_LR_FRACTION": DEMO_FINAL_LR_FRACTION,
+        "SERVER_MOMENTUM": DEMO_SERVER_MOMENTUM,
     }
     if cfg.epochs is not None:
         config["EPOCHS"] = cfg.epochs

@@ -29,6 +29,34 @@ def fedavg(updates: Sequence[Arrays], num_samples: Sequence[int]) -> Arrays:
     return weighted_average(updates, [float(n) for n in num_samples])
 
 
+def server_momentum(
+    current: Arrays, aggregate: Arrays, velocity: Arrays | None, beta: float
+) -> tuple[Arrays, Arrays]:
+    """FedAvgM (Hsu et al. 2019): the new global model and velocity, v = beta v + (aggregate - current).
+
+    The velocity starts again when the model's arrays change, as when it grows; arrays that are not
+    floating point, such as counters, are taken from the aggregate as they are.
+    """
+    if not 0 <= beta < 1:
+        raise ValueError("momentum must be in [0, 1)")
+    moving = [
+        name
+        for name, a in aggregate.items()
+        if np.issubdtype(a.dtype, np.floating) and name in current and current[name].shape == a.shape
+    ]
+    step = {name: aggregate[name].astype(np.float64) - current[name].astype(np.float64) for name in moving}
+    if (
+        velocity is not None
+        and velocity.keys() == step.keys()
+        and all(velocity[name].shape == d.shape for name, d in step.items())
+    ):
+        step = {name: d + beta * velocity[name] for name, d in step.items()}
+    new = dict(aggregate)
+    for name, d in step.items():
+        new[name] = (current[name].astype(np.float64) + d).astype(aggregate[name].dtype)
+    return new, step
+
+
 def hardware_weighted(
     updates: Sequence[Arrays], num_samples: Sequence[int], scores: Sequence[float]
 ) -> Arrays:

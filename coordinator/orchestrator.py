@@ -11,12 +11,13 @@ from typing import Any
 
 import numpy as np
 
+from fedspeech.coordinator.aggregate import server_momentum
 from fedspeech.coordinator.chains import Chain
 from fedspeech.coordinator.errors import BadUpload, NotWanted
 from fedspeech.coordinator.evaluation_phase import EvaluationPhase
 from fedspeech.coordinator.ports import DeviceLink, ModelOps
 from fedspeech.coordinator.round_config import RoundConfig
-from fedspeech.coordinator.scheduling import depth_for_round
+from fedspeech.coordinator.scheduling import depth_for_round, learning_rate_for_round
 from fedspeech.coordinator.store import RoundRecord, StateWriteError, Store, UpdateRecord
 from fedspeech.coordinator.strategies import Result, RoundPlan, make_strategy
 from fedspeech.coordinator.update_metadata import claimed_samples, optional_number, predicted_counts
@@ -68,6 +69,7 @@ class Orchestrator:
         self._open: OpenRound | None = None
         self._server: Arrays | None = None  # mutual distillation's server model, once trained
         self._teacher: BlobRef | None = None  # where devices download it
+        self._velocity: Arrays | None = None  # server momentum's last step (a restart starts it again)
         self.evaluation = EvaluationPhase(store, link, model.spec.num_classes, config.eval_min_reports)
         self.settled_round = -1  # the last round whose model is stored and, where asked for, evaluated
         self._global: Arrays | None = None
@@ -250,6 +252,10 @@ class Orchestrator:
             self.strategy.on_round_end(round, plan, on_time, missed, [])
             return None
         new, kept = aggregated
+        if self.config.server_momentum:
+            new, self._velocity = server_momentum(
+                self._current, new, self._velocity, self.config.server_momentum
+            )
         self.strategy.on_round_end(round, plan, on_time, missed, [r.device_id for r in kept])
         kept_ids = {r.device_id for r in kept}
         if open_.chains:  # a group's result stands for every update of the group
@@ -397,7 +403,7 @@ class Orchestrator:
             new,
             epochs=self.config.epochs,
             batch_size=self.config.batch_size,
-            learning_rate=self.config.learning_rate,
+            learning_rate=self._learning_rate(round),
             temperature=self.config.distill_temperature,
             seed=self.config.seed * 100_003 + round,
         )
@@ -499,7 +505,7 @@ class Orchestrator:
                 definition=self.model.definition,
                 weights=ref,
                 batch_size=self.config.batch_size,
-                learning_rate=self.config.learning_rate,
+                learning_rate=self._learning_rate(round),
                 deadline=deadline,
                 teacher=teacher if fields.get("action", "train") == "train" else None,
                 **fields,
@@ -589,6 +595,11 @@ class Orchestrator:
         )
         self._announce(record)
         return record
+
+    def _learning_rate(self, round: int) -> float:
+        """The devices' learning rate in a round, on the schedule from LEARNING_RATE."""
+        c = self.config
+        return learning_rate_for_round(round, c.rounds, c.learning_rate, c.final_lr_fraction)
 
     def _depth(self, round: int) -> int | None:
         """The depth the schedule gives a round, None for a model that does not grow."""

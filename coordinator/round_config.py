@@ -17,6 +17,10 @@ class RoundConfig:
     epochs: int = 2
     batch_size: int = 16
     learning_rate: float = 3e-3
+    # the last round's learning rate as a fraction of the first's, reached along a cosine (1: constant)
+    final_lr_fraction: float = 1.0
+    # server momentum on the aggregate's step, FedAvgM (0: none)
+    server_momentum: float = 0.0
     seed: int = 0
     strategy: str = "fedavg"  # a name in coordinator.strategies.STRATEGIES
     k: int = 3  # devices aggregated per round by the top-K and random-K strategies
@@ -47,6 +51,8 @@ class RoundConfig:
             ("round_timeout_s", self.round_timeout_s, 1e-3, messages.MAX_TASK_SECONDS),
             ("eval_timeout_s", self.eval_timeout_s, 1e-3, messages.MAX_TASK_SECONDS),
             ("max_device_samples", self.max_device_samples, 1, messages.MAX_COUNT),
+            ("final_lr_fraction", self.final_lr_fraction, 1e-6, 1.0),
+            ("server_momentum", self.server_momentum, 0.0, 0.99),
         ]
         for name, value, low, high in bounds:
             if not low <= value <= high:  # also refuses NaN

@@ -48,3 +48,14 @@ def depth_for_round(round: int, rounds: int, max_depth: int, schedule: str, stag
             raise ValueError(f"depths must grow, each between 1 and {max_depth}: {schedule!r}")
     # the rounds split into len(depths) spans as equal as they can be, earlier spans no longer
     return depths[(round - 1) * len(depths) // rounds]
+
+
+def learning_rate_for_round(round: int, rounds: int, learning_rate: float, final_fraction: float) -> float:
+    """The devices' learning rate in a round (1-based): cosine from learning_rate to final_fraction of it.
+
+    final_fraction 1 keeps it constant. Rounds past `rounds` (a run extended) keep the final rate.
+    """
+    if rounds < 1 or round < 1 or not 0 < final_fraction <= 1:
+        raise ValueError("need round >= 1, rounds >= 1 and 0 < final_fraction <= 1")
+    progress = 0.0 if rounds == 1 else min(1.0, (round - 1) / (rounds - 1))
+    return learning_rate * (final_fraction + (1 - final_fraction) * 0.5 * (1 + math.cos(math.pi * progress)))

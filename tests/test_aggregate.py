@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from fedspeech.coordinator.aggregate import fedavg, weighted_average
+from fedspeech.coordinator.aggregate import fedavg, server_momentum, weighted_average
 
 
 def test_fedavg_weights_by_samples():
@@ -29,3 +29,20 @@ def test_bad_weights_are_refused(n, weights):
     ups = [{"w": np.zeros(2, np.float32)} for _ in range(n)]
     with pytest.raises(ValueError):
         weighted_average(ups, weights)
+
+
+def test_server_momentum_adds_the_last_step_scaled_and_starts_again_when_the_model_changes():
+    current = {"w": np.array([1.0, 1.0], np.float32), "n": np.array(5, np.int64)}
+    aggregate = {"w": np.array([2.0, 0.0], np.float32), "n": np.array(7, np.int64)}
+    new, velocity = server_momentum(current, aggregate, None, 0.5)
+    np.testing.assert_allclose(new["w"], [2.0, 0.0])  # no velocity yet: the aggregate itself
+    assert new["w"].dtype == np.float32 and new["n"] == 7 and "n" not in velocity
+    later = {"w": np.array([3.0, 0.0], np.float32), "n": new["n"]}
+    new, velocity = server_momentum(new, later, velocity, 0.5)
+    np.testing.assert_allclose(velocity["w"], [1.0 + 0.5 * 1.0, 0.0 - 0.5 * 1.0])
+    np.testing.assert_allclose(new["w"], [3.5, -0.5])
+    grown = {"w": np.zeros(3, np.float32)}  # a deeper model: the old velocity no longer fits
+    new, velocity = server_momentum(grown, {"w": np.ones(3, np.float32)}, velocity, 0.5)
+    np.testing.assert_allclose(new["w"], [1.0, 1.0, 1.0])
+    with pytest.raises(ValueError):
+        server_momentum(current, aggregate, None, 1.0)

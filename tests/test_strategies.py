@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from fedspeech.coordinator.aggregate import coordinate_median, fedavg, hardware_weighted
-from fedspeech.coordinator.scheduling import adaptive_epochs, fixed_epochs
+from fedspeech.coordinator.scheduling import adaptive_epochs, fixed_epochs, learning_rate_for_round
 from fedspeech.coordinator.selection import (
     ScoreWeights,
     hardware_scores,
@@ -155,6 +155,15 @@ def test_update_penalties():
     low = {"x": 0.015}
     assert update_penalties(low, ["x"], [])["x"] == pytest.approx(0.01)  # floored, never 0
     assert update_penalties({}, ["x"], [], factor=0.25)["x"] == pytest.approx(0.25)
+
+
+def test_learning_rate_falls_along_a_cosine_to_its_final_fraction():
+    rates = [learning_rate_for_round(r, 5, 1e-2, 0.1) for r in range(1, 7)]
+    np.testing.assert_allclose(rates, [1e-2, 8.68198e-3, 5.5e-3, 2.31802e-3, 1e-3, 1e-3], rtol=1e-5)
+    assert [learning_rate_for_round(r, 3, 2e-3, 1.0) for r in (1, 2, 3)] == [2e-3] * 3
+    assert learning_rate_for_round(1, 1, 2e-3, 0.5) == 2e-3  # one round: no schedule to follow
+    with pytest.raises(ValueError):
+        learning_rate_for_round(1, 5, 1e-2, 0.0)
 
 
 def test_adaptive_epochs_scale_with_the_score():
