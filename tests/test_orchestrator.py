@@ -162,6 +162,19 @@ def test_rounds_aggregate_weighted_by_samples(tmp_path):
     assert sorted(fleet.link.cleared) == ["a", "a", "b", "b"], "every task is withdrawn when its round closes"
 
 
+def test_tasks_carry_the_scheduled_learning_rate_and_momentum_carries_the_last_step(tmp_path):
+    fleet = Fleet(tmp_path, rounds=3, learning_rate=1e-2, final_lr_fraction=0.1, server_momentum=0.5)
+    values = {1: 1.0, 2: 2.0, 3: 3.0}  # every device's upload in each round
+    for device in ("a", "b"):
+        fleet.device(device)
+        fleet.link.responders[device] = lambda task, d=device: fleet.upload(d, task, values[task.round])
+    fleet.finish()
+    rates = [fleet.link.tasks_of(r)["a"].learning_rate for r in (1, 2, 3)]
+    assert rates == pytest.approx([1e-2, 5.5e-3, 1e-3])
+    # round 1: 0 -> 1; round 2: 1 + (1 + 0.5 x 1) = 2.5; round 3: 2.5 + (3 - 2.5) + 0.5 x 1.5 = 3.75
+    assert [r.accuracy for r in fleet.store.rounds()[1:]] == pytest.approx([1.0, 2.5, 3.75])
+
+
 def test_the_deadline_closes_a_round_with_the_results_it_has(tmp_path):
     fleet = Fleet(tmp_path, rounds=1, min_results=1)
     fleet.device("fast", value=2.0)
