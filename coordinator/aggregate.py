@@ -29,6 +29,31 @@ def fedavg(updates: Sequence[Arrays], num_samples: Sequence[int]) -> Arrays:
     return weighted_average(updates, [float(n) for n in num_samples])
 
 
+def fednova(
+    current: Arrays, updates: Sequence[Arrays], num_samples: Sequence[int], steps: Sequence[int]
+) -> Arrays:
+    """FedNova (Wang et al. 2020): changes divided by their local steps, sample-averaged, times mean steps.
+
+    Plain averaging leans towards the devices that ran more steps. Arrays that are not floating point,
+    such as counters, are the sample-weighted average.
+    """
+    if len(steps) != len(updates) or any(t < 1 for t in steps):
+        raise ValueError("need one count of at least 1 local step per update")
+    plain = fedavg(updates, num_samples)
+    p = np.asarray(num_samples, dtype=np.float64) / float(sum(num_samples))
+    tau = np.asarray(steps, dtype=np.float64)
+    effective = float(p @ tau)
+    new = dict(plain)
+    for name, a in plain.items():
+        if not np.issubdtype(a.dtype, np.floating):
+            continue
+        base = current[name].astype(np.float64)
+        changes = (u[name].astype(np.float64) - base for u in updates)
+        direction = sum(pi / ti * d for pi, ti, d in zip(p, tau, changes, strict=True))
+        new[name] = (base + effective * direction).astype(a.dtype)
+    return new
+
+
 def server_momentum(
     current: Arrays, aggregate: Arrays, velocity: Arrays | None, beta: float
 ) -> tuple[Arrays, Arrays]:

@@ -20,7 +20,12 @@ from fedspeech.coordinator.round_config import RoundConfig
 from fedspeech.coordinator.scheduling import depth_for_round, learning_rate_for_round
 from fedspeech.coordinator.store import RoundRecord, StateWriteError, Store, UpdateRecord
 from fedspeech.coordinator.strategies import Result, RoundPlan, make_strategy
-from fedspeech.coordinator.update_metadata import claimed_samples, optional_number, predicted_counts
+from fedspeech.coordinator.update_metadata import (
+    claimed_samples,
+    local_steps,
+    optional_number,
+    predicted_counts,
+)
 from fedspeech.models import depth_of
 from fedspeech.protocol import routes, weights
 from fedspeech.protocol.messages import BlobRef, ModelAnnouncement, ModelSpec, Profile, Task
@@ -129,6 +134,8 @@ class Orchestrator:
             weights.check_like(arrays, self._shared(global_))
             claimed = claimed_samples(meta)
             counts = predicted_counts(meta, self.model.spec.num_classes)
+            # no more steps than the task's epochs over the samples claimed, one sample a batch
+            steps = local_steps(meta, task.epochs * max(claimed, 1))
             record = UpdateRecord(
                 device_id=device_id,
                 num_samples=min(claimed, self._reported_samples(device_id)),
@@ -148,7 +155,7 @@ class Orchestrator:
         with self._lock:
             if self._open is not open_ or device_id in open_.updates:
                 raise NotWanted(f"round {round} closed while the update was checked")
-            result = Result(device_id, arrays, record.num_samples, predicted_counts=counts)
+            result = Result(device_id, arrays, record.num_samples, predicted_counts=counts, steps=steps)
             open_.updates[device_id] = (result, record)
             open_.bytes_up += len(body)
             self._lock.notify_all()

@@ -31,6 +31,16 @@ def claimed_samples(meta: Mapping[str, str]) -> int:
     return int(text)
 
 
+def local_steps(meta: Mapping[str, str], most: int) -> int | None:
+    """An update's optimiser steps, None if absent, within [1, most]; ValueError unless a whole number."""
+    text = meta.get("local_steps")
+    if text is None:
+        return None
+    if not _COUNT.match(text):
+        raise ValueError("local_steps must be a whole number of at most 18 digits")
+    return min(max(int(text), 1), most)
+
+
 def predicted_counts(meta: Mapping[str, str], num_classes: int) -> tuple[int, ...] | None:
     """An update's predicted class counts, None if absent; ValueError unless num_classes bounded counts."""
     text = meta.get("predicted_counts")

@@ -32,6 +32,7 @@ SETTINGS: dict[str, tuple[float, float]] = {
     "prior_weight": (0.0, 100.0),
     "distill_weight": (0.0, 100.0),
     "distill_temperature": (0.05, 100.0),
+    "time_budget_s": (0.1, float(messages.MAX_TASK_SECONDS)),
 }
 LIST_SETTINGS = ("class_prior",)  # settings that are lists of numbers
 PRIOR_TOLERANCE = 1e-6  # how far from 1 a class prior's sum may be
@@ -77,8 +78,9 @@ def training_settings(task: Task) -> TrainingSettings:
     if "class_prior" in config and "prior_weight" not in config:
         raise UnknownSetting("class_prior without prior_weight")
     kwargs: dict[str, Any] = {}
-    if "proximal_mu" in config:
-        kwargs["proximal_mu"] = config["proximal_mu"]
+    for name in ("proximal_mu", "time_budget_s"):
+        if name in config:
+            kwargs[name] = config[name]
     if "class_prior" in config:  # absent in the first round: no population distribution yet
         kwargs["class_prior"] = np.asarray(config["class_prior"], dtype=np.float64)
         kwargs["prior_weight"] = config["prior_weight"]
@@ -237,6 +239,7 @@ class Trainer:
             "train_loss": str(result.loss),
             "train_seconds": str(result.seconds),
             "seconds_per_sample": str(result.seconds_per_sample),
+            "local_steps": str(result.steps),
         }
         if settings.report_counts:  # what the trained model predicts on its clips: counts, never labels
             counts = predicted_counts(model, train.waveforms, task.spec.num_classes)

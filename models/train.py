@@ -1,7 +1,9 @@
 """The local training step, evaluation, and moving weights between a model and named numpy arrays."""
 
+import math
 import time
-from collections.abc import Callable
+from collections import deque
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import numpy as np
@@ -38,12 +40,13 @@ class Interrupted(Exception):
 
 @dataclass
 class TrainResult:
-    """What a local training run did: samples seen per epoch, last-epoch mean loss and its wall time."""
+    """What a local training run did: samples per epoch, its last epoch's mean loss, wall time and steps."""
 
     num_samples: int
     loss: float
     seconds: float
     seconds_per_sample: float
+    steps: int = 0  # optimiser steps taken
 
 
 @dataclass
@@ -124,6 +127,7 @@ def train_local(
     augmentation: Augmentation = DEFAULT_AUGMENTATION,
     noise: np.ndarray | None = None,
     none_class: int | None = None,
+    time_budget_s: float | None = None,
 ) -> TrainResult:
     """Train in place: Adam, cosine-decayed lr, shuffled augmented minibatches; deterministic per seed.
 
@@ -139,6 +143,8 @@ def train_local(
     labels None trains on the distillation term alone (mutual knowledge distillation's server side).
     The reported loss is the cross-entropy, or the distillation loss when there are no labels.
     should_stop is asked before each batch; when it answers True, Interrupted is raised.
+    time_budget_s ends the run after the first batch that finishes past it (epochs stay the most it
+    trains), the learning rate following the cosine over the budget's time instead of the steps.
     """
     if len(waveforms) == 0:
         raise ValueError("no training samples")
@@ -154,43 +160,55 @@ def train_local(
     sample_rate = _sample_rate(model)
     num_batches = max(1, len(waveforms) // batch_size)
     # decaying to zero at the end of the run settles the weights before they are sent
-    schedule = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=epochs * num_batches)
+    total_steps = epochs * num_batches
     anchor = [p.detach().clone() for p in model.parameters()] if proximal_mu > 0 else []
     if distiller is not None:
         distiller.eval()
     model.train()
+
+    def batches() -> Iterator[np.ndarray]:
+        for _ in range(epochs):
+            yield from np.array_split(rng.permutation(len(waveforms)), num_batches)
+
+    recent: deque[tuple[float, int]] = deque(maxlen=num_batches)  # an epoch's worth of batch losses
     start = time.perf_counter()
-    for _ in range(epochs):
-        total, count = 0.0, 0
-        for batch in np.array_split(rng.permutation(len(waveforms)), num_batches):
-            if should_stop is not None and should_stop():
-                raise Interrupted("stopped between two batches")
-            batch_targets = None if targets is None else targets[batch]
-            augmented, batch_targets = augment_batch(
-                waveforms[batch], batch_targets, rng, augmentation, sample_rate, pool, none_class
-            )
-            inputs = torch.from_numpy(augmented)
-            logits = model(inputs)
-            teacher_logits = None
-            if distiller is not None:
-                with torch.no_grad():
-                    teacher_logits = distiller(inputs)
-            batch_labels = None if batch_targets is None else torch.from_numpy(batch_targets)
-            loss, reported = _objective(logits, batch_labels, teacher_logits, distill_weight, temperature)
-            total += reported.item() * len(inputs)
-            count += len(inputs)
-            if prior is not None:
-                loss = loss + prior_weight * losses.class_distribution_kl(logits, prior)
-            if anchor:
-                drift = sum((p - a).square().sum() for p, a in zip(model.parameters(), anchor, strict=True))
-                loss = loss + proximal_mu / 2 * drift
-            optimizer.zero_grad()
-            loss.backward()
-            optimizer.step()
-            schedule.step()
+    steps = 0
+    for batch in batches():
+        if should_stop is not None and should_stop():
+            raise Interrupted("stopped between two batches")
+        elapsed = time.perf_counter() - start
+        if time_budget_s is not None and steps and elapsed >= time_budget_s:
+            break
+        done = steps / total_steps if time_budget_s is None else min(1.0, elapsed / time_budget_s)
+        for group in optimizer.param_groups:
+            group["lr"] = learning_rate * 0.5 * (1.0 + math.cos(math.pi * done))
+        batch_targets = None if targets is None else targets[batch]
+        augmented, batch_targets = augment_batch(
+            waveforms[batch], batch_targets, rng, augmentation, sample_rate, pool, none_class
+        )
+        inputs = torch.from_numpy(augmented)
+        logits = model(inputs)
+        teacher_logits = None
+        if distiller is not None:
+            with torch.no_grad():
+                teacher_logits = distiller(inputs)
+        batch_labels = None if batch_targets is None else torch.from_numpy(batch_targets)
+        loss, reported = _objective(logits, batch_labels, teacher_logits, distill_weight, temperature)
+        recent.append((reported.item() * len(inputs), len(inputs)))
+        if prior is not None:
+            loss = loss + prior_weight * losses.class_distribution_kl(logits, prior)
+        if anchor:
+            drift = sum((p - a).square().sum() for p, a in zip(model.parameters(), anchor, strict=True))
+            loss = loss + proximal_mu / 2 * drift
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        steps += 1
     seconds = time.perf_counter() - start
     model.eval()
-    return TrainResult(len(waveforms), total / count, seconds, seconds / (epochs * len(waveforms)))
+    mean_loss = sum(t for t, _ in recent) / sum(n for _, n in recent)
+    seen = steps * len(waveforms) / num_batches  # samples trained on, the last epoch perhaps in part
+    return TrainResult(len(waveforms), mean_loss, seconds, seconds / seen, steps)
 
 
 @torch.no_grad()

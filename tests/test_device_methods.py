@@ -241,6 +241,8 @@ BAD_CONFIGS = {
     "weight negative": {"prior_weight": -0.5},
     "local_norm above 1": {"local_norm": 2.0},
     "distillation weight out of range": {"distill_weight": -1.0},
+    "no time to train": {"time_budget_s": 0.0},
+    "longer than any task": {"time_budget_s": 1e9},
 }
 
 
@@ -275,6 +277,7 @@ def test_good_settings_become_train_local_arguments() -> None:
     assert settings.distill and not settings.local_norm and not settings.report_counts
     assert settings.train_kwargs == {"distill_weight": 0.5, "temperature": 3.0}
     assert training_settings(make_task({"prior_weight": 1.0})).train_kwargs == {}  # first round: no p yet
+    assert training_settings(make_task({"time_budget_s": 2.5})).train_kwargs == {"time_budget_s": 2.5}
     first_round = training_settings(make_task({"distill_weight": 1.0, "distill_temperature": 2.0}))
     assert not first_round.distill and first_round.train_kwargs == {}, "no server model yet: no distillation"
 

@@ -125,6 +125,23 @@ def test_train_local_lowers_loss_deterministically(fsdd_batch):
     assert all(np.array_equal(value, get_arrays(again)[name]) for name, value in get_arrays(model).items())
 
 
+def test_a_time_budget_ends_training_early_after_at_least_one_step(fsdd_batch):
+    spec, waveforms, labels = fsdd_batch
+    model = build_model(spec)
+    full = train_local(model, waveforms, labels, epochs=3, batch_size=16, learning_rate=1e-3)
+    assert full.steps == 3 * (len(waveforms) // 16)
+    tight = train_local(
+        model, waveforms, labels, epochs=3, batch_size=16, learning_rate=1e-3, time_budget_s=0.1
+    )
+    assert 1 <= tight.steps < full.steps and np.isfinite(tight.loss)
+    per_step = len(waveforms) / (len(waveforms) // 16)  # the clips of one batch
+    assert tight.seconds_per_sample == pytest.approx(tight.seconds / (tight.steps * per_step))
+    ample = train_local(
+        model, waveforms, labels, epochs=1, batch_size=16, learning_rate=1e-3, time_budget_s=600
+    )
+    assert ample.steps == len(waveforms) // 16, "the epochs stay the most a budget trains"
+
+
 def test_train_local_needs_samples_and_tolerates_batch_size_one(fsdd_batch):
     spec, waveforms, labels = fsdd_batch
     model = build_model(spec)

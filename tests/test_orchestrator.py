@@ -302,6 +302,32 @@ def test_an_update_counts_for_at_most_the_samples_its_device_reported(tmp_path, 
     assert f"modest claims {10**6} samples; counted as 10" in caplog.text
 
 
+def test_local_steps_are_read_within_bounds(tmp_path):
+    fleet = Fleet(tmp_path, rounds=1, min_devices=3, strategy="time_budget", epochs=2)
+    said: dict[str, str] = {"few": "1", "boastful": str(10**12), "garbled": "12 steps"}
+    seen: dict[str, int | None] = {}
+    refused: list[str] = []
+
+    def upload(device_id: str, task: Task) -> None:
+        meta = {"task_id": task.task_id, "num_samples": "10", "local_steps": said[device_id]}
+        body = weights.encode({"w": np.full(2, 1.0, np.float32)}, meta)
+        try:
+            fleet.orchestrator.receive_update(task.round, device_id, body, weights.sha256(body))
+        except BadUpload as exc:
+            refused.append(str(exc))
+        with fleet.orchestrator._lock:
+            open_ = fleet.orchestrator._open
+            if open_ is not None and device_id in open_.updates:
+                seen[device_id] = open_.updates[device_id][0].steps
+
+    for device in said:
+        fleet.device(device, value=None)
+        fleet.link.responders[device] = lambda task, d=device: upload(d, task)
+    fleet.finish()
+    assert seen == {"few": 1, "boastful": 2 * 10}, "at most the task's epochs over the samples claimed"
+    assert refused and "local_steps" in refused[0]
+
+
 @pytest.mark.parametrize("breaks", ["raises", "not finite"])
 def test_an_update_that_breaks_aggregation_is_dropped_not_the_round(tmp_path, caplog, breaks):
     fleet = Fleet(tmp_path, rounds=1, min_devices=3)

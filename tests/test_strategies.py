@@ -1,9 +1,11 @@
 """Strategies and their maths (selection, scheduling, aggregation) on hand-computed cases, no network."""
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 
-from fedspeech.coordinator.aggregate import coordinate_median, fedavg, hardware_weighted
+from fedspeech.coordinator.aggregate import coordinate_median, fedavg, fednova, hardware_weighted
 from fedspeech.coordinator.scheduling import adaptive_epochs, fixed_epochs, learning_rate_for_round
 from fedspeech.coordinator.selection import (
     ScoreWeights,
@@ -13,7 +15,7 @@ from fedspeech.coordinator.selection import (
     select_top_k,
     update_penalties,
 )
-from fedspeech.coordinator.strategies import STRATEGIES, Result, RoundPlan, Strategy, make_strategy
+from fedspeech.coordinator.strategies import STRATEGIES, Result, RoundPlan, Strategy, Work, make_strategy
 from fedspeech.protocol.messages import Profile
 
 ONLY_CPU = ScoreWeights(cpu=1.0, ram=0.0, speed=0.0, latency=0.0)
@@ -209,6 +211,42 @@ def test_aggregation_hooks():
     np.testing.assert_allclose(make_strategy("median", 2, 1).aggregate(1, both, start)["w"], [2.0, 2.0])
 
 
+def test_fednova_divides_each_change_by_its_steps():
+    start = {"w": np.zeros(2, np.float32), "n": np.array(0, np.int64)}
+    fast = {"w": np.array([8.0, 0.0], np.float32), "n": np.array(4, np.int64)}  # 8 steps of 1
+    slow = {"w": np.array([0.0, 2.0], np.float32), "n": np.array(2, np.int64)}  # 2 steps of 1
+    out = fednova(start, [fast, slow], [1, 1], [8, 2])
+    # each change per step: (1, 0) and (0, 1); averaged (0.5, 0.5); times the mean steps, 5
+    np.testing.assert_allclose(out["w"], [2.5, 2.5])
+    np.testing.assert_allclose(fedavg([fast, slow], [1, 1])["w"], [4.0, 1.0])  # leans to the fast one
+    assert out["w"].dtype == np.float32 and out["n"] == 3
+    same = fednova(start, [fast, slow], [1, 3], [4, 4])  # equal steps: FedAvg itself
+    np.testing.assert_allclose(same["w"], fedavg([fast, slow], [1, 3])["w"])
+    with pytest.raises(ValueError):
+        fednova(start, [fast, slow], [1, 1], [8, 0])
+
+
+def test_time_budget_is_the_fastest_devices_time_for_the_epochs_and_fednova_averages():
+    pool = {"pi5": profile(seconds=0.005), "pi3": profile(seconds=0.02)}
+    strategy = make_strategy("time_budget", 2, 3)
+    first = strategy.configure_round(1, pool, np.random.default_rng(0))
+    assert first.work["pi3"] == Work(3) and first.needed == 2, "no budget before any update"
+    start = {"w": np.zeros(1, np.float32)}
+    done = [
+        Result("pi5", {"w": np.array([6.0], np.float32)}, 100, steps=6),
+        Result("pi3", {"w": np.array([1.0], np.float32)}, 300, steps=1),
+    ]
+    # a change of 1 per step from each; the mean steps by samples: 0.25 x 6 + 0.75 x 1
+    np.testing.assert_allclose(strategy.aggregate(1, done, start)["w"], [2.25])
+    plan = strategy.configure_round(2, pool, np.random.default_rng(0))
+    assert plan.work["pi3"].config == {"time_budget_s": pytest.approx(0.005 * 100 * 3)}
+    assert plan.work["pi5"] == plan.work["pi3"] and plan.selected == ["pi3", "pi5"]
+    unreported = [replace(r, steps=None) for r in done]
+    np.testing.assert_allclose(
+        strategy.aggregate(2, unreported, start)["w"], fedavg([r.arrays for r in done], [100, 300])["w"]
+    )
+
+
 def test_coordinate_median_ignores_a_minority_of_outliers():
     honest = [{"w": np.array([1.0, 2.0], np.float32)}, {"w": np.array([1.2, 1.8], np.float32)}]
     poisoned = {"w": np.array([1e6, -1e6], np.float32)}
@@ -236,6 +274,7 @@ def test_registry():
         "grouped",
         "class_prior",
         "mkd",
+        "time_budget",
     }
     assert all(make_strategy(name, 3, 2).name == name for name in STRATEGIES)
     hw = make_strategy("hardware", 3, 2)

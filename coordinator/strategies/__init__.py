@@ -15,6 +15,7 @@ from fedspeech.coordinator.strategies.median import FedMedian
 from fedspeech.coordinator.strategies.mkd import MutualDistillation
 from fedspeech.coordinator.strategies.quality import QualityWeighted
 from fedspeech.coordinator.strategies.random_k import RandomK
+from fedspeech.coordinator.strategies.time_budget import TimeBudget
 from fedspeech.coordinator.strategies.trimmed_mean import FedTrimmedMean
 
 # name -> a factory taking (k, epochs): k devices aggregated per round where a strategy selects,
@@ -27,6 +28,8 @@ STRATEGIES: dict[str, Callable[[int, int], Strategy]] = {
     # the hardware-aware method's ablations: its selection alone, its adaptive epochs alone
     "topk_only": partial(HardwareAware, name="topk_only", adaptive=False, weighted=False),
     "epochs_only": partial(HardwareAware, name="epochs_only", top_k=False, weighted=False),
+    # every device trains for the fastest one's time, FedNova-averaged
+    "time_budget": TimeBudget,
     # robust aggregation against poisoned updates (deploy/fleets/poisoning.py emulates the attacks)
     "median": FedMedian,
     "trimmed_mean": FedTrimmedMean,

@@ -48,7 +48,7 @@ class Result:
     """An accepted update: whose it is, its weights and how many samples it was trained on.
 
     Where a method asks for them, also its score on the coordinator's validation set and the device's
-    predicted class counts on its own clips.
+    predicted class counts on its own clips; and the optimiser steps it says it took, where it says so.
     """
 
     device_id: str
@@ -56,6 +56,7 @@ class Result:
     num_samples: int
     score: float | None = None
     predicted_counts: tuple[int, ...] | None = None
+    steps: int | None = None
 
 
 @dataclass(frozen=True)
