@@ -156,10 +156,12 @@ def _bench_strategies(args: argparse.Namespace) -> None:
     from fedspeech.bench import run_bench, strategies_config
 
     corpora = args.corpus or (["fsdd", "emodb"] if args.data_dir else ["fsdd"])
+    server = {"SERVER_MOMENTUM": args.server_momentum, "FINAL_LR_FRACTION": args.final_lr_fraction}
+    every_arm = {name: value for name, value in server.items() if value is not None}
     try:
         config = strategies_config(
             args.out, args.strategy, args.k, corpora=corpora, seeds=args.seeds, rounds=args.rounds,
-            data_dir=args.data_dir,
+            data_dir=args.data_dir, corpus_settings=dict.fromkeys(corpora, every_arm),
         )  # fmt: skip
     except ValueError as exc:
         raise SystemExit(f"fedspeech bench strategies: {exc}") from None
@@ -319,6 +321,8 @@ def build_parser() -> argparse.ArgumentParser:
     bs.add_argument("--seeds", type=int, default=3)
     bs.add_argument("--rounds", type=int, default=20)
     bs.add_argument("--k", type=int, default=3, help="devices aggregated per round by top-K strategies")
+    bs.add_argument("--server-momentum", type=float, help="for every arm (default 0)")
+    bs.add_argument("--final-lr-fraction", type=float, help="for every arm (default 1)")
     bs.set_defaults(run=_bench_strategies)
     bg = b.add_parser("growing", help="fixed-depth against growing transformers, and the growth ablations")
     bg.add_argument("--out", type=Path, default=Path("fedspeech-bench-growing"), help="where results go")
