@@ -181,6 +181,15 @@ class Run:
         """Seconds until the global model first reached the target accuracy, or None."""
         return next((r.finished_at - self.t0 for r in self.rounds if _accuracy(r) >= target), None)
 
+    def bytes_to(self, target: float) -> int | None:
+        """Bytes up and down until the global model first reached the target accuracy, or None."""
+        moved = 0
+        for r in self.rounds:
+            moved += r.bytes_up + r.bytes_down
+            if _accuracy(r) >= target:
+                return moved
+        return None
+
     def rounds_to(self, target: float) -> int | None:
         """The first round whose global model reached the target accuracy, or None."""
         return next((r.round for r in self.rounds if _accuracy(r) >= target), None)
@@ -264,6 +273,11 @@ class Summary:
     bytes_down: float
     p_vs_baseline: float  # Welch's t-test on final accuracy
     d_vs_baseline: float  # Cohen's d on final accuracy
+    # to the baseline's mean final accuracy, the way Oort reports time to accuracy: means over the runs
+    # that reached it, and how many did
+    time_to_baseline_s: float | None = None
+    bytes_to_baseline: float | None = None
+    reached_baseline: int = 0
 
     @property
     def bytes_total(self) -> float:
@@ -277,10 +291,18 @@ def summarize(runs: Sequence[Run], target: float, baseline: str) -> list[Summary
     for run in runs:
         by_arm.setdefault(run.arm, []).append(run)
     reference = [r.final_accuracy for r in by_arm.get(baseline, [])]
+    baseline_final = float(np.mean(reference)) if reference else None
     summaries = []
     for arm, group in by_arm.items():
         acc = [r.final_accuracy for r in group]
         times = [t for r in group if (t := r.time_to(target)) is not None]
+        to_baseline = [
+            (t, b)
+            for r in group
+            if baseline_final is not None
+            and (t := r.time_to(baseline_final)) is not None
+            and (b := r.bytes_to(baseline_final)) is not None
+        ]
         rounds = [n for r in group if (n := r.rounds_to(target)) is not None]
         p, d = welch(acc, reference) if arm != baseline else (float("nan"), float("nan"))
         summaries.append(
@@ -297,6 +319,9 @@ def summarize(runs: Sequence[Run], target: float, baseline: str) -> list[Summary
                 bytes_down=float(np.mean([sum(x.bytes_down for x in r.rounds) for r in group])),
                 p_vs_baseline=p,
                 d_vs_baseline=d,
+                time_to_baseline_s=float(np.mean([t for t, _ in to_baseline])) if to_baseline else None,
+                bytes_to_baseline=float(np.mean([b for _, b in to_baseline])) if to_baseline else None,
+                reached_baseline=len(to_baseline),
             )
         )
     return summaries
@@ -327,6 +352,22 @@ def markdown_table(corpus: str, rows: list[Summary], target: float, fleet: str, 
             f"| {ratio(row.wall_s, base.wall_s if base else None)} | {row.bytes_up / 1e6:.2f} "
             f"| {row.bytes_down / 1e6:.2f} | {ratio(row.bytes_total, base.bytes_total if base else None)} "
             f"| {row.p_vs_baseline:.3f} | {row.d_vs_baseline:.2f} |"
+        )
+    if base is None or not rows:
+        return "\n".join(lines) + "\n"
+    lines += [
+        "",
+        f"To {baseline}'s final accuracy ({base.accuracy_mean:.4f}), where the runs reached it:",
+        "",
+        f"| arm | reached | time (s) | vs {baseline} | MB | vs {baseline} |",
+        "|---|---|---|---|---|---|",
+    ]
+    for row in rows:
+        seconds, moved = row.time_to_baseline_s, row.bytes_to_baseline
+        lines.append(
+            f"| {row.arm} | {row.reached_baseline}/{row.runs} "
+            f"| {'-' if seconds is None else f'{seconds:.1f}'} | {ratio(seconds, base.time_to_baseline_s)} "
+            f"| {'-' if moved is None else f'{moved / 1e6:.2f}'} | {ratio(moved, base.bytes_to_baseline)} |"
         )
     return "\n".join(lines) + "\n"
 
