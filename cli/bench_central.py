@@ -20,7 +20,12 @@ class CentralRun:
 
 
 def central_run(
-    corpus: str, seed: int, epochs: int, data_dir: Path | None = None, model: str = "cnn", threads: int = 2
+    corpus: str,
+    seed: int,
+    epochs: int,
+    data_dir: Path | None = None,
+    model: str | None = None,
+    threads: int = 2,
 ) -> CentralRun:
     """Train centrally on the union of the speakers' training splits; score on the union of their test splits.
 

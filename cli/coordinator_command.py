@@ -143,7 +143,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     )
     c.add_argument("--strategy", help=f"how devices are picked and weighted: {STRATEGY_NAMES}")
     c.add_argument("--k", type=int, help="devices aggregated per round by top-K and random-K strategies")
-    c.add_argument("--model", choices=MODELS, help="architecture (default cnn)")
+    c.add_argument("--model", choices=MODELS, help="architecture (default: cnn; emotion_cnn for emodb)")
     c.add_argument("--depth", type=int, help="a transformer's full-grown number of encoder blocks")
     c.add_argument("--depth-schedule", help="constant, linear (default) or depths per stage, e.g. 1,2,4")
     c.add_argument("--depth-stages", type=int, help="stages of the linear schedule (default: one per block)")

@@ -7,6 +7,8 @@ import numpy as np
 
 from fedspeech.protocol.weights import Arrays
 
+NORM_STATISTICS = ("running_mean", "running_var")  # BatchNorm's buffers: averaged, never stepped
+
 
 def weighted_average(updates: Sequence[Arrays], weights: Sequence[float]) -> Arrays:
     """Average each named array across updates with the given non-negative weights."""
@@ -59,15 +61,20 @@ def server_momentum(
 ) -> tuple[Arrays, Arrays]:
     """FedAvgM (Hsu et al. 2019): the new global model and velocity, v = beta v + (aggregate - current).
 
-    The velocity starts again when the model's arrays change, as when it grows; arrays that are not
-    floating point, such as counters, are taken from the aggregate as they are.
+    The velocity starts again when the model's arrays change, as when it grows. Arrays that are not
+    floating point, such as counters, and normalisation statistics are taken from the aggregate as they
+    are: momentum on BatchNorm's running statistics overshoots them, and a model scored with them
+    collapsed onto one class in an EmoDB run.
     """
     if not 0 <= beta < 1:
         raise ValueError("momentum must be in [0, 1)")
     moving = [
         name
         for name, a in aggregate.items()
-        if np.issubdtype(a.dtype, np.floating) and name in current and current[name].shape == a.shape
+        if np.issubdtype(a.dtype, np.floating)
+        and not name.endswith(NORM_STATISTICS)
+        and name in current
+        and current[name].shape == a.shape
     ]
     step = {name: aggregate[name].astype(np.float64) - current[name].astype(np.float64) for name in moving}
     if (

@@ -65,7 +65,7 @@ DEFAULTS: dict[str, Any] = {
     "VALIDATION_DATA": None,
     "SERVER_DATA": None,
     "SHARED_VALIDATION": 0,  # clips a device may share for validation (fedspeech client --share-validation)
-    "MODEL": "cnn",  # an architecture in fedspeech.models.MODELS
+    "MODEL": None,  # an architecture in fedspeech.models.MODELS; None: the task's default
     "MODEL_DEPTH": None,  # a transformer's full-grown depth, None for models.MAX_DEPTH
     # every RoundConfig field, upper-cased: ROUNDS, MIN_DEVICES, ..., STRATEGY, K, DEPTH_SCHEDULE:
     **{f.name.upper(): f.default for f in fields(RoundConfig)},

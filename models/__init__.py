@@ -30,6 +30,10 @@ def build_model(spec: ModelSpec) -> "nn.Module":
         return SpeechCNN(
             spec.sample_rate, spec.num_classes, norm="batch" if spec.name == "cnn_bn" else "group"
         )
+    if spec.name == "emotion_cnn":
+        from fedspeech.models.emotion_cnn import EmotionCNN
+
+        return EmotionCNN(spec.sample_rate, spec.num_classes)
     if spec.name in TRANSFORMERS:
         from fedspeech.models.transformer import SpeechTransformer
 

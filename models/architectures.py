@@ -7,5 +7,6 @@ TRANSFORMERS = {
     "transformer_post_ln": (False, True),
     "transformer_unscaled": (True, False),
 }
-MODELS = ["cnn", "cnn_bn", *TRANSFORMERS]  # cnn_bn: BatchNorm in the conv blocks (for FedBN)
+# cnn_bn: BatchNorm in the conv blocks (for FedBN); emotion_cnn: a 2-D CNN that keeps loudness cues
+MODELS = ["cnn", "cnn_bn", "emotion_cnn", *TRANSFORMERS]
 MAX_DEPTH = 4  # encoder blocks of a full-grown transformer

@@ -233,8 +233,8 @@ def load_waveforms(
 
 
 def default_spec(
-    corpus: Corpus, seconds: float | None = None, name: str = "cnn", depth: int | None = None
+    corpus: Corpus, seconds: float | None = None, name: str | None = None, depth: int | None = None
 ) -> ModelSpec:
-    """The model spec of a corpus' built-in task, with another clip length if seconds is given."""
+    """The model spec of a corpus' built-in task: its default model and clip length unless given."""
     task = corpus.task if seconds is None else replace(corpus.task, clip_seconds=seconds)
     return spec_for(task, name, depth)

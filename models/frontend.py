@@ -34,6 +34,8 @@ def dft_kernels(n_fft: int, win_length: int) -> torch.Tensor:
 class LogMel(nn.Module):
     """Waveform (B, T) -> log-mel (B, n_mels, frames), mean-subtracted over time per utterance.
 
+    subtract_mean=False keeps each band's level, the loudness cues emotion needs.
+
     The short-time Fourier transform is a strided convolution with fixed windowed cosine and sine
     kernels: the same numbers as torch.stft(center=False) with the window zero-padded to n_fft, but
     exported as one Conv that onnxruntime runs several times faster than its STFT operator. Kernels and
@@ -41,9 +43,16 @@ class LogMel(nn.Module):
     make them (onnxruntime folds them once when it loads the model) instead of 200 KB of constants.
     """
 
-    def __init__(self, sample_rate: int, n_mels: int = 40, window_ms: float = 25.0, hop_ms: float = 10.0):
+    def __init__(
+        self,
+        sample_rate: int,
+        n_mels: int = 40,
+        window_ms: float = 25.0,
+        hop_ms: float = 10.0,
+        subtract_mean: bool = True,
+    ):
         super().__init__()
-        self.sample_rate, self.n_mels = sample_rate, n_mels
+        self.sample_rate, self.n_mels, self.subtract_mean = sample_rate, n_mels, subtract_mean
         self.win_length = int(sample_rate * window_ms / 1000)
         self.hop_length = int(sample_rate * hop_ms / 1000)
         self.n_fft = 2 ** math.ceil(math.log2(self.win_length))
@@ -66,5 +75,7 @@ class LogMel(nn.Module):
         # The floor sits below quiet speech (median mel power on FSDD ~3e-3) but keeps the zero padding of
         # short clips from dominating the features at log(1e-6).
         logmel = torch.log(torch.matmul(mel, power) + 1e-4)
+        if not self.subtract_mean:
+            return logmel
         # per-utterance mean removal: a crude channel/speaker normalisation (like CMN)
         return logmel - logmel.mean(dim=-1, keepdim=True)

@@ -23,6 +23,16 @@ BUILTIN_TASKS: dict[str, TaskDefinition] = {
     "speech_commands": TaskDefinition("speech_commands", SPEECH_COMMANDS_LABELS, 16000, 1.0),
 }
 
+# the model a task trains unless told otherwise: emotion lives partly in loudness, which the CNN's
+# per-utterance normalisation removes
+DEFAULT_MODELS = {"emodb": "emotion_cnn"}
+
+
+def default_model(definition: TaskDefinition) -> str:
+    """The architecture a task trains by default: its entry in DEFAULT_MODELS, else the CNN."""
+    return DEFAULT_MODELS.get(definition.name, "cnn")
+
+
 _KEYS = {"name": str, "labels": list, "sample_rate": int, "clip_seconds": float}
 _OPTIONAL_KEYS = {"negatives": list}
 
@@ -96,11 +106,13 @@ def _shown(value: object) -> str:
 _TYPE_NAMES = {str: "a string", list: "a list of strings", int: "a whole number", float: "a number"}
 
 
-def spec_for(definition: TaskDefinition, name: str = "cnn", depth: int | None = None) -> ModelSpec:
+def spec_for(definition: TaskDefinition, name: str | None = None, depth: int | None = None) -> ModelSpec:
     """The model spec a task trains: its rate, clip length and number of labels.
 
-    A transformer's depth (its full-grown depth when it grows) defaults to MAX_DEPTH; a CNN has none.
+    name None is the task's default model. A transformer's depth (its full-grown depth when it grows)
+    defaults to MAX_DEPTH; a CNN has none.
     """
+    name = default_model(definition) if name is None else name
     if name not in MODELS:
         raise ValueError(f"unknown model {name!r}, expected one of {MODELS}")
     if name in TRANSFORMERS:

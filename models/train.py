@@ -124,7 +124,7 @@ def train_local(
     teacher: nn.Module | None = None,
     distill_weight: float = 0.0,
     temperature: float = 1.0,
-    augmentation: Augmentation = DEFAULT_AUGMENTATION,
+    augmentation: Augmentation | None = None,
     noise: np.ndarray | None = None,
     none_class: int | None = None,
     time_budget_s: float | None = None,
@@ -133,7 +133,8 @@ def train_local(
 
     Each batch is augmented (models.augment): clips placed anywhere in the window and mixed with white
     noise or windows of noise (the background pool, (N, num_samples)) at random SNRs; with labels and a
-    none_class, background windows labelled none_class are added to it.
+    none_class, background windows labelled none_class are added to it. augmentation None takes the
+    model's own `augmentation` attribute where it has one, else the default.
 
     proximal_mu > 0 adds FedProx's term mu/2 * ||w - w_start||^2, keeping the model near where it started.
     prior_weight > 0 adds prior_weight * KL(q || class_prior), q the batch's mean prediction (FedVMR's
@@ -152,6 +153,8 @@ def train_local(
     distiller = _teacher(model, teacher, temperature) if distill_weight > 0 else None
     if labels is None and distiller is None:
         raise ValueError("without labels, give a teacher and distill_weight > 0 to learn its outputs")
+    if augmentation is None:
+        augmentation = getattr(model, "augmentation", DEFAULT_AUGMENTATION)
     waveforms = np.ascontiguousarray(waveforms, dtype=np.float32)
     rng = np.random.default_rng(seed)
     optimizer = torch.optim.Adam(model.parameters(), lr=learning_rate)

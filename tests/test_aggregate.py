@@ -46,3 +46,13 @@ def test_server_momentum_adds_the_last_step_scaled_and_starts_again_when_the_mod
     np.testing.assert_allclose(new["w"], [1.0, 1.0, 1.0])
     with pytest.raises(ValueError):
         server_momentum(current, aggregate, None, 1.0)
+
+
+def test_server_momentum_leaves_batchnorm_statistics_to_the_average():
+    current = {"bn.running_var": np.ones(2, np.float32), "bn.weight": np.ones(2, np.float32)}
+    velocity = {"bn.weight": np.full(2, 1.0)}
+    aggregate = {"bn.running_var": np.full(2, 3.0, np.float32), "bn.weight": np.full(2, 2.0, np.float32)}
+    new, velocity = server_momentum(current, aggregate, velocity, 0.5)
+    np.testing.assert_allclose(new["bn.running_var"], [3.0, 3.0])
+    np.testing.assert_allclose(new["bn.weight"], [2.5, 2.5])
+    assert set(velocity) == {"bn.weight"}

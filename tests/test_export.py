@@ -165,6 +165,19 @@ def test_cnn_bn_exports_with_parity_and_swappable_norm_tensors(fsdd, exported_bn
     assert OnnxModel(path).metadata["model"] == "cnn_bn"
 
 
+def test_the_emotion_model_exports_with_parity_on_emodb_length_clips(tmp_path):
+    spec = ModelSpec("emotion_cnn", 16000, 48000, 7)
+    torch.manual_seed(0)
+    model = build_model(spec)
+    clips = np.random.default_rng(0).normal(0, 0.05, (24, spec.num_samples)).astype(np.float32)
+    train_local(model, clips, np.arange(24) % 7, epochs=1, batch_size=8, learning_rate=2e-3)
+    labels = ["anger", "boredom", "disgust", "fear", "happiness", "sadness", "neutral"]
+    path = export_onnx(model, spec, labels, tmp_path / "model.onnx", round=1)
+    result = parity(model, path, clips[:8] * np.linspace(0.2, 5, 8, dtype=np.float32)[:, None])
+    assert result.max_abs_diff < 1e-4 and result.agreement == 1.0
+    assert OnnxModel(path).metadata["model"] == "emotion_cnn"
+
+
 def test_swapping_only_the_norm_tensors(fsdd, exported_bn, tmp_path):
     _, _, (train_waveforms, _), (waveforms, _) = fsdd
     model, template = exported_bn

@@ -14,6 +14,7 @@ from fedspeech.protocol.messages import ModelSpec
 
 SPECS = [ModelSpec("cnn", 8000, 8000, 10), ModelSpec("cnn", 16000, 16000, 12)]
 BN_SPEC = ModelSpec("cnn_bn", 8000, 8000, 10)
+EMOTION_SPEC = ModelSpec("emotion_cnn", 16000, 48000, 7)  # EmoDB's 3 s clips
 BN_NAMES = {
     f"features.{block}.1.{tensor}"
     for block in (1, 3, 5)
@@ -30,11 +31,23 @@ def fsdd_batch():
     return spec, *load_waveforms(clips, spec.sample_rate, spec.num_samples)
 
 
-@pytest.mark.parametrize("spec", [*SPECS, BN_SPEC], ids=["8k", "16k", "bn"])
+@pytest.mark.parametrize("spec", [*SPECS, BN_SPEC, EMOTION_SPEC], ids=["8k", "16k", "bn", "emotion"])
 def test_size_and_output_shape(spec):
     model = build_model(spec)
     assert sum(p.numel() for p in model.parameters()) <= 250_000
     assert model(torch.randn(3, spec.num_samples)).shape == (3, spec.num_classes)
+
+
+def test_only_the_emotion_model_hears_how_loud_a_clip_is():
+    clips = torch.randn(4, EMOTION_SPEC.num_samples) * 0.05
+    for name, hears in (("cnn", False), ("emotion_cnn", True)):
+        torch.manual_seed(0)
+        model = build_model(ModelSpec(name, 16000, 48000, 7)).eval()
+        with torch.no_grad():
+            quiet, loud = model(clips), model(clips * 10)
+        assert (not torch.allclose(quiet, loud, atol=1e-3)) == hears, name
+    emotion = build_model(EMOTION_SPEC)
+    assert emotion.augmentation.noise_probability == 0.0 and emotion.augmentation.place_speech
 
 
 def test_unknown_model_name():
