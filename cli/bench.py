@@ -273,8 +273,8 @@ class Summary:
     bytes_down: float
     p_vs_baseline: float  # Welch's t-test on final accuracy
     d_vs_baseline: float  # Cohen's d on final accuracy
-    # to the baseline's mean final accuracy, the way Oort reports time to accuracy: means over the runs
-    # that reached it, and how many did
+    # to the final accuracy of the baseline's run of the same seed, the way Oort reports time to
+    # accuracy: means over the runs that reached it, and how many did
     time_to_baseline_s: float | None = None
     bytes_to_baseline: float | None = None
     reached_baseline: int = 0
@@ -291,7 +291,7 @@ def summarize(runs: Sequence[Run], target: float, baseline: str) -> list[Summary
     for run in runs:
         by_arm.setdefault(run.arm, []).append(run)
     reference = [r.final_accuracy for r in by_arm.get(baseline, [])]
-    baseline_final = float(np.mean(reference)) if reference else None
+    baseline_final = {r.seed: r.final_accuracy for r in by_arm.get(baseline, [])}
     summaries = []
     for arm, group in by_arm.items():
         acc = [r.final_accuracy for r in group]
@@ -299,9 +299,9 @@ def summarize(runs: Sequence[Run], target: float, baseline: str) -> list[Summary
         to_baseline = [
             (t, b)
             for r in group
-            if baseline_final is not None
-            and (t := r.time_to(baseline_final)) is not None
-            and (b := r.bytes_to(baseline_final)) is not None
+            if r.seed in baseline_final
+            and (t := r.time_to(baseline_final[r.seed])) is not None
+            and (b := r.bytes_to(baseline_final[r.seed])) is not None
         ]
         rounds = [n for r in group if (n := r.rounds_to(target)) is not None]
         p, d = welch(acc, reference) if arm != baseline else (float("nan"), float("nan"))
@@ -357,7 +357,7 @@ def markdown_table(corpus: str, rows: list[Summary], target: float, fleet: str, 
         return "\n".join(lines) + "\n"
     lines += [
         "",
-        f"To {baseline}'s final accuracy ({base.accuracy_mean:.4f}), where the runs reached it:",
+        f"To the final accuracy of {baseline}'s run of the same seed, where the runs reached it:",
         "",
         f"| arm | reached | time (s) | vs {baseline} | MB | vs {baseline} |",
         "|---|---|---|---|---|---|",
