@@ -1,10 +1,10 @@
-"""Time-budgeted training: every device trains for the same seconds, so all finish together, and FedNova
-averages their unequal numbers of steps.
+"""Time-budgeted training: every device trains for the same seconds; FedNova averages the unequal steps.
 
-The budget is what the fastest device needs for the round's epochs (its measured seconds per sample
-times the samples its last update counted); a slower device trains for as long, so fewer steps, and
-FedNova (Wang et al. 2020) keeps those fewer steps from counting for less in the average. Before any
-device has sent an update the budget is unknown, and the first round trains the epochs themselves.
+All devices finish together. The budget is what the fastest device needs for the round's epochs (its
+measured seconds per sample times the samples its last update counted); a slower device trains for as
+long, so fewer steps, and FedNova (Wang et al. 2020) keeps those fewer steps from counting for less in
+the average. Before any device has sent an update the budget is unknown, and the first round trains
+the epochs themselves.
 """
 
 from collections.abc import Mapping, Sequence
