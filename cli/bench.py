@@ -7,7 +7,7 @@ emulated fleet, data split and seeds, and reports them against a baseline arm.
 import json
 import logging
 import shutil
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -25,6 +25,7 @@ from fedspeech.fleets.fleet_files import (
     hosted_fleet,
     load_fleet,
 )
+from fedspeech.progress import Progress
 
 log = logging.getLogger(__name__)
 
@@ -212,8 +213,13 @@ def _accuracy(record: RoundRecord) -> float:
     return accuracy
 
 
-def run_once(cfg: BenchConfig, corpus: str, arm: Arm, seed: int) -> Run:
-    """Train one arm once on the corpus' fleet, with an embedded broker and throttled devices."""
+def run_once(
+    cfg: BenchConfig, corpus: str, arm: Arm, seed: int, on_round: Callable[[int], None] = lambda n: None
+) -> Run:
+    """Train one arm once on the corpus' fleet, with an embedded broker and throttled devices.
+
+    on_round is called with each round's number as it completes (0: the initial model).
+    """
     run_dir = cfg.out / "runs" / f"{corpus}-{arm.name}-{seed}"
     shutil.rmtree(run_dir, ignore_errors=True)
     settings: dict[str, Any] = {
@@ -234,7 +240,7 @@ def run_once(cfg: BenchConfig, corpus: str, arm: Arm, seed: int) -> Run:
         fleet_run(fleet, name, run_dir, data_dir=cfg.data_dir, config=settings) as run,
         attacking_devices(arm.attacks, run, name, run_dir, cfg.data_dir),
     ):
-        run.wait(cfg.round_timeout_s + 60)
+        run.wait(cfg.round_timeout_s + 60, lambda record: on_round(record.round))
     rounds = run.service.store.rounds()[1:]
     # Timed from the first round: device start-up (imports, loading data) is the same for every arm.
     return Run(corpus, arm.name, seed, rounds, rounds[0].started_at)
@@ -406,6 +412,24 @@ def write_plots(corpus: str, runs: Sequence[Run], rows: list[Summary], out: Path
     return [accuracy_png, bytes_png]
 
 
+def run_all(cfg: BenchConfig) -> dict[str, list[Run]]:
+    """Every arm and seed on every corpus, with a progress line and a result line per run."""
+    by_corpus: dict[str, list[Run]] = {corpus: [] for corpus in cfg.corpora}
+    with Progress(len(cfg.corpora) * cfg.seeds * len(cfg.arms), cfg.rounds) as progress:
+        for corpus in cfg.corpora:
+            for seed in range(cfg.seeds):
+                for arm in cfg.arms:
+                    progress.start_run(f"{corpus} {arm.name} seed {seed}")
+                    run = run_once(cfg, corpus, arm, seed, progress.round_done)
+                    progress.end_run()
+                    by_corpus[corpus].append(run)
+                    progress.say(
+                        f"{corpus} {arm.name:16s} seed {seed}: accuracy {run.final_accuracy:.4f}, "
+                        f"{run.wall_s:.1f} s, {run.bytes_total / 1e6:.1f} MB"
+                    )
+    return by_corpus
+
+
 def run_bench(cfg: BenchConfig) -> Path:
     """Run every arm and seed on every corpus; write results.md, results.json and plots."""
     for corpus in cfg.corpora:  # timings only mean something if devices never slow each other down
@@ -413,17 +437,7 @@ def run_bench(cfg: BenchConfig) -> Path:
     cfg.out.mkdir(parents=True, exist_ok=True)
     report = [f"# {cfg.title}", ""]
     results = {}
-    for corpus in cfg.corpora:
-        runs = []
-        for seed in range(cfg.seeds):
-            for arm in cfg.arms:
-                run = run_once(cfg, corpus, arm, seed)
-                runs.append(run)
-                print(
-                    f"{corpus} {arm.name:16s} seed {seed}: accuracy {run.final_accuracy:.4f}, "
-                    f"{run.wall_s:.1f} s, {run.bytes_total / 1e6:.1f} MB",
-                    flush=True,
-                )
+    for corpus, runs in run_all(cfg).items():
         target = cfg.targets[corpus]
         rows = summarize(runs, target, cfg.baseline)
         results[corpus] = {"summaries": [asdict(r) for r in rows], "runs": [asdict(r) for r in runs]}

@@ -6,6 +6,8 @@ from pathlib import Path
 
 import numpy as np
 
+from fedspeech.progress import Progress
+
 
 @dataclass(frozen=True)
 class CentralRun:
@@ -66,12 +68,14 @@ def run_central(corpus: str, out: Path, seeds: int, epochs: int, data_dir: Path 
     """`bench central`: centralised training per seed; writes a markdown table and central.json."""
     out.mkdir(parents=True, exist_ok=True)
     runs = []
-    for seed in range(seeds):
-        runs.append(central_run(corpus, seed, epochs, data_dir))
-        print(
-            f"{corpus} central seed {seed}: accuracy {runs[-1].accuracy:.4f}, {runs[-1].seconds:.0f} s",
-            flush=True,
-        )
+    with Progress(seeds) as progress:
+        for seed in range(seeds):
+            progress.start_run(f"{corpus} central seed {seed}")
+            runs.append(central_run(corpus, seed, epochs, data_dir))
+            progress.end_run()
+            progress.say(
+                f"{corpus} central seed {seed}: accuracy {runs[-1].accuracy:.4f}, {runs[-1].seconds:.0f} s"
+            )
     accuracy = [r.accuracy for r in runs]
     std = float(np.std(accuracy, ddof=1)) if len(runs) > 1 else 0.0
     lines = [

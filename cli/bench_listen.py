@@ -51,6 +51,7 @@ from fedspeech.listen_streams import (
 )
 from fedspeech.models.datasets import AudioError, bundled_data_dir, load_corpus, server_test_clips
 from fedspeech.models.tasks import BACKGROUND_NOISE
+from fedspeech.progress import Progress
 from fedspeech.protocol.labels import is_word
 from fedspeech.word_alignment import Alignment, align
 
@@ -128,19 +129,31 @@ def conditions(
     return named
 
 
+def condition_count(real: bool) -> int:
+    """How many conditions conditions() makes: clean, then each noise at each SNR and alone."""
+    return 1 + (2 if real else 1) * (len(SNRS_DB) + 1)
+
+
 def bench_model(
-    name: str, path: Path, cfg: ListenBenchConfig, noise_paths: list[Path] | None, audio_dir: Path
+    name: str,
+    path: Path,
+    cfg: ListenBenchConfig,
+    noise_paths: list[Path] | None,
+    audio_dir: Path,
+    progress: Progress,
 ) -> tuple[Stream, list[Result]]:
-    """Build the model's stream and hear it in every condition; print one line per condition."""
+    """Build the model's stream and hear it in every condition (a run of progress each); a line each."""
     corpus = load_corpus("fsdd")
     rate = load_model(path).sample_rate
     stream = build_stream(server_test_clips(corpus), corpus.labels, rate, cfg.pause_s, cfg.seed, cfg.words)
     results = []
     for condition, heard in conditions(stream, cfg, noise_paths):
+        progress.start_run(f"{name}: {condition}")
         start = time.monotonic()
         wav = audio_dir / f"{name}-{condition.replace(' ', '-')}.wav"
         result = score(condition, heard, hear(path, heard, wav, cfg.threshold), time.monotonic() - start)
-        print(f"{name}: {condition}: {summary(result)} ({result.seconds:.1f} s)", flush=True)
+        progress.end_run()
+        progress.say(f"{name}: {condition}: {summary(result)} ({result.seconds:.1f} s)")
         results.append(result)
     return stream, results
 
@@ -269,14 +282,15 @@ def run_listen_bench(cfg: ListenBenchConfig) -> Path:
     cfg.out.mkdir(parents=True, exist_ok=True)
     runs: dict[str, list[Result]] = {}
     report: dict[str, Any] = {"command": cfg.command, "config": _config_json(cfg), "models": {}}
-    with tempfile.TemporaryDirectory() as scratch:
+    progress = Progress(len(cfg.models) * condition_count(noise_paths is not None))
+    with tempfile.TemporaryDirectory() as scratch, progress:
         audio_dir = cfg.out / "audio" if cfg.keep_audio else Path(scratch)
         audio_dir.mkdir(exist_ok=True)
         for name, path in cfg.models.items():
             start = time.monotonic()
-            stream, runs[name] = bench_model(name, path, cfg, noise_paths, audio_dir)
+            stream, runs[name] = bench_model(name, path, cfg, noise_paths, audio_dir, progress)
             seconds = time.monotonic() - start
-            print(f"{name}: whole bench in {seconds:.0f} s", flush=True)
+            progress.say(f"{name}: whole bench in {seconds:.0f} s")
             report["models"][name] = {
                 "path": str(path),
                 "seconds": seconds,

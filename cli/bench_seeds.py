@@ -32,8 +32,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import traceback
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -60,6 +61,7 @@ from fedspeech.bench_splits import (
     skewed_setting,
     within_setting,
 )
+from fedspeech.progress import Progress
 
 if TYPE_CHECKING:  # the command line is built without the benchmark's heavy imports
     from fedspeech.bench import Arm, Run
@@ -236,15 +238,27 @@ def build_settings(cfg: SeedsConfig) -> tuple[dict[str, list[Setting]], SkewedDe
     return settings, deal
 
 
-def run_or_load(cfg: SeedsConfig, setting: Setting, arm: str, seed: int) -> Run:
-    """Train one arm once on a setting, or read the run back if OUT/completed holds it."""
-    from fedspeech.bench import BenchConfig, Run, run_once
+def _completed_path(cfg: SeedsConfig, setting: Setting, arm: str, seed: int) -> Path:
+    return cfg.out / "completed" / f"{setting.key}-{arm}-{seed}.json"
 
-    done = cfg.out / "completed" / f"{setting.key}-{arm}-{seed}.json"
-    if done.exists():
-        run = Run.from_dict(json.loads(done.read_text()))
-        if len(run.rounds) == cfg.rounds:
-            return run
+
+def completed_run(cfg: SeedsConfig, setting: Setting, arm: str, seed: int) -> Run | None:
+    """The run as OUT/completed holds it from an earlier bench with as many rounds, or None."""
+    from fedspeech.bench import Run
+
+    done = _completed_path(cfg, setting, arm, seed)
+    if not done.exists():
+        return None
+    run = Run.from_dict(json.loads(done.read_text()))
+    return run if len(run.rounds) == cfg.rounds else None
+
+
+def train_run(
+    cfg: SeedsConfig, setting: Setting, arm: str, seed: int, on_round: Callable[[int], None] = lambda n: None
+) -> Run:
+    """Train one arm once on a setting and keep the run in OUT/completed; on_round as bench.run_once's."""
+    from fedspeech.bench import BenchConfig, run_once
+
     bench = BenchConfig(
         cfg.out,
         [],
@@ -257,7 +271,8 @@ def run_or_load(cfg: SeedsConfig, setting: Setting, arm: str, seed: int) -> Run:
         corpus_of={setting.key: setting.corpus},
         round_timeout_s=cfg.round_timeout_s,
     )
-    run = run_once(bench, setting.key, arm_for(arm, setting), seed)
+    run = run_once(bench, setting.key, arm_for(arm, setting), seed, on_round)
+    done = _completed_path(cfg, setting, arm, seed)
     done.parent.mkdir(parents=True, exist_ok=True)
     done.write_text(json.dumps(asdict(run)))
     return run
@@ -297,29 +312,49 @@ def run_seeds(cfg: SeedsConfig) -> Path:
     if deal is not None:
         print("speech-commands-skewed: clips per device and label\n" + label_counts_table(deal), flush=True)
     results = Results({split: [] for split in cfg.splits})
-    for seed in range(cfg.seeds):
-        for split in cfg.splits:
-            for setting in settings[split]:
-                for arm in cfg.arms:
-                    try:
-                        run = run_or_load(cfg, setting, arm, seed)
-                    except Exception as exc:  # one broken run must not lose hours of the others
-                        traceback.print_exc()
-                        results.failures.append(f"{setting.key} {arm} seed {seed}: {exc}")
-                        continue
-                    results.runs[split].append(run)
-                    print(
-                        f"{setting.key} {arm:12s} seed {seed}: accuracy {run.final_accuracy:.4f}, "
-                        f"{run.wall_s:.1f} s ({run.wall_s / len(run.rounds):.1f} s a round), "
-                        f"{run.bytes_total / 1e6:.1f} MB",
-                        flush=True,
-                    )
+    runs = cfg.seeds * sum(len(settings[split]) for split in cfg.splits) * len(cfg.arms)
+    with Progress(runs, cfg.rounds) as progress:
+        for seed in range(cfg.seeds):
+            for split in cfg.splits:
+                for setting in settings[split]:
+                    for arm in cfg.arms:
+                        run = _run(cfg, setting, arm, seed, progress, results.failures)
+                        if run is not None:
+                            results.runs[split].append(run)
     if deal is not None and cfg.central:
         epochs = cfg.rounds * _local_epochs()
-        for seed in range(cfg.seeds):
-            results.central.append(central_reference(deal, seed, epochs))
-            print(f"centralized seed {seed}: accuracy {results.central[-1].accuracy:.4f}", flush=True)
+        with Progress(cfg.seeds) as progress:
+            for seed in range(cfg.seeds):
+                progress.start_run(f"centralized seed {seed}")
+                results.central.append(central_reference(deal, seed, epochs))
+                progress.end_run()
+                progress.say(f"centralized seed {seed}: accuracy {results.central[-1].accuracy:.4f}")
     return write_report(cfg, settings, deal, results)
+
+
+def _run(
+    cfg: SeedsConfig, setting: Setting, arm: str, seed: int, progress: Progress, failures: list[str]
+) -> Run | None:
+    """One run, read back or trained, with its result line; None if it failed (added to failures)."""
+    run = completed_run(cfg, setting, arm, seed)
+    if run is not None:
+        progress.skip_run()
+    else:
+        progress.start_run(f"{setting.key} {arm} seed {seed}")
+        try:
+            run = train_run(cfg, setting, arm, seed, progress.round_done)
+        except Exception as exc:  # one broken run must not lose hours of the others
+            progress.say(traceback.format_exc().rstrip(), file=sys.stderr)
+            failures.append(f"{setting.key} {arm} seed {seed}: {exc}")
+            return None
+        finally:
+            progress.end_run()
+    progress.say(
+        f"{setting.key} {arm:12s} seed {seed}: accuracy {run.final_accuracy:.4f}, "
+        f"{run.wall_s:.1f} s ({run.wall_s / len(run.rounds):.1f} s a round), "
+        f"{run.bytes_total / 1e6:.1f} MB"
+    )
+    return run
 
 
 def _local_epochs() -> int:

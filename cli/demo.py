@@ -4,6 +4,7 @@ import json
 import logging
 import shutil
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -11,6 +12,7 @@ from fedspeech.coordinator.store import RoundRecord
 from fedspeech.fleet_run import fleet_run
 from fedspeech.fleets.fleet_files import DEFAULT_FLEETS, DeviceSpec, check_fleet, load_fleet
 from fedspeech.models.datasets import load_corpus, speakers
+from fedspeech.progress import duration_text, eta_s
 
 log = logging.getLogger(__name__)
 
@@ -53,15 +55,30 @@ def federated_text(r: RoundRecord) -> str:
     return f"{r.federated_accuracy:.4f} ({reports})"
 
 
-def _line(r: RoundRecord, t0: float) -> str:
+def round_line(r: RoundRecord, rounds: int, t0: float, round_ends: list[float]) -> str:
+    """A round's line: of how many, scores, time (and left: progress.eta_s of round_ends from t0), bytes."""
     acc = f"{r.accuracy:.4f}" if r.accuracy is not None else "n/a"
     loss = f"{r.loss:.4f}" if r.loss is not None else "n/a"
     federated = "" if r.evaluation_asked is None else f"on the devices {federated_text(r)}  "
+    left = eta_s([], 0, rounds, round_ends, r.finished_at - t0)
+    about = f", about {duration_text(left)} left" if left is not None else ""
     return (
-        f"round {r.round:3d}  devices {r.results}/{r.devices}  accuracy {acc}  loss {loss}  {federated}"
-        f"{r.wall_s:6.1f} s (total {r.finished_at - t0:6.1f} s)  "
+        f"round {r.round:3d}/{rounds}  devices {r.results}/{r.devices}  accuracy {acc}  loss {loss}  "
+        f"{federated}{r.wall_s:6.1f} s (total {r.finished_at - t0:6.1f} s{about})  "
         f"up {r.bytes_up / 1e6:.2f} MB  down {r.bytes_down / 1e6:.2f} MB"
     )
+
+
+def round_printer(rounds: int, t0: float) -> Callable[[RoundRecord], None]:
+    """Prints each round's line as it comes, with the time left at the pace of the rounds so far."""
+    round_ends: list[float] = []  # from t0 to the end of each round from round 1
+
+    def show(r: RoundRecord) -> None:
+        if r.round > 0:
+            round_ends.append(r.finished_at - t0)
+        print(round_line(r, rounds, t0, round_ends), flush=True)
+
+    return show
 
 
 def write_plot(records: list[dict], path: Path) -> None:
@@ -131,8 +148,9 @@ def run_demo(cfg: DemoConfig) -> dict:
             for d in fleet
         )
         print(f"coordinator on {run.url}, broker {run.service.broker_url}, strategy {cfg.strategy}")
+        print(f"watch it at {run.url}/ while it runs")
         print(f"{len(fleet)} devices: {names}")
-        run.wait(cfg.round_timeout_s + 60, lambda r: print(_line(r, t0), flush=True))
+        run.wait(cfg.round_timeout_s + 60, round_printer(cfg.rounds, t0))
     return _write_results(run.service.store, run.service.orchestrator.model, cfg.out, t0)
 
 
