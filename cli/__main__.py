@@ -4,19 +4,31 @@ import argparse
 import logging
 import signal
 from pathlib import Path
+from typing import NoReturn
 
+from fedspeech.bench_dashboard import add_parser as add_dashboard_bench_parser
 from fedspeech.bench_listen import add_parser as add_listen_bench_parser
 from fedspeech.bench_seeds import add_parser as add_seeds_parser
 from fedspeech.connection_options import (
     add_broker_options,
     add_coordinator_trust_options,
+    at_least,
     broker_settings,
+    cannot_serve,
+    check_free,
     coordinator_key,
+    coordinator_url,
+    listen_port,
     read_secret,
+    reason,
+    seconds,
+    unreachable,
 )
 from fedspeech.coordinator_command import STRATEGY_NAMES
 from fedspeech.coordinator_command import add_parser as add_coordinator_parser
-from fedspeech.protocol.topics import DEFAULT_ROOT
+from fedspeech.devices import add_parser as add_devices_parser
+from fedspeech.protocol.topics import DEFAULT_ROOT, parse_broker_url
+from fedspeech.status import add_parser as add_status_parser
 
 
 def _client(args: argparse.Namespace) -> None:
@@ -27,7 +39,10 @@ def _client(args: argparse.Namespace) -> None:
     if (args.data is None) == (not args.speaker):
         raise SystemExit("fedspeech client: give --data DIR (own recordings) or --speaker (a corpus speaker)")
     if len(args.speaker) > 1 and args.device_id:
-        raise SystemExit("--device-id names one device; with several --speaker each is named by its speaker")
+        raise SystemExit(
+            "fedspeech client: --device-id names one device; with several --speaker each is named by its "
+            "speaker"
+        )
     if args.data is not None and not args.data.is_dir():
         raise SystemExit(f"fedspeech client: no data folder {args.data} (it holds one folder per label)")
     if args.data is not None:
@@ -37,12 +52,12 @@ def _client(args: argparse.Namespace) -> None:
             (args.device_id or s, DataSource(corpus=args.corpus, speaker=s, corpus_dir=args.data_dir))
             for s in args.speaker
         ]
-    secret = read_secret(args.enrolment_secret_file, "enrolment secret")
+    secret = read_secret(args.enrolment_secret_file, "enrolment secret", "client")
     if secret is not None and len(sources) > 1:
         raise SystemExit("fedspeech client: an enrolment secret is one device's; give one --speaker")
     configs = [
         ClientConfig(
-            coordinator_url=args.coordinator,
+            coordinator_url=coordinator_url(args),
             broker=broker_settings(args, args.broker, device_id),
             device_id=device_id,
             data=source,
@@ -80,36 +95,6 @@ def _host_device_id() -> str:
     return re.sub(r"[^A-Za-z0-9_.-]", "-", socket.gethostname())[:64] or "device"
 
 
-def _devices(args: argparse.Namespace) -> None:
-    import sys
-
-    from fedspeech.coordinator.enrolment import add_device, revoke_device
-    from fedspeech.coordinator.store import Store
-
-    if args.action != "add" and not (args.state / "state.sqlite3").exists():
-        raise SystemExit(f"fedspeech devices: no coordinator state in {args.state} (give --state)")
-    try:
-        store = Store(args.state)
-        if args.action == "add":
-            secret = add_device(store, args.device_id)
-            print(secret)
-            print(
-                f"enrolled {args.device_id}; the secret above is shown only once. On the device, keep it "
-                "in a file only the daemon's user can read and pass --enrolment-secret-file FILE.",
-                file=sys.stderr,
-            )
-        elif args.action == "revoke":
-            if not revoke_device(store, args.device_id):
-                raise SystemExit(f"fedspeech devices: no device {args.device_id!r}")
-            print(f"revoked {args.device_id}: its token no longer works; it must be enrolled again")
-        else:
-            for device in store.devices():
-                state = "registered" if device.registered else "enrolled, not registered yet"
-                print(f"{device.device_id}\t{state}")
-    except ValueError as exc:
-        raise SystemExit(f"fedspeech devices: {exc}") from None
-
-
 def _record(args: argparse.Namespace) -> None:
     from fedspeech.edge_client.recording import RecordConfig, RecordError, run_record
     from fedspeech.models.tasks import TaskFileError, load_task
@@ -136,6 +121,16 @@ def _demo(args: argparse.Namespace) -> None:
     if args.strategy is not None and args.strategy not in STRATEGIES:
         known = ", ".join(STRATEGIES)
         raise SystemExit(f"fedspeech demo: unknown strategy {args.strategy!r}, expected one of {known}")
+    if args.fleet is not None and not args.fleet.is_file():
+        raise SystemExit(f"fedspeech demo: --fleet {args.fleet}: no such file (deploy/fleets/ has examples)")
+    if args.port != 0:
+        try:
+            check_free("127.0.0.1", args.port)
+        except OSError as exc:
+            raise SystemExit(f"fedspeech demo: {cannot_serve('127.0.0.1', args.port, exc)}") from None
+    if args.broker is not None:
+        _check_broker("demo", args.broker)
+    _out_dir("demo", args.out)
 
     run_demo(
         DemoConfig(
@@ -156,6 +151,9 @@ def _bench_strategies(args: argparse.Namespace) -> None:
     from fedspeech.bench import run_bench, strategies_config
 
     corpora = args.corpus or (["fsdd", "emodb"] if args.data_dir else ["fsdd"])
+    for corpus in corpora:
+        _check_corpus("bench strategies", corpus, args.data_dir)
+    _out_dir("bench strategies", args.out)
     server = {"SERVER_MOMENTUM": args.server_momentum, "FINAL_LR_FRACTION": args.final_lr_fraction}
     every_arm = {name: value for name, value in server.items() if value is not None}
     try:
@@ -173,15 +171,32 @@ def _bench_growing(args: argparse.Namespace) -> None:
 
     from fedspeech.bench import DEFAULT_TARGETS, growing_config, run_bench
 
+    corpora = args.corpus or (["fsdd", "speech_commands"] if args.data_dir else ["fsdd"])
+    for corpus in corpora:  # speech_commands is not bundled: without --data-dir this says so
+        _check_corpus("bench growing", corpus, args.data_dir)
+    _out_dir("bench growing", args.out)
     cfg = growing_config(args.out, args.data_dir, seeds=args.seeds, rounds=args.rounds)
-    targets = dict(DEFAULT_TARGETS) | dict(target.split("=") for target in args.target or [])
-    cfg = replace(cfg, corpora=args.corpus or cfg.corpora, targets={k: float(v) for k, v in targets.items()})
+    targets = dict(DEFAULT_TARGETS) | dict(args.target or [])
+    cfg = replace(cfg, corpora=args.corpus or cfg.corpora, targets=targets)
     run_bench(cfg)
+
+
+def _target(text: str) -> tuple[str, float]:
+    """argparse type: CORPUS=ACCURACY, the accuracy a fraction between 0 and 1."""
+    corpus, _, accuracy = text.partition("=")
+    try:
+        value = float(accuracy)
+    except ValueError:
+        value = -1.0
+    if not corpus or not 0 < value <= 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: give CORPUS=ACCURACY, e.g. fsdd=0.9")
+    return corpus, value
 
 
 def _bench_poisoning(args: argparse.Namespace) -> None:
     from fedspeech.bench import ROBUST_STRATEGIES, poisoning_config, run_bench
 
+    _out_dir("bench poisoning", args.out)
     try:
         config = poisoning_config(
             args.out, args.strategy or ROBUST_STRATEGIES, seeds=args.seeds, rounds=args.rounds
@@ -194,6 +209,8 @@ def _bench_poisoning(args: argparse.Namespace) -> None:
 def _bench_central(args: argparse.Namespace) -> None:
     from fedspeech.bench_central import run_central
 
+    _check_corpus("bench central", args.corpus, args.data_dir)
+    _out_dir("bench central", args.out)
     run_central(args.corpus, args.out, args.seeds, args.epochs, args.data_dir)
 
 
@@ -206,7 +223,7 @@ def _listen(args: argparse.Namespace) -> None:
     detector = DetectorConfig(**{k: v for k, v in options.items() if v is not None})
     config = ListenConfig(
         model=args.model,
-        coordinator_url=args.coordinator,
+        coordinator_url=coordinator_url(args) if args.coordinator is not None else None,
         broker=broker_settings(args, args.broker, None),
         coordinator_key=coordinator_key(args),
         coordinator_ca=args.coordinator_ca,
@@ -228,16 +245,64 @@ def _listen(args: argparse.Namespace) -> None:
 
 
 def _bench_inference(args: argparse.Namespace) -> None:
-    from fedspeech.bench_inference import run_inference_bench
+    from fedspeech.bench_inference import BenchError, run_inference_bench
 
-    if not args.model.exists():
-        raise SystemExit(f"no model at {args.model}: run `fedspeech demo` first or pass --model")
-    run_inference_bench(args.model, args.out, args.data_dir, args.repeats)
+    if not args.model.is_file():
+        raise SystemExit(
+            f"fedspeech bench inference: no model at {args.model}: run `fedspeech demo` first or pass --model"
+        )
+    _out_dir("bench inference", args.out)
+    try:
+        run_inference_bench(args.model, args.out, args.data_dir, args.repeats)
+    except BenchError as exc:
+        raise SystemExit(f"fedspeech bench inference: {exc}") from None
+
+
+def _check_corpus(command: str, corpus: str, data_dir: Path | None) -> None:
+    """SystemExit with one line unless the corpus is there to be listed."""
+    from fedspeech.models.datasets import load_corpus
+
+    try:
+        load_corpus(corpus, data_dir)
+    except (ValueError, FileNotFoundError) as exc:
+        raise SystemExit(f"fedspeech {command}: {exc}") from None
+
+
+def _check_broker(command: str, url: str) -> None:
+    """SystemExit with one line if the broker URL is not one, or nothing answers there."""
+    try:
+        why = unreachable(*parse_broker_url(url))
+    except ValueError as exc:
+        raise SystemExit(f"fedspeech {command}: {exc}") from None
+    if why is not None:
+        raise SystemExit(
+            f"fedspeech {command}: nothing answers at {url} ({why}): start that broker, or leave out --broker"
+        )
+
+
+def _out_dir(command: str, out: Path) -> None:
+    """Make the results folder; SystemExit with one line if it cannot be one."""
+    if out.exists() and not out.is_dir():
+        raise SystemExit(f"fedspeech {command}: --out {out} is a file: give a folder for the results")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise SystemExit(
+            f"fedspeech {command}: cannot make the results folder {out}: {reason(exc)}"
+        ) from None
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, its errors one line and exit code 1 like every other mistake a user can make."""
+
+    def error(self, message: str) -> NoReturn:
+        """End with `PROG: MESSAGE; see `PROG --help``."""
+        raise SystemExit(f"{self.prog}: {message}; see `{self.prog} --help`")
 
 
 def build_parser() -> argparse.ArgumentParser:
     """The command line: one subcommand per role."""
-    parser = argparse.ArgumentParser(prog="fedspeech", description=__doc__)
+    parser = _Parser(prog="fedspeech", description=__doc__)
     parser.add_argument("-v", "--verbose", action="store_true", help="log at DEBUG level")
     sub = parser.add_subparsers(dest="command", required=True)
 
@@ -257,8 +322,8 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--corpus", default="fsdd", help="the corpus of --speaker (default fsdd)")
     d.add_argument("--data-dir", type=Path, help="folder holding the corpora (default: bundled data/)")
     d.add_argument("--topic-root", default=DEFAULT_ROOT)
-    d.add_argument("--max-samples", type=int, help="train on at most this many local clips")
-    d.add_argument("--threads", type=int, default=1, help="torch threads")
+    d.add_argument("--max-samples", type=at_least(1), help="train on at most this many local clips")
+    d.add_argument("--threads", type=at_least(1), default=1, help="torch threads")
     d.add_argument("--model-dir", type=Path, help="keep the latest global model here as model.onnx")
     d.add_argument(
         "--state",
@@ -269,7 +334,7 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--enrolment-secret-file", type=Path, metavar="FILE", help="from `fedspeech devices add`")
     d.add_argument(
         "--share-validation",
-        type=int,
+        type=at_least(0),
         default=0,
         metavar="N",
         help="send N training clips (their audio) to the coordinator to weigh updates by (default 0: none)",
@@ -278,17 +343,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_broker_options(d, "the device id, with a password file")
     d.set_defaults(run=_client)
 
-    dv = sub.add_parser("devices", help="enrol, revoke and list devices (run beside the coordinator's state)")
-    actions = dv.add_subparsers(dest="action", required=True)
-    for action, text in (("add", "enrol a device and print its secret once"), ("revoke", "revoke a device")):
-        a = actions.add_parser(action, help=text)
-        a.add_argument("device_id", metavar="ID")
-        a.add_argument(
-            "--state", type=Path, default=Path("fedspeech-state"), help="coordinator state directory"
-        )
-    ls = actions.add_parser("list", help="the devices the coordinator knows")
-    ls.add_argument("--state", type=Path, default=Path("fedspeech-state"), help="coordinator state directory")
-    dv.set_defaults(run=_devices)
+    add_devices_parser(sub)
+    add_status_parser(sub)
 
     r = sub.add_parser("record", help="record takes of one label from the microphone into a data folder")
     r.add_argument("--task", required=True, help="task file, or fsdd, emodb, speech_commands")
@@ -304,12 +360,14 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--fleet", type=Path, help="emulated fleet file (default deploy/fleets/pi-mix.toml)")
     m.add_argument("--full-speed", action="store_true", help="one unthrottled device per speaker instead")
     m.add_argument("--strategy", help=f"{STRATEGY_NAMES} (default epochs_only)")
-    m.add_argument("--rounds", type=int, default=30)
-    m.add_argument("--epochs", type=int, help="local epochs per round (default 2)")
+    m.add_argument("--rounds", type=at_least(1), default=30)
+    m.add_argument("--epochs", type=at_least(1), help="local epochs per round (default 2)")
     m.add_argument("--broker", help="mqtt:// or mqtts:// (TLS) URL of an existing broker (default: embedded)")
-    m.add_argument("--port", type=int, default=0, help="coordinator HTTP port (default: a free one)")
-    m.add_argument("--max-samples", type=int, help="train on at most this many clips per device")
-    m.add_argument("--eval-every", type=int, help="devices evaluate every N rounds' model (default 5)")
+    m.add_argument("--port", type=listen_port, default=0, help="coordinator HTTP port (default: a free one)")
+    m.add_argument("--max-samples", type=at_least(1), help="train on at most this many clips per device")
+    m.add_argument(
+        "--eval-every", type=at_least(0), help="devices evaluate every N rounds' model (default 5)"
+    )
     m.set_defaults(run=_demo)
 
     b = sub.add_parser("bench", help="benchmarks").add_subparsers(dest="bench", required=True)
@@ -318,9 +376,11 @@ def build_parser() -> argparse.ArgumentParser:
     bs.add_argument("--corpus", action="append", choices=["fsdd", "emodb"], help="repeatable")
     bs.add_argument("--data-dir", type=Path, help="folder holding the corpora (needed for emodb)")
     bs.add_argument("--strategy", action="append", help=f"{STRATEGY_NAMES}; repeatable (default all)")
-    bs.add_argument("--seeds", type=int, default=3)
-    bs.add_argument("--rounds", type=int, default=20)
-    bs.add_argument("--k", type=int, default=3, help="devices aggregated per round by top-K strategies")
+    bs.add_argument("--seeds", type=at_least(1), default=3)
+    bs.add_argument("--rounds", type=at_least(1), default=20)
+    bs.add_argument(
+        "--k", type=at_least(1), default=3, help="devices aggregated per round by top-K strategies"
+    )
     bs.add_argument("--server-momentum", type=float, help="for every arm (default 0)")
     bs.add_argument("--final-lr-fraction", type=float, help="for every arm (default 1)")
     bs.set_defaults(run=_bench_strategies)
@@ -328,33 +388,36 @@ def build_parser() -> argparse.ArgumentParser:
     bg.add_argument("--out", type=Path, default=Path("fedspeech-bench-growing"), help="where results go")
     bg.add_argument("--corpus", action="append", choices=["fsdd", "speech_commands"], help="repeatable")
     bg.add_argument("--data-dir", type=Path, help="folder holding the corpora (needed for speech_commands)")
-    bg.add_argument("--seeds", type=int, default=3)
-    bg.add_argument("--rounds", type=int, default=20)
-    bg.add_argument("--target", action="append", help="CORPUS=ACCURACY for time to target, repeatable")
+    bg.add_argument("--seeds", type=at_least(1), default=3)
+    bg.add_argument("--rounds", type=at_least(1), default=20)
+    bg.add_argument(
+        "--target", action="append", type=_target, help="CORPUS=ACCURACY for time to target, repeatable"
+    )
     bg.set_defaults(run=_bench_growing)
     bp = b.add_parser(
         "poisoning", help="robust aggregation against two of six devices sending poisoned updates"
     )
     bp.add_argument("--out", type=Path, default=Path("fedspeech-bench-poisoning"), help="where results go")
     bp.add_argument("--strategy", action="append", help="repeatable; default: fedavg and the robust ones")
-    bp.add_argument("--seeds", type=int, default=3)
-    bp.add_argument("--rounds", type=int, default=20)
+    bp.add_argument("--seeds", type=at_least(1), default=3)
+    bp.add_argument("--rounds", type=at_least(1), default=20)
     bp.set_defaults(run=_bench_poisoning)
     bc = b.add_parser("central", help="the same model trained on all training clips in one place")
     bc.add_argument("--corpus", choices=["fsdd", "emodb", "speech_commands"], default="fsdd")
     bc.add_argument("--out", type=Path, default=Path("fedspeech-bench-central"), help="where results go")
     bc.add_argument("--data-dir", type=Path, help="folder holding the corpora (default: bundled data/)")
-    bc.add_argument("--seeds", type=int, default=3)
-    bc.add_argument("--epochs", type=int, default=40, help="passes over the data (default 40)")
+    bc.add_argument("--seeds", type=at_least(1), default=3)
+    bc.add_argument("--epochs", type=at_least(1), default=40, help="passes over the data (default 40)")
     bc.set_defaults(run=_bench_central)
     bi = b.add_parser("inference", help="per-window latency, floor, and `listen` CPU, memory and cold start")
     bi.add_argument("--model", type=Path, default=Path("fedspeech-demo/model.onnx"), help="an exported model")
     bi.add_argument("--out", type=Path, default=Path("fedspeech-bench-inference"), help="where results go")
     bi.add_argument("--data-dir", type=Path, help="folder holding its corpus (default: bundled data/)")
-    bi.add_argument("--repeats", type=int, default=1000, help="windows timed per engine")
+    bi.add_argument("--repeats", type=at_least(1), default=1000, help="windows timed per engine")
     bi.set_defaults(run=_bench_inference)
     add_seeds_parser(b)
     add_listen_bench_parser(b)
+    add_dashboard_bench_parser(b)
 
     li = sub.add_parser("listen", help="run the global model on a microphone or an audio file (no torch)")
     source = li.add_mutually_exclusive_group()
@@ -377,7 +440,9 @@ def build_parser() -> argparse.ArgumentParser:
     audio.add_argument("--device", metavar="NAME|INDEX", help="PortAudio input device (default: the default)")
     audio.add_argument("--list-devices", action="store_true", help="list the audio devices and exit")
     li.add_argument("--realtime", action="store_true", help="pace --input at real speed (default: at once)")
-    li.add_argument("--duration", type=float, metavar="SECONDS", help="stop after this many seconds of audio")
+    li.add_argument(
+        "--duration", type=seconds, metavar="SECONDS", help="stop after this many seconds of audio"
+    )
     li.add_argument("--hop-ms", type=float, help="classify a window every HOP_MS ms of speech (default 100)")
     li.add_argument(
         "--threshold",
@@ -391,11 +456,16 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> None:
     """Entry point of the `fedspeech` command."""
-    args = build_parser().parse_args(argv)
+    args, unknown = build_parser().parse_known_args(argv)
+    if unknown:  # named here, after the subcommand, rather than by the top-level parser
+        command = " ".join(filter(None, ("fedspeech", args.command, getattr(args, "bench", None))))
+        raise SystemExit(f"{command}: unrecognized arguments: {' '.join(unknown)}; see `{command} --help`")
     quiet = args.command in ("demo", "bench")  # they print their own progress lines
     level = logging.DEBUG if args.verbose else logging.WARNING if quiet else logging.INFO
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    logging.getLogger("werkzeug").setLevel(max(level, logging.INFO))  # it would log every request
+    if not args.verbose:
+        for chatty in ("onnxscript", "onnx_ir"):  # the ONNX export's internals, at INFO every round
+            logging.getLogger(chatty).setLevel(logging.WARNING)
     args.run(args)
 
 

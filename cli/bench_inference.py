@@ -8,6 +8,8 @@ detection.
 """
 
 import json
+import logging
+import re
 import resource
 import subprocess
 import sys
@@ -22,12 +24,22 @@ import numpy as np
 import onnx
 import soundfile
 
-from fedspeech.edge_client.onnx_model import OnnxModel
+from fedspeech.edge_client.onnx_model import ModelError, OnnxModel, load_model
 from fedspeech.export.graph import initializers
 from fedspeech.export.quantize import quantize
 from fedspeech.protocol.messages import ModelSpec
 
 GAP_S = 0.8  # silence between the words of the listening test
+# onnxruntime's advice to whoever writes a quantisation script, logged on the root logger at every call
+_QUANTISATION_ADVICE = re.compile(r"Please consider (to run )?pre-processing before quantization")
+
+
+class BenchError(Exception):
+    """What keeps the benchmark from measuring (the model, its corpus, the listener); the text says what."""
+
+
+def _not_advice(record: logging.LogRecord) -> bool:
+    return not _QUANTISATION_ADVICE.match(record.getMessage())
 
 
 @dataclass(frozen=True)
@@ -163,7 +175,7 @@ def _listen_process(model: Path, audio: Path, labels: list[str]) -> tuple[float,
     wall = time.perf_counter() - start
     output, _ = proc.communicate()
     if proc.returncode != 0:
-        raise RuntimeError(f"fedspeech listen failed with exit code {proc.returncode}")
+        raise BenchError(f"`fedspeech listen --model {model}` failed with exit code {proc.returncode}")
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
     detections = sum(_is_detection(line, labels) for line in output.splitlines())
@@ -184,13 +196,19 @@ def _cold_start(model: Path, audio: Path, labels: list[str]) -> float:
                 elapsed = time.perf_counter() - start
                 proc.kill()
                 return elapsed
-    raise RuntimeError("fedspeech listen detected nothing")
+    raise BenchError(
+        f"`fedspeech listen` heard no word in held-out speech with {model}, so cold start to the first "
+        "detection cannot be timed: give a trained model (`fedspeech demo` writes one)"
+    )
 
 
 def run_inference_bench(
     model_path: Path, out: Path, data_dir: Path | None = None, repeats: int = 500
 ) -> Path:
-    """Measure the exported model at model_path; write results.md and results.json into out."""
+    """Measure the exported model at model_path; write results.md and results.json into out.
+
+    BenchError if the model is not one, its corpus is not there, or the listener hears nothing.
+    """
     import torch
     from torch.utils.flop_counter import FlopCounterMode
 
@@ -207,18 +225,31 @@ def run_inference_bench(
 
     torch.set_num_threads(1)
     out.mkdir(parents=True, exist_ok=True)
-    fp32 = OnnxModel(model_path)
-    spec = spec_of(fp32)
+    try:
+        fp32 = load_model(model_path)
+    except ModelError as exc:
+        raise BenchError(str(exc)) from None
+    try:
+        spec = spec_of(fp32)
+    except (KeyError, ValueError) as exc:
+        raise BenchError(f"{model_path}: not a model fedspeech exported (its metadata: {exc})") from None
     model = build_model(spec).eval()
     set_arrays(model, initializers(onnx.load(model_path), PREFIX))
-    corpus = load_corpus(fp32.metadata.get("task") or "fsdd", data_dir)
+    try:
+        corpus = load_corpus(fp32.metadata.get("task") or "fsdd", data_dir)
+    except (ValueError, FileNotFoundError) as exc:
+        raise BenchError(f"the model's held-out clips: {exc}") from None
     heldout_clips = server_test_clips(corpus)
     heldout, labels = load_waveforms(heldout_clips, spec.sample_rate, spec.num_samples)
     train = [c for s in speakers(corpus) for c in client_clips(corpus, s)[0]]
     pick = np.random.default_rng(0).choice(len(train), min(300, len(train)), replace=False)
     calibration, _ = load_waveforms([train[i] for i in pick], spec.sample_rate, spec.num_samples)
 
-    int8_path = quantize(model_path, out / "model-int8.onnx", calibration)
+    logging.getLogger().addFilter(_not_advice)
+    try:
+        int8_path = quantize(model_path, out / "model-int8.onnx", calibration)
+    finally:
+        logging.getLogger().removeFilter(_not_advice)
     int8 = OnnxModel(int8_path)
 
     @torch.no_grad()
@@ -248,8 +279,8 @@ def run_inference_bench(
         words = _one_per_label([c for c in heldout_clips if c.speaker == speaker])
         audio = Path(tmp) / "words.wav"
         seconds = _speech_file(words, spec.sample_rate, audio)
+        cold = _cold_start(model_path, audio, fp32.labels)  # first: a model that hears nothing fails fast
         share, rss, detections = _listen_process(model_path, audio, fp32.labels)
-        cold = _cold_start(model_path, audio, fp32.labels)
 
     report = InferenceReport(
         model=f"{spec.name} ({model_path})",

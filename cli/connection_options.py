@@ -1,13 +1,22 @@
 """Command-line options that say how to reach and trust the coordinator and the broker.
 
 Shared by `fedspeech coordinator`, `client` and `listen`; each turns a setting that cannot work into one
-line and exit code 1.
+line and exit code 1. Also the argument types the commands share (ports, counts, durations) and the
+checks that a port is free and a peer listens, made before a command starts anything.
 """
 
 import argparse
+import errno
+import logging
+import socket
+import urllib.parse
+from collections.abc import Callable
 from pathlib import Path
 
 from fedspeech.protocol.mqtt import BrokerSettings
+from fedspeech.protocol.topics import parse_broker_url
+
+log = logging.getLogger(__name__)
 
 
 def add_coordinator_trust_options(parser: argparse.ArgumentParser) -> None:
@@ -47,14 +56,138 @@ def broker_settings(args: argparse.Namespace, url: str, username: str | None) ->
     return settings
 
 
-def read_secret(path: Path | None, what: str) -> str | None:
+def read_secret(path: Path | None, what: str, command: str = "") -> str | None:
     """The first line of a secret's file, or None; SystemExit if it cannot be read."""
     if path is None:
         return None
     try:
         return path.read_text().strip()[:1024] or None
     except OSError as exc:
-        raise SystemExit(f"fedspeech: cannot read the {what} {path}: {exc.strerror}") from None
+        prefix = f"fedspeech {command}".strip()
+        raise SystemExit(f"{prefix}: cannot read the {what} {path}: {exc.strerror}") from None
+
+
+def coordinator_url(args: argparse.Namespace) -> str:
+    """The --coordinator URL, checked to be http(s)://host[:port]; SystemExit with one line if it is not."""
+    url = args.coordinator
+    try:
+        parts = urllib.parse.urlsplit(url)
+        usable = parts.scheme in ("http", "https") and bool(parts.hostname) and parts.port != 0
+    except ValueError:  # a port that is not a number, or out of range
+        usable = False
+    if not usable:
+        raise SystemExit(
+            f"fedspeech {args.command}: --coordinator {url!r} is not a coordinator's URL: give "
+            "http://HOST:PORT (or https://), e.g. http://127.0.0.1:8080"
+        )
+    return url
+
+
+def port(text: str) -> int:
+    """argparse type: a TCP port number, 1 to 65535."""
+    value = _integer(text)
+    if not 1 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"{value} is not a port number: give 1 to 65535")
+    return value
+
+
+def listen_port(text: str) -> int:
+    """argparse type: a port to listen on, 1 to 65535, or 0 for any free one."""
+    value = _integer(text)
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError(
+            f"{value} is not a port number: give 1 to 65535, or 0 for any free one"
+        )
+    return value
+
+
+def at_least(minimum: int) -> Callable[[str], int]:
+    """argparse type: an integer no smaller than minimum."""
+
+    def count(text: str) -> int:
+        value = _integer(text)
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"must be at least {minimum}, got {value}")
+        return value
+
+    return count
+
+
+def seconds(text: str) -> float:
+    """argparse type: a positive, finite number of seconds."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a positive number of seconds, got {text}")
+    return value
+
+
+def _integer(text: str) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+
+
+def check_free(host: str, port: int) -> None:
+    """OSError if a server could not listen on host:port now: the port taken, or host not this machine's.
+
+    Bound the way the servers bind (SO_REUSEADDR), so that a port left in TIME_WAIT counts as free.
+    """
+    infos = socket.getaddrinfo(host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    error: OSError | None = None
+    for family, kind, proto, _, address in infos:
+        with socket.socket(family, kind, proto) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                probe.bind(address)
+                return
+            except OSError as exc:
+                error = error or exc
+    if error is not None:
+        raise error
+
+
+def unreachable(host: str, port: int, timeout: float = 3.0) -> str | None:
+    """Why nothing answers a TCP connection to host:port (e.g. 'connection refused'), or None if it does."""
+    try:
+        with socket.create_connection((host, port), timeout=timeout):
+            return None
+    except OSError as exc:
+        return reason(exc)
+
+
+def cannot_serve(host: str, port: int, exc: OSError | ValueError) -> str:
+    """Why an HTTP server cannot listen on host:port, and what to do, in one line."""
+    text = f"cannot serve HTTP on {host}:{port}: {reason(exc) if isinstance(exc, OSError) else exc}"
+    code = getattr(exc, "errno", None)
+    if code == errno.EADDRINUSE:
+        text += " (another coordinator running? give a free port with --port N)"
+    elif code == errno.EACCES:
+        text += " (a port below 1024 needs root: give --port N above 1023)"
+    elif code == errno.EADDRNOTAVAIL or isinstance(exc, socket.gaierror):
+        text += " (--host must be an address of this machine: 127.0.0.1, or 0.0.0.0 for all)"
+    return text
+
+
+def warn_if_unreachable(url: str, waiting: str) -> None:
+    """Log one warning if nothing answers at the broker URL now: the MQTT client retries without a word.
+
+    waiting says what waits for the broker meanwhile. A bare TCP probe: the embedded broker (amqtt) logs
+    it as an error, so only for a broker of the operator's own (Mosquitto).
+    """
+    why = unreachable(*parse_broker_url(url))
+    if why is not None:
+        log.warning(
+            "cannot reach the broker at %s (%s): %s; trying again until it answers", url, why, waiting
+        )
+
+
+def reason(exc: OSError) -> str:
+    """An OSError in a few words: its strerror in lower case (e.g. 'address already in use'), or its text."""
+    return exc.strerror.lower() if exc.strerror else str(exc)
 
 
 def coordinator_key(args: argparse.Namespace) -> str | None:

@@ -3,10 +3,11 @@
 import logging
 from dataclasses import asdict
 
-from flask import Blueprint, Response, current_app, jsonify, request, send_file
+from flask import Blueprint, Response, current_app, g, jsonify, request, send_file
 from werkzeug.exceptions import ClientDisconnected, RequestEntityTooLarge
 
-from fedspeech.coordinator.enrolment import EnrolmentRefused
+from fedspeech.coordinator.admin import admin_only
+from fedspeech.coordinator.enrolment import EnrolmentRefused, revoke_device
 from fedspeech.coordinator.errors import BadUpload, NotWanted
 from fedspeech.protocol import messages, routes, signing
 from fedspeech.protocol.messages import Credentials, ProtocolError, Registration, TaskInfo
@@ -37,6 +38,12 @@ class _TooLarge(Exception):
 
 
 _STATUSES = {BadUpload: 400, _Unauthorized: 401, NotWanted: 409, _TooLarge: 413}
+_KINDS = {
+    BadUpload: "invalid",
+    _Unauthorized: "unauthorized",
+    NotWanted: "not_wanted",
+    _TooLarge: "too_large",
+}
 
 
 @bp.errorhandler(BadUpload)
@@ -44,6 +51,9 @@ _STATUSES = {BadUpload: 400, _Unauthorized: 401, NotWanted: 409, _TooLarge: 413}
 @bp.errorhandler(_Unauthorized)
 @bp.errorhandler(_TooLarge)
 def _refused(exc: Exception) -> tuple[Response, int]:
+    if request.endpoint == "api.upload_update":
+        round = (request.view_args or {}).get("round", -1)
+        _service().outcomes.rejected(g.get("device_id"), round, _KINDS[type(exc)], str(exc))
     return _error(_STATUSES[type(exc)], str(exc))
 
 
@@ -84,6 +94,7 @@ def _device() -> str:
     device_id = _service().store.device_for_token(token)
     if device_id is None:
         raise _Unauthorized("unknown bearer token")
+    g.device_id = device_id
     return device_id
 
 
@@ -121,7 +132,9 @@ def model_file(round: int, kind: str):
     path = service.store.model_path(round, kind)
     if not path.exists():
         return _error(404, f"no {kind} for round {round}")
-    service.orchestrator.count_download(round, path.stat().st_size)
+    token = _bearer()  # a device's download is the round's traffic; a listener's or an operator's is not
+    if token is not None and service.store.device_for_token(token) is not None:
+        service.orchestrator.count_download(round, path.stat().st_size)
     return send_file(path, mimetype="application/octet-stream", max_age=0)
 
 
@@ -147,7 +160,9 @@ def upload_update(round: int):
     """Accept a device's trained weights for the open round."""
     device = _device()
     body = _body(MAX_UPDATE_BYTES)
-    _service().orchestrator.receive_update(round, device, body, request.headers.get("X-Content-SHA256", ""))
+    service = _service()
+    service.orchestrator.receive_update(round, device, body, request.headers.get("X-Content-SHA256", ""))
+    service.outcomes.accepted(device, round)
     return jsonify(accepted=True, device_id=device, round=round)
 
 
@@ -188,6 +203,7 @@ def status():
 
 
 @bp.get(routes.DEVICES_RULE)
+@admin_only
 def devices():
     """Known devices (registered or enrolled) with their latest MQTT status and clips per label."""
     service = _service()
@@ -207,12 +223,14 @@ def devices():
 
 
 @bp.get(routes.ROUNDS_RULE)
+@admin_only
 def rounds():
     """Every completed round with its metrics."""
     return jsonify([asdict(r) for r in _service().store.rounds()])
 
 
 @bp.get(routes.ROUND_RULE)
+@admin_only
 def round_detail(round: int):
     """One completed round and the updates aggregated into it."""
     store = _service().store
@@ -223,3 +241,19 @@ def round_detail(round: int):
     return jsonify(
         {**asdict(record), "updates": [asdict(u) for u in store.updates(round)], "evaluations": evaluations}
     )
+
+
+@bp.delete(routes.DEVICE_RULE)
+@admin_only
+def revoke(device_id: str):
+    """Revoke a device: its token stops working and it must be enrolled again. Only with an admin token."""
+    service = _service()
+    if service.admin_token is None:
+        return _error(
+            403,
+            "this coordinator has no admin token (--admin-token-file): revoke beside its state with "
+            "`fedspeech devices revoke ID --state DIR`",
+        )
+    if not revoke_device(service.store, device_id):
+        return _error(404, f"no device {device_id[:64]!r}")
+    return jsonify(revoked=device_id)

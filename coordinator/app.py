@@ -14,14 +14,17 @@ from flask import Flask
 from fedspeech.coordinator.api import MAX_UPDATE_BYTES
 from fedspeech.coordinator.api import bp as api_bp
 from fedspeech.coordinator.broker import EmbeddedBroker
+from fedspeech.coordinator.dashboard import bp as dashboard_bp
 from fedspeech.coordinator.enrolment import MAX_DEVICES, Enrolment
 from fedspeech.coordinator.global_model import GlobalModel
 from fedspeech.coordinator.http_server import HttpServer, serve
+from fedspeech.coordinator.metrics import bp as metrics_bp
 from fedspeech.coordinator.mqtt_link import CoordinatorLink
 from fedspeech.coordinator.orchestrator import Orchestrator
 from fedspeech.coordinator.round_config import RoundConfig
 from fedspeech.coordinator.shared_validation import SharedValidation
 from fedspeech.coordinator.store import StateError, Store
+from fedspeech.coordinator.upload_outcomes import UploadOutcomes
 from fedspeech.protocol import signing
 from fedspeech.protocol.files import write_atomically
 from fedspeech.protocol.messages import TaskDefinition
@@ -51,6 +54,9 @@ DEFAULTS: dict[str, Any] = {
     "HTTP_TIMEOUT_S": 30.0,
     "TLS_CERT": None,
     "TLS_KEY": None,
+    # a file holding the operator's token: with it, the dashboard, /metrics and the device and round
+    # listings answer only its holder, and devices can be revoked over HTTP
+    "ADMIN_TOKEN_FILE": None,
     "MAX_CONTENT_LENGTH": MAX_UPDATE_BYTES,  # Flask's bound on any body; each route has its own below it
     "TOPIC_ROOT": DEFAULT_ROOT,
     "TASK": "fsdd",  # a built-in task (fsdd, emodb, speech_commands) or the path of a task file
@@ -84,6 +90,8 @@ class Service:
     broker_url: str
     broker: EmbeddedBroker | None = None
     shared_validation: SharedValidation | None = None  # clips devices share, where the operator takes them
+    admin_token: str | None = None  # None: the fleet's state is readable by anyone who reaches the API
+    outcomes: UploadOutcomes = field(default_factory=UploadOutcomes)
     stop_event: threading.Event = field(default_factory=threading.Event)
     thread: threading.Thread | None = None
 
@@ -215,6 +223,7 @@ def create_app(config: Mapping[str, Any] | None = None) -> Flask:
         app.config.from_mapping(config)
 
     round_config = _round_config(app.config)
+    admin_token = _admin_token(app.config["ADMIN_TOKEN_FILE"])
     settings, broker = _broker(app.config)
     model = _global_model(app.config)  # a bad task stops the coordinator before its state is touched
     store = Store(Path(app.config["STATE_DIR"]))
@@ -232,9 +241,31 @@ def create_app(config: Mapping[str, Any] | None = None) -> Flask:
         settings.url,
         broker,
         shared_validation=model.shared_validation,
+        admin_token=admin_token,
     )
     app.register_blueprint(api_bp)
+    app.register_blueprint(dashboard_bp)
+    app.register_blueprint(metrics_bp)
     return app
+
+
+MIN_ADMIN_TOKEN_CHARS = 16
+
+
+def _admin_token(path: str | None) -> str | None:
+    """The admin token in the file at path, or None without one; ValueError if it is unusable."""
+    if path is None:
+        return None
+    try:
+        token = Path(path).read_text().strip()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ValueError(f"cannot read the admin token file {path}: {exc}") from None
+    if len(token) < MIN_ADMIN_TOKEN_CHARS or any(c.isspace() or not c.isprintable() for c in token):
+        raise ValueError(
+            f"the admin token in {path} must be at least {MIN_ADMIN_TOKEN_CHARS} printable characters "
+            "without spaces: make one with `python3 -c 'import secrets; print(secrets.token_urlsafe(32))'`"
+        )
+    return token
 
 
 def _broker(config: Mapping[str, Any]) -> tuple[BrokerSettings, EmbeddedBroker | None]:

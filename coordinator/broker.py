@@ -2,6 +2,7 @@
 
 import asyncio
 import logging
+import os
 import threading
 
 log = logging.getLogger(__name__)
@@ -24,8 +25,9 @@ class EmbeddedBroker:
         return f"mqtt://{self.host}:{self.port}"
 
     def start(self) -> None:
-        """Start listening; return once the broker accepts connections."""
+        """Start listening; return once the broker accepts connections. OSError if it cannot listen there."""
         from amqtt.broker import Broker
+        from amqtt.errors import BrokerError
 
         config = {
             "listeners": {"default": {"type": "tcp", "bind": f"{self.host}:{self.port}"}},
@@ -38,7 +40,19 @@ class EmbeddedBroker:
             await broker.start()
             self._broker = broker
 
-        asyncio.run_coroutine_threadsafe(start(), self._loop).result(timeout=15)
+        # amqtt logs a failed start with a traceback; the OSError below says it in one line instead
+        amqtt_log = logging.getLogger("amqtt.broker")
+        level = amqtt_log.level
+        amqtt_log.setLevel(logging.CRITICAL)
+        try:
+            asyncio.run_coroutine_threadsafe(start(), self._loop).result(timeout=15)
+        except BrokerError as exc:
+            cause = exc.__cause__
+            if isinstance(cause, OSError) and cause.errno is not None:  # the port taken, the host not ours
+                raise OSError(cause.errno, os.strerror(cause.errno)) from None
+            raise OSError(str(cause or exc)) from None
+        finally:
+            amqtt_log.setLevel(level)
         log.info("embedded MQTT broker listening on %s", self.url)
 
     def stop(self) -> None:

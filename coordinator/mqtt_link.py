@@ -2,6 +2,7 @@
 
 import logging
 import threading
+import time
 import uuid
 from collections import OrderedDict
 
@@ -34,6 +35,7 @@ class CoordinatorLink:
         self.topics, self.settings, self._key = topics, settings, key
         self.max_tracked, self.max_offline = max_tracked, max_offline
         self._status: dict[str, DeviceStatus] = {}
+        self._seen: dict[str, float] = {}  # when each tracked device's latest status arrived
         self._offline: OrderedDict[str, None] = OrderedDict()  # offline devices, longest offline first
         self._full_logged = False
         self._lock = threading.Lock()
@@ -91,6 +93,7 @@ class CoordinatorLink:
                 return
             self._forget(next(iter(self._offline)))
         self._status[device_id] = status
+        self._seen[device_id] = time.time()
         if status.state == "offline":
             self._offline[device_id] = None
             while len(self._offline) > self.max_offline:
@@ -98,12 +101,18 @@ class CoordinatorLink:
 
     def _forget(self, device_id: str) -> None:
         self._status.pop(device_id, None)
+        self._seen.pop(device_id, None)
         self._offline.pop(device_id, None)
 
     def statuses(self) -> dict[str, DeviceStatus]:
         """The latest status of every device heard from (within the bounds)."""
         with self._lock:
             return dict(self._status)
+
+    def last_seen(self) -> dict[str, float]:
+        """When the latest status of every tracked device arrived (Unix time)."""
+        with self._lock:
+            return dict(self._seen)
 
     def online(self) -> list[str]:
         """Ids of devices whose latest status is not offline."""

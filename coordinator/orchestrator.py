@@ -271,9 +271,11 @@ class Orchestrator:
             (r for _, r in open_.updates.values() if r.device_id in kept_ids), key=lambda r: r.device_id
         )
         teacher = self._distil(round, new)
+        missing, online = set(open_.tasks) - set(open_.updates), set(self.link.online())
         record = self._complete(
-            round, started, len(plan.work), new, records, open_.bytes_up, open_.bytes_down, teacher
-        )
+            round, started, len(plan.work), new, records, open_.bytes_up, open_.bytes_down, teacher,
+            withdrawn=len(missing - online), stragglers=len(missing & online),
+        )  # fmt: skip
         self.store.remove_relays(round)
         if self._evaluates(round):
             try:
@@ -561,6 +563,8 @@ class Orchestrator:
         bytes_up: int,
         bytes_down: int,
         teacher: Arrays | None = None,
+        withdrawn: int = 0,
+        stragglers: int = 0,
     ) -> RoundRecord:
         """Grow if the next round is deeper, then evaluate, export, store and announce a new global model."""
         arrays = self._grown_for(round + 1, arrays)
@@ -582,6 +586,8 @@ class Orchestrator:
             bytes_down=bytes_down,
             weights_sha256=weights.sha256(blob),
             onnx_sha256=weights.sha256(onnx),
+            withdrawn=withdrawn,
+            stragglers=stragglers,
         )
         teacher_blob = (
             weights.encode(teacher, metadata={"round": str(round)}) if teacher is not None else None

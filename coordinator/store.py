@@ -37,7 +37,9 @@ CREATE TABLE IF NOT EXISTS rounds (
     bytes_up INTEGER NOT NULL,
     bytes_down INTEGER NOT NULL,
     weights_sha256 TEXT NOT NULL,
-    onnx_sha256 TEXT
+    onnx_sha256 TEXT,
+    withdrawn INTEGER NOT NULL DEFAULT 0,
+    stragglers INTEGER NOT NULL DEFAULT 0
 );
 CREATE TABLE IF NOT EXISTS updates (
     round INTEGER NOT NULL,
@@ -84,6 +86,9 @@ class RoundRecord:
     bytes_down: int
     weights_sha256: str
     onnx_sha256: str | None = None
+    # devices selected whose update is not in the round: gone offline during it, or still online but late
+    withdrawn: int = 0
+    stragglers: int = 0
     # federated evaluation: devices asked and reporting, and their pooled scores (None: too few reports)
     evaluation_asked: int | None = None  # None: the round's model was not evaluated on the devices
     evaluation_reports: int | None = None
@@ -140,6 +145,21 @@ _SELECT_ROUNDS = (
 )
 
 
+# columns added since the first release, for state directories made before them
+_ADDED_COLUMNS = {
+    "devices": {"secret_sha256": "TEXT NOT NULL DEFAULT ''"},
+    "rounds": {"withdrawn": "INTEGER NOT NULL DEFAULT 0", "stragglers": "INTEGER NOT NULL DEFAULT 0"},
+}
+
+
+def _add_missing_columns(db: sqlite3.Connection) -> None:
+    for table, added in _ADDED_COLUMNS.items():
+        columns = {row[1] for row in db.execute(f"PRAGMA table_info({table})")}
+        for name, definition in added.items():
+            if name not in columns:
+                db.execute(f"ALTER TABLE {table} ADD COLUMN {name} {definition}")
+
+
 def token_digest(token: str) -> str:
     """What the store keeps of a bearer token or an enrolment secret: its sha256, never the text."""
     return hashlib.sha256(token.encode()).hexdigest()
@@ -168,9 +188,7 @@ class Store:
                 if db.execute("PRAGMA quick_check").fetchone() != ("ok",):
                     raise sqlite3.DatabaseError("its integrity check failed")
                 db.executescript(SCHEMA)
-                columns = {row[1] for row in db.execute("PRAGMA table_info(devices)")}
-                if "secret_sha256" not in columns:  # a state directory from before enrolment secrets
-                    db.execute("ALTER TABLE devices ADD COLUMN secret_sha256 TEXT NOT NULL DEFAULT ''")
+                _add_missing_columns(db)
         except sqlite3.Error as exc:
             raise StateError(
                 f"{self._db} cannot be used ({exc}): restore it from a backup, or move it away to start "
@@ -374,6 +392,12 @@ class Store:
         with self._connect() as db:
             row = db.execute(f"{_SELECT_ROUNDS} ORDER BY r.round DESC LIMIT 1").fetchone()
         return RoundRecord(*row) if row else None
+
+    def rounds_joined(self) -> dict[str, int]:
+        """How many rounds' models each device's updates went into."""
+        with self._connect() as db:
+            rows = db.execute("SELECT device_id, COUNT(*) FROM updates GROUP BY device_id").fetchall()
+        return dict(rows)
 
     def updates(self, round: int) -> list[UpdateRecord]:
         """The updates aggregated into a round."""

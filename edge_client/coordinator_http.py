@@ -82,6 +82,14 @@ def backoff(first: float = 0.5, maximum: float = 10.0) -> Iterator[float]:
         delay = min(delay * 2, maximum)
 
 
+def connection_error(exc: Exception) -> str:
+    """Why a request got no answer, in a few words: urllib's reason without its wrapping."""
+    reason = getattr(exc, "reason", exc)  # urllib.error.URLError wraps the socket's or TLS' error
+    if isinstance(reason, OSError) and not isinstance(reason, ssl.SSLError) and reason.strerror:
+        return reason.strerror.lower()
+    return str(reason)
+
+
 def error_reason(reply: Reply) -> str:
     """The coordinator's error text from a reply, or its status."""
     try:
@@ -173,8 +181,12 @@ class CoordinatorClient:
                     return reply
                 reason = f"HTTP {reply.status}: {error_reason(reply)}"
             except _CONNECTION_ERRORS as exc:
-                reason = str(exc)
-            log.info("%s attempt %d failed (%s); retrying in %.1f s", what, attempt, reason, delay)
+                reason = connection_error(exc)
+            # a daemon waits for its coordinator, which may start after it or restart: one line a try
+            log.warning(
+                "%s to the coordinator at %s failed (%s); asking again in %.1f s (attempt %d)",
+                what, self.base_url, reason, delay, attempt,
+            )  # fmt: skip
             self.stop.wait(delay)
         return None
 
@@ -182,7 +194,12 @@ class CoordinatorClient:
         """What the fleet learns and the model it trains; asked until answered, None if stopped first."""
         while (reply := self._until_answered("task request", "GET", routes.TASK)) is not None:
             if reply.status != 200:
-                raise RuntimeError(f"the coordinator refused the task request: {error_reason(reply)}")
+                status, reason = f"HTTP {reply.status}", error_reason(reply)
+                answer = status if reason == status else f"{status} ({reason})"
+                raise Refused(
+                    f"{self.base_url} answered GET {routes.TASK} with {answer}: is --coordinator the URL "
+                    "of a fedspeech coordinator?"
+                )
             try:
                 return messages.decode(reply.body, TaskInfo)
             except messages.ProtocolError as exc:

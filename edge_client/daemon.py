@@ -58,7 +58,12 @@ class ClientConfig:
         """ValueError, in words a user can act on, for settings that cannot work."""
         if not messages.DEVICE_ID.match(self.device_id):
             raise ValueError(f"device id {self.device_id!r}: use 1 to 64 letters, digits, '_', '.' or '-'")
-        routes.url(self.coordinator_url, routes.STATUS)  # an http:// or https:// URL
+        try:
+            routes.url(self.coordinator_url, routes.STATUS)  # an http:// or https:// URL
+        except ValueError:
+            raise ValueError(
+                f"{self.coordinator_url!r} is not a coordinator's URL: give http(s)://HOST:PORT"
+            ) from None
         self.broker.check()
         https_context(self.coordinator_ca)
         if self.coordinator_key is not None:
@@ -70,6 +75,11 @@ class ClientConfig:
             raise ValueError("the enrolment secret holds spaces or control characters")
         if not 0 <= self.share_validation <= MAX_SHARED_CLIPS:
             raise ValueError(f"share at most {MAX_SHARED_CLIPS} clips for validation")
+        if self.max_samples is not None and self.max_samples < 1:
+            raise ValueError(f"the most clips to train on must be at least 1, got {self.max_samples}")
+        if self.torch_threads < 1:
+            raise ValueError(f"torch threads must be at least 1, got {self.torch_threads}")
+        self.data.check()
 
 
 @dataclass

@@ -15,7 +15,15 @@ from pathlib import Path
 
 import numpy as np
 
-from fedspeech.models.datasets import Clip, Corpus, bundled_data_dir, client_clips, load_corpus, load_windows
+from fedspeech.models.datasets import (
+    Clip,
+    Corpus,
+    bundled_data_dir,
+    client_clips,
+    load_corpus,
+    load_windows,
+    speakers,
+)
 from fedspeech.models.folders import ClipCache, Skipped, list_folder, list_negative
 from fedspeech.protocol.labels import none_class
 from fedspeech.protocol.messages import TaskDefinition
@@ -57,6 +65,28 @@ class DataSource:
     def describe(self) -> str:
         """Where the clips come from, for logs."""
         return str(self.folder) if self.folder is not None else f"{self.corpus} speaker {self.speaker}"
+
+    def check(self) -> None:
+        """ValueError, in words a user can act on, if the corpus or its speaker is not there.
+
+        A folder is scanned for each task instead: recordings may come later.
+        """
+        if self.folder is not None or self.corpus is None or self.speaker is None:
+            return
+        try:
+            corpus = _listed(self.corpus, self.corpus_dir)
+        except FileNotFoundError as exc:
+            raise ValueError(str(exc)) from None
+        known = speakers(corpus)
+        if self.speaker not in known:
+            shown = ", ".join(known[:12]) + (f" and {len(known) - 12} more" if len(known) > 12 else "")
+            raise ValueError(f"corpus {corpus.name!r} has no speaker {self.speaker!r}; its speakers: {shown}")
+
+
+@functools.lru_cache(maxsize=8)
+def _listed(corpus: str, corpus_dir: Path | None) -> Corpus:
+    """A corpus, listed once per process however many of its speakers it hosts: it does not change."""
+    return load_corpus(corpus, corpus_dir)
 
 
 class LocalData:
@@ -136,8 +166,8 @@ class LocalData:
             return list_folder(source.folder, task.labels, task.negatives)
         if source.corpus is None or source.speaker is None:
             raise ValueError("a data source is a folder, or a corpus and a speaker")
-        if self._corpus is None:  # a bundled corpus does not change: listed once
-            self._corpus = load_corpus(source.corpus, source.corpus_dir)
+        if self._corpus is None:
+            self._corpus = _listed(source.corpus, source.corpus_dir)
         corpus = self._corpus
         clips, skipped = [], []
         for clip in (clip for side in client_clips(corpus, source.speaker) for clip in side):

@@ -71,7 +71,14 @@ def load_corpus(name: str, data_dir: Path | None = None) -> Corpus:
     root = Path(data_dir) if data_dir is not None else bundled_data_dir()
     folder = root / CORPORA[name]
     if not folder.is_dir():
-        raise FileNotFoundError(f"corpus {name!r} not found: no folder {folder}")
+        if data_dir is None:
+            raise FileNotFoundError(
+                f"corpus {name!r} is not in the bundled data (which holds fsdd): give the folder that "
+                f"holds {CORPORA[name]}/ as --data-dir DIR"
+            )
+        raise FileNotFoundError(
+            f"corpus {name!r} not found: no folder {folder} (--data-dir DIR must hold {CORPORA[name]}/)"
+        )
     if name == "fsdd":
         corpus = _list_fsdd(folder)
     elif name == "emodb":

@@ -4,6 +4,7 @@ Every process that talks to the broker (coordinator, device daemon, listener) ma
 connection settings (TLS, user name and password) are decided in one place.
 """
 
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -14,6 +15,8 @@ from fedspeech.protocol.topics import parse_broker_url
 
 RECONNECT_MIN_S, RECONNECT_MAX_S = 1, 30
 MAX_PASSWORD_BYTES = 1024
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -68,6 +71,10 @@ def make_client(
     if last_will is not None:
         client.will_set(last_will.topic, last_will.payload, qos=1, retain=True)
     client.reconnect_delay_set(min_delay=RECONNECT_MIN_S, max_delay=RECONNECT_MAX_S)
+    # paho retries quietly: without this line a device pointed at a broker that never answers says nothing
+    client.on_connect_fail = lambda client, userdata: log.warning(
+        "cannot reach the broker at %s; trying again", settings.url
+    )
     if settings.username:
         password = None
         if settings.password_file is not None:

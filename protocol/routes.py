@@ -12,6 +12,7 @@ PREFIX = "/api"
 # Flask rules, relative to PREFIX
 TASK_RULE = "/task"
 DEVICES_RULE = "/devices"
+DEVICE_RULE = "/devices/<device_id>"
 MODEL_RULE = "/models/<int:round>/<any(weights, onnx, teacher):kind>"
 LATEST_MODEL_RULE = "/models/latest"
 UPDATES_RULE = "/rounds/<int:round>/updates"
@@ -22,12 +23,14 @@ ROUNDS_RULE = "/rounds"
 ROUND_RULE = "/rounds/<int:round>"
 KEY_RULE = "/key"  # the public key tasks and announcements are signed with: {"coordinator_key": base64}
 VALIDATION_RULE = "/validation"  # clips a device chose to share for quality-weighted aggregation
+OVERVIEW_RULE = "/overview"  # devices, rounds and the model at a glance: the dashboard and `fedspeech status`
 
 TASK = PREFIX + TASK_RULE
 DEVICES = PREFIX + DEVICES_RULE
 STATUS = PREFIX + STATUS_RULE
 KEY = PREFIX + KEY_RULE
 VALIDATION = PREFIX + VALIDATION_RULE
+OVERVIEW = PREFIX + OVERVIEW_RULE
 
 
 MODEL_KINDS = ("weights", "onnx", "teacher")
@@ -38,6 +41,11 @@ def model(round: int, kind: str) -> str:
     if kind not in MODEL_KINDS:
         raise ValueError(f"kind must be one of {', '.join(MODEL_KINDS)}, got {kind!r}")
     return f"{PREFIX}/models/{round}/{kind}"
+
+
+def device(device_id: str) -> str:
+    """A device known to the coordinator, as the operator revokes it."""
+    return f"{DEVICES}/{device_id}"
 
 
 def updates(round: int) -> str:

@@ -1,6 +1,7 @@
 """The coordinator's state directory: devices, tokens, rounds and model files survive a reopen."""
 
 import sqlite3
+from dataclasses import replace
 
 import pytest
 
@@ -104,3 +105,20 @@ def test_a_coordinator_starting_removes_model_files_a_crash_left_half_written(tm
     assert half.exists()
     store.remove_unfinished_writes()
     assert not half.exists()
+
+
+def test_a_state_directory_from_before_round_attendance_is_migrated(tmp_path):
+    with sqlite3.connect(tmp_path / "state.sqlite3") as db:
+        db.execute(
+            "CREATE TABLE rounds (round INTEGER PRIMARY KEY, started_at REAL NOT NULL, "
+            "finished_at REAL NOT NULL, wall_s REAL NOT NULL, devices INTEGER NOT NULL, "
+            "results INTEGER NOT NULL, accuracy REAL, macro_f1 REAL, loss REAL, bytes_up INTEGER NOT NULL, "
+            "bytes_down INTEGER NOT NULL, weights_sha256 TEXT NOT NULL, onnx_sha256 TEXT)"
+        )
+        db.execute("INSERT INTO rounds VALUES (0, 1.0, 2.0, 1.0, 0, 0, NULL, NULL, NULL, 0, 0, 'ab', NULL)")
+    db.close()
+    store = Store(tmp_path)
+    old = store.latest_round()
+    assert (old.round, old.withdrawn, old.stragglers) == (0, 0, 0)
+    store.save_round(replace(_record(1), withdrawn=2, stragglers=1), b"w1", None, [])
+    assert (store.latest_round().withdrawn, store.latest_round().stragglers) == (2, 1)
