@@ -10,7 +10,7 @@ from fedspeech.coordinator_api import CoordinatorApiError, add_admin_options, ad
 def run(args: argparse.Namespace) -> None:
     """`fedspeech devices add|revoke|list`: through --coordinator's API if given, else on --state."""
     try:
-        if args.coordinator:
+        if getattr(args, "coordinator", None):  # `devices add` works on the state only
             _over_http(args)
         else:
             _on_state(args)
