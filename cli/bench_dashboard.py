@@ -1,6 +1,6 @@
 """`fedspeech bench dashboard`: round wall time with dashboards polling against none, in one run.
 
-Rounds alternate between the two arms, so that drift in the machine's load falls on both alike.
+Blocks of rounds alternate between the two arms, so that drift in the machine's load falls on both alike.
 """
 
 import argparse
@@ -9,8 +9,6 @@ import statistics
 import time
 from pathlib import Path
 from typing import Any
-
-from fedspeech.fleet_run import fleet_run
 
 SPEAKERS = ("george", "jackson", "theo")
 CHROMIUM = "/usr/bin/chromium"
@@ -67,6 +65,7 @@ def _measured(round: int) -> bool:
 
 def run_dashboard_bench(out: Path, rounds: int, tabs: int, max_samples: int) -> Path:
     """Run the fleet with `tabs` dashboards polling in every other block of rounds; the report's path."""
+    from fedspeech.fleet_run import fleet_run
     from fedspeech.fleets.fleet_files import DeviceSpec
 
     out.mkdir(parents=True, exist_ok=True)

@@ -129,12 +129,15 @@ def test_listen_never_imports_torch(models, digits_wav):
         f"main({argv!r})\n"
         "print('torch modules:', sorted(m for m in sys.modules if m.split('.')[0] == 'torch'))\n"
         "print('onnxruntime loaded:', 'onnxruntime' in sys.modules)\n"
+        "server = ('flask', 'werkzeug', 'fedspeech.coordinator.')\n"
+        "print('server modules:', sorted(m for m in sys.modules if m.startswith(server)))\n"
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
     assert len(detections(result.stdout)) >= 9  # it really ran the model
     assert "torch modules: []" in result.stdout
     assert "onnxruntime loaded: True" in result.stdout
+    assert "server modules: []" in result.stdout, "a listen-only install has no flask"
 
 
 def test_stereo_44k_file_is_mixed_down_and_resampled(models, tmp_path):

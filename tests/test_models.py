@@ -123,18 +123,19 @@ def test_train_local_lowers_loss_deterministically(fsdd_batch):
     model = build_model(spec)
     initial = get_arrays(model)
     before = evaluate(model, waveforms, labels)
-    result = train_local(model, waveforms, labels, epochs=8, batch_size=16, learning_rate=3e-3, seed=1)
+    # 12 epochs, not 8: on some CPUs float rounding leaves 8 epochs at 0.35 (12 reach 0.79 there)
+    result = train_local(model, waveforms, labels, epochs=12, batch_size=16, learning_rate=3e-3, seed=1)
     after = evaluate(model, waveforms, labels)
     assert after.loss < before.loss
     assert after.accuracy > before.accuracy + 0.3, "well above chance after a few epochs"
     assert result.num_samples == len(waveforms)
     assert result.seconds > 0
-    assert result.seconds_per_sample == pytest.approx(result.seconds / (8 * len(waveforms)))
+    assert result.seconds_per_sample == pytest.approx(result.seconds / (12 * len(waveforms)))
     assert not model.training
     # the same start, data and seed give the same weights
     again = build_model(spec)
     set_arrays(again, initial)
-    train_local(again, waveforms, labels, epochs=8, batch_size=16, learning_rate=3e-3, seed=1)
+    train_local(again, waveforms, labels, epochs=12, batch_size=16, learning_rate=3e-3, seed=1)
     assert all(np.array_equal(value, get_arrays(again)[name]) for name, value in get_arrays(model).items())
 
 

@@ -141,7 +141,7 @@ def wheel(tmp_path_factory) -> Path:
 
 
 def expected_files(source: Path) -> set[str]:
-    """What a wheel of source must hold besides its metadata: every module, the bundled data, the fleets."""
+    """What a wheel of source must hold besides its metadata: every module, the data, fleets and dashboard."""
     setuptools = tomllib.loads((source / "pyproject.toml").read_text())["tool"]["setuptools"]
     files = set()
     for package, folder in setuptools["package-dir"].items():
@@ -150,7 +150,8 @@ def expected_files(source: Path) -> set[str]:
             relative = path.relative_to(source / folder)
             if path.is_dir() or "__pycache__" in relative.parts or relative.name.startswith("."):
                 continue
-            if path.suffix == ".py" or path.name == "py.typed" or data_folder:
+            dashboard = package == "fedspeech.coordinator" and relative.parts[0] == "web"
+            if path.suffix == ".py" or path.name == "py.typed" or data_folder or dashboard:
                 files.add("/".join([*package.split("."), *relative.parts]))
     return files
 
