@@ -1,10 +1,8 @@
 """The operator API as `fedspeech status` and `fedspeech devices` call it: options and requests."""
 
 import argparse
+import http.client
 import json
-import ssl
-import urllib.error
-import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -34,45 +32,38 @@ def add_admin_options(
 
 def admin_request(args: argparse.Namespace, method: str, path: str) -> Any:
     """The JSON reply of an API request with the admin token; CoordinatorApiError says what went wrong."""
+    from fedspeech.edge_client.coordinator_http import connection_error, error_reason, https_context, request
     from fedspeech.protocol import routes
 
     try:
         url = routes.url(args.coordinator, path)
     except ValueError:
         raise CoordinatorApiError(f"{args.coordinator!r} is not an http:// or https:// URL") from None
+    try:
+        context = https_context(args.coordinator_ca)
+    except ValueError as exc:
+        raise CoordinatorApiError(str(exc)) from None
     token = read_secret(args.admin_token_file, "admin token", args.command)
-    headers = {"Authorization": f"Bearer {token}"} if token else {}
-    try:
-        context = ssl.create_default_context(cafile=str(args.coordinator_ca)) if args.coordinator_ca else None
-    except (OSError, ssl.SSLError) as exc:
+    headers = {"Authorization": f"Bearer {token}"} if token else None
+    try:  # one byte more than the limit shows a reply over it
+        reply = request(
+            method, url, headers=headers, timeout=TIMEOUT_S, limit=MAX_REPLY_BYTES + 1, context=context
+        )
+    except (OSError, http.client.HTTPException) as exc:  # refused, unreachable, timed out, TLS
         raise CoordinatorApiError(
-            f"cannot use {args.coordinator_ca} as the coordinator's CA: {exc}"
+            f"cannot reach the coordinator at {args.coordinator}: {connection_error(exc)}"
         ) from None
-    request = urllib.request.Request(url, method=method, headers=headers)
-    try:
-        with urllib.request.urlopen(request, timeout=TIMEOUT_S, context=context) as reply:
-            body = reply.read(MAX_REPLY_BYTES + 1)
-    except urllib.error.HTTPError as exc:
-        raise CoordinatorApiError(_refusal(exc)) from None
-    except (OSError, ValueError) as exc:  # refused, unreachable, timed out, TLS
-        reason = getattr(exc, "reason", exc)
-        raise CoordinatorApiError(f"cannot reach the coordinator at {args.coordinator}: {reason}") from None
-    if len(body) > MAX_REPLY_BYTES:
+    if reply.status == 401:
+        raise CoordinatorApiError(
+            f"the coordinator wants its admin token (--admin-token-file FILE): {error_reason(reply)}"
+        )
+    if reply.status != 200:
+        raise CoordinatorApiError(f"the coordinator answered {reply.status}: {error_reason(reply)}")
+    if len(reply.body) > MAX_REPLY_BYTES:
         raise CoordinatorApiError(f"{path} answered more than {MAX_REPLY_BYTES} bytes")
     try:
-        return json.loads(body)
+        return json.loads(reply.body)
     except ValueError:
         raise CoordinatorApiError(
             f"{path} did not answer JSON: is {args.coordinator} a coordinator?"
         ) from None
-
-
-def _refusal(exc: urllib.error.HTTPError) -> str:
-    """One line for an HTTP error: the coordinator's own reason where it gave one."""
-    try:
-        reason = json.loads(exc.read(4096))["error"]
-    except (ValueError, KeyError, TypeError, OSError):
-        reason = exc.reason
-    if exc.code == 401:
-        return f"the coordinator wants its admin token (--admin-token-file FILE): {reason}"
-    return f"the coordinator answered {exc.code}: {reason}"
