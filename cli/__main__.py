@@ -6,9 +6,7 @@ import signal
 from pathlib import Path
 from typing import NoReturn
 
-from fedspeech.bench_dashboard import add_parser as add_dashboard_bench_parser
-from fedspeech.bench_listen import add_parser as add_listen_bench_parser
-from fedspeech.bench_seeds import add_parser as add_seeds_parser
+from fedspeech.bench_command import add_parser as add_bench_parser
 from fedspeech.connection_options import (
     add_broker_options,
     add_coordinator_trust_options,
@@ -20,7 +18,7 @@ from fedspeech.connection_options import (
     coordinator_url,
     listen_port,
     read_secret,
-    reason,
+    results_folder,
     seconds,
     unreachable,
 )
@@ -130,7 +128,7 @@ def _demo(args: argparse.Namespace) -> None:
             raise SystemExit(f"fedspeech demo: {cannot_serve('127.0.0.1', args.port, exc)}") from None
     if args.broker is not None:
         _check_broker("demo", args.broker)
-    _out_dir("demo", args.out)
+    results_folder("demo", args.out)
 
     run_demo(
         DemoConfig(
@@ -145,73 +143,6 @@ def _demo(args: argparse.Namespace) -> None:
             eval_every=args.eval_every if args.eval_every is not None else DemoConfig.eval_every,
         )
     )
-
-
-def _bench_strategies(args: argparse.Namespace) -> None:
-    from fedspeech.bench import run_bench, strategies_config
-
-    corpora = args.corpus or (["fsdd", "emodb"] if args.data_dir else ["fsdd"])
-    for corpus in corpora:
-        _check_corpus("bench strategies", corpus, args.data_dir)
-    _out_dir("bench strategies", args.out)
-    server = {"SERVER_MOMENTUM": args.server_momentum, "FINAL_LR_FRACTION": args.final_lr_fraction}
-    every_arm = {name: value for name, value in server.items() if value is not None}
-    try:
-        config = strategies_config(
-            args.out, args.strategy, args.k, corpora=corpora, seeds=args.seeds, rounds=args.rounds,
-            data_dir=args.data_dir, corpus_settings=dict.fromkeys(corpora, every_arm),
-        )  # fmt: skip
-    except ValueError as exc:
-        raise SystemExit(f"fedspeech bench strategies: {exc}") from None
-    run_bench(config)
-
-
-def _bench_growing(args: argparse.Namespace) -> None:
-    from dataclasses import replace
-
-    from fedspeech.bench import DEFAULT_TARGETS, growing_config, run_bench
-
-    corpora = args.corpus or (["fsdd", "speech_commands"] if args.data_dir else ["fsdd"])
-    for corpus in corpora:  # speech_commands is not bundled: without --data-dir this says so
-        _check_corpus("bench growing", corpus, args.data_dir)
-    _out_dir("bench growing", args.out)
-    cfg = growing_config(args.out, args.data_dir, seeds=args.seeds, rounds=args.rounds)
-    targets = dict(DEFAULT_TARGETS) | dict(args.target or [])
-    cfg = replace(cfg, corpora=args.corpus or cfg.corpora, targets=targets)
-    run_bench(cfg)
-
-
-def _target(text: str) -> tuple[str, float]:
-    """argparse type: CORPUS=ACCURACY, the accuracy a fraction between 0 and 1."""
-    corpus, _, accuracy = text.partition("=")
-    try:
-        value = float(accuracy)
-    except ValueError:
-        value = -1.0
-    if not corpus or not 0 < value <= 1:
-        raise argparse.ArgumentTypeError(f"{text!r}: give CORPUS=ACCURACY, e.g. fsdd=0.9")
-    return corpus, value
-
-
-def _bench_poisoning(args: argparse.Namespace) -> None:
-    from fedspeech.bench import ROBUST_STRATEGIES, poisoning_config, run_bench
-
-    _out_dir("bench poisoning", args.out)
-    try:
-        config = poisoning_config(
-            args.out, args.strategy or ROBUST_STRATEGIES, seeds=args.seeds, rounds=args.rounds
-        )
-    except ValueError as exc:
-        raise SystemExit(f"fedspeech bench poisoning: {exc}") from None
-    run_bench(config)
-
-
-def _bench_central(args: argparse.Namespace) -> None:
-    from fedspeech.bench_central import run_central
-
-    _check_corpus("bench central", args.corpus, args.data_dir)
-    _out_dir("bench central", args.out)
-    run_central(args.corpus, args.out, args.seeds, args.epochs, args.data_dir)
 
 
 def _listen(args: argparse.Namespace) -> None:
@@ -244,30 +175,6 @@ def _listen(args: argparse.Namespace) -> None:
         raise SystemExit(f"fedspeech listen: {exc}") from None
 
 
-def _bench_inference(args: argparse.Namespace) -> None:
-    from fedspeech.bench_inference import BenchError, run_inference_bench
-
-    if not args.model.is_file():
-        raise SystemExit(
-            f"fedspeech bench inference: no model at {args.model}: run `fedspeech demo` first or pass --model"
-        )
-    _out_dir("bench inference", args.out)
-    try:
-        run_inference_bench(args.model, args.out, args.data_dir, args.repeats)
-    except BenchError as exc:
-        raise SystemExit(f"fedspeech bench inference: {exc}") from None
-
-
-def _check_corpus(command: str, corpus: str, data_dir: Path | None) -> None:
-    """SystemExit with one line unless the corpus is there to be listed."""
-    from fedspeech.models.datasets import load_corpus
-
-    try:
-        load_corpus(corpus, data_dir)
-    except (ValueError, FileNotFoundError) as exc:
-        raise SystemExit(f"fedspeech {command}: {exc}") from None
-
-
 def _check_broker(command: str, url: str) -> None:
     """SystemExit with one line if the broker URL is not one, or nothing answers there."""
     try:
@@ -278,18 +185,6 @@ def _check_broker(command: str, url: str) -> None:
         raise SystemExit(
             f"fedspeech {command}: nothing answers at {url} ({why}): start that broker, or leave out --broker"
         )
-
-
-def _out_dir(command: str, out: Path) -> None:
-    """Make the results folder; SystemExit with one line if it cannot be one."""
-    if out.exists() and not out.is_dir():
-        raise SystemExit(f"fedspeech {command}: --out {out} is a file: give a folder for the results")
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise SystemExit(
-            f"fedspeech {command}: cannot make the results folder {out}: {reason(exc)}"
-        ) from None
 
 
 class _Parser(argparse.ArgumentParser):
@@ -370,54 +265,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     m.set_defaults(run=_demo)
 
-    b = sub.add_parser("bench", help="benchmarks").add_subparsers(dest="bench", required=True)
-    bs = b.add_parser("strategies", help="every strategy on the same emulated Pi fleet, data and seeds")
-    bs.add_argument("--out", type=Path, default=Path("fedspeech-bench"), help="where results go")
-    bs.add_argument("--corpus", action="append", choices=["fsdd", "emodb"], help="repeatable")
-    bs.add_argument("--data-dir", type=Path, help="folder holding the corpora (needed for emodb)")
-    bs.add_argument("--strategy", action="append", help=f"{STRATEGY_NAMES}; repeatable (default all)")
-    bs.add_argument("--seeds", type=at_least(1), default=3)
-    bs.add_argument("--rounds", type=at_least(1), default=20)
-    bs.add_argument(
-        "--k", type=at_least(1), default=3, help="devices aggregated per round by top-K strategies"
-    )
-    bs.add_argument("--server-momentum", type=float, help="for every arm (default 0)")
-    bs.add_argument("--final-lr-fraction", type=float, help="for every arm (default 1)")
-    bs.set_defaults(run=_bench_strategies)
-    bg = b.add_parser("growing", help="fixed-depth against growing transformers, and the growth ablations")
-    bg.add_argument("--out", type=Path, default=Path("fedspeech-bench-growing"), help="where results go")
-    bg.add_argument("--corpus", action="append", choices=["fsdd", "speech_commands"], help="repeatable")
-    bg.add_argument("--data-dir", type=Path, help="folder holding the corpora (needed for speech_commands)")
-    bg.add_argument("--seeds", type=at_least(1), default=3)
-    bg.add_argument("--rounds", type=at_least(1), default=20)
-    bg.add_argument(
-        "--target", action="append", type=_target, help="CORPUS=ACCURACY for time to target, repeatable"
-    )
-    bg.set_defaults(run=_bench_growing)
-    bp = b.add_parser(
-        "poisoning", help="robust aggregation against two of six devices sending poisoned updates"
-    )
-    bp.add_argument("--out", type=Path, default=Path("fedspeech-bench-poisoning"), help="where results go")
-    bp.add_argument("--strategy", action="append", help="repeatable; default: fedavg and the robust ones")
-    bp.add_argument("--seeds", type=at_least(1), default=3)
-    bp.add_argument("--rounds", type=at_least(1), default=20)
-    bp.set_defaults(run=_bench_poisoning)
-    bc = b.add_parser("central", help="the same model trained on all training clips in one place")
-    bc.add_argument("--corpus", choices=["fsdd", "emodb", "speech_commands"], default="fsdd")
-    bc.add_argument("--out", type=Path, default=Path("fedspeech-bench-central"), help="where results go")
-    bc.add_argument("--data-dir", type=Path, help="folder holding the corpora (default: bundled data/)")
-    bc.add_argument("--seeds", type=at_least(1), default=3)
-    bc.add_argument("--epochs", type=at_least(1), default=40, help="passes over the data (default 40)")
-    bc.set_defaults(run=_bench_central)
-    bi = b.add_parser("inference", help="per-window latency, floor, and `listen` CPU, memory and cold start")
-    bi.add_argument("--model", type=Path, default=Path("fedspeech-demo/model.onnx"), help="an exported model")
-    bi.add_argument("--out", type=Path, default=Path("fedspeech-bench-inference"), help="where results go")
-    bi.add_argument("--data-dir", type=Path, help="folder holding its corpus (default: bundled data/)")
-    bi.add_argument("--repeats", type=at_least(1), default=1000, help="windows timed per engine")
-    bi.set_defaults(run=_bench_inference)
-    add_seeds_parser(b)
-    add_listen_bench_parser(b)
-    add_dashboard_bench_parser(b)
+    add_bench_parser(sub)
 
     li = sub.add_parser("listen", help="run the global model on a microphone or an audio file (no torch)")
     source = li.add_mutually_exclusive_group()

@@ -201,3 +201,15 @@ def coordinator_key(args: argparse.Namespace) -> str | None:
         return public_key_text(load_public_key(args.coordinator_key))
     except (ProtocolError, OSError) as exc:
         raise SystemExit(f"fedspeech {args.command}: --coordinator-key: {exc}") from None
+
+
+def results_folder(command: str, out: Path) -> None:
+    """Make the results folder; SystemExit with one line if it cannot be one."""
+    if out.exists() and not out.is_dir():
+        raise SystemExit(f"fedspeech {command}: --out {out} is a file: give a folder for the results")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise SystemExit(
+            f"fedspeech {command}: cannot make the results folder {out}: {reason(exc)}"
+        ) from None
