@@ -1,13 +1,39 @@
 """Aggregation rules: pure functions from client updates to a new global model."""
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import TypeVar
 
 import numpy as np
 
-from fedspeech.protocol.weights import Arrays
+from fedspeech.protocol.weights import Arrays, check_like
 
 NORM_STATISTICS = ("running_mean", "running_var")  # BatchNorm's buffers: averaged, never stepped
+
+R = TypeVar("R")  # a device's result, whatever the rule reads of it
+
+
+def without_breakers(
+    combine: Callable[[Sequence[R]], Arrays], results: Sequence[R], like: Arrays
+) -> tuple[Arrays, list[R]] | None:
+    """combine(results) with the results in it; if that raises or is not weights like `like`, the same of
+    the results that do not break it on their own. None if nothing can be combined.
+    """
+
+    def usable(some: Sequence[R]) -> Arrays | None:
+        try:
+            combined = combine(some)
+            check_like(combined, like)
+        except Exception:  # a rule's error on one device's update must not end the round
+            return None
+        return combined
+
+    combined = usable(results)
+    if combined is not None:
+        return combined, list(results)
+    kept = [r for r in results if usable([r]) is not None]
+    combined = usable(kept) if kept else None
+    return (combined, kept) if combined is not None else None
 
 
 def weighted_average(updates: Sequence[Arrays], weights: Sequence[float]) -> Arrays:

@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from fedspeech.coordinator.aggregate import server_momentum
+from fedspeech.coordinator.aggregate import server_momentum, without_breakers
 from fedspeech.coordinator.chains import Chain
 from fedspeech.coordinator.errors import BadUpload, NotWanted
 from fedspeech.coordinator.evaluation_phase import EvaluationPhase
@@ -424,29 +424,17 @@ class Orchestrator:
         Results that break the aggregation on their own (it raises, or gives weights that are not finite)
         are dropped, and the others aggregated without them.
         """
-        new = self._try_aggregate(round, results)
-        if new is not None:
-            return new, list(results)
-        kept = [r for r in results if self._try_aggregate(round, [r]) is not None]
-        dropped = sorted({r.device_id for r in results} - {r.device_id for r in kept})
-        log.warning(
-            "round %d: dropped the updates of %s: each breaks the aggregation", round, dropped or "none"
+        shared = self._shared(self._current)
+        aggregated = without_breakers(
+            lambda some: self._full(self.strategy.aggregate(round, some, shared)), results, self._current
         )
-        new = self._try_aggregate(round, kept) if kept else None
-        if new is None:
+        if aggregated is None:
             log.error("round %d: the updates cannot be aggregated; the round is run again", round)
             return None
-        return new, kept
-
-    def _try_aggregate(self, round: int, results: Sequence[Result]) -> Arrays | None:
-        """The strategy's aggregate of the results, or None if it raises or its weights are unusable."""
-        try:
-            new = self._full(self.strategy.aggregate(round, results, self._shared(self._current)))
-            weights.check_like(new, self._current)
-        except Exception as exc:
-            log.debug("round %d: aggregating %s failed: %s", round, [r.device_id for r in results], exc)
-            return None
-        return new
+        dropped = sorted({r.device_id for r in results} - {r.device_id for r in aggregated[1]})
+        if dropped:
+            log.warning("round %d: dropped the updates of %s: each breaks the aggregation", round, dropped)
+        return aggregated
 
     def _shared(self, arrays: Arrays) -> Arrays:
         """The arrays devices send: all but the normalisation layers a method keeps on the devices."""

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from fedspeech.coordinator.aggregate import fedavg, server_momentum, weighted_average
+from fedspeech.coordinator.aggregate import fedavg, server_momentum, weighted_average, without_breakers
 
 
 def test_fedavg_weights_by_samples():
@@ -56,3 +56,17 @@ def test_server_momentum_leaves_batchnorm_statistics_to_the_average():
     np.testing.assert_allclose(new["bn.running_var"], [3.0, 3.0])
     np.testing.assert_allclose(new["bn.weight"], [2.5, 2.5])
     assert set(velocity) == {"bn.weight"}
+
+
+def test_without_breakers_drops_only_the_results_that_break_the_rule_on_their_own():
+    like = {"w": np.zeros(2, dtype=np.float32)}
+    results = {"a": 1.0, "b": float("nan"), "c": 3.0, "d": "not a number"}
+
+    def mean(names):
+        return {"w": np.full(2, sum(results[n] for n in names) / len(names), dtype=np.float32)}
+
+    combined, kept = without_breakers(mean, ["a", "c"], like)
+    assert kept == ["a", "c"] and combined["w"].tolist() == [2.0, 2.0]
+    combined, kept = without_breakers(mean, ["a", "b", "c", "d"], like)
+    assert kept == ["a", "c"] and combined["w"].tolist() == [2.0, 2.0], "NaN and a raise are both dropped"
+    assert without_breakers(mean, ["b", "d"], like) is None
