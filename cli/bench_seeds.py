@@ -367,7 +367,7 @@ def write_report(
     cfg: SeedsConfig, settings: Mapping[str, list[Setting]], deal: SkewedDeal | None, results: Results
 ) -> Path:
     """results.md (a table per split, LOSO per speaker, Table 2, the goals), results.json and PNGs."""
-    from fedspeech.bench import markdown_table, summarize, write_plots
+    from fedspeech.bench_report import markdown_table, summarize, write_plots
 
     report = [
         "# fedspeech seed-methods benchmark",

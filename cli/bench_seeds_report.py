@@ -1,6 +1,6 @@
 """The seeds benchmark's own tables, goals and plots: Table 2, leave-one-speaker-out, the skewed fleet's goal.
 
-The per-split tables are bench.markdown_table's; these are what only this benchmark reports.
+The per-split tables are bench_report.markdown_table's; these are what only this benchmark reports.
 """
 
 from __future__ import annotations
@@ -12,7 +12,8 @@ from typing import TYPE_CHECKING
 from fedspeech.bench_splits import LOSO_PREFIX
 
 if TYPE_CHECKING:
-    from fedspeech.bench import Run, Summary
+    from fedspeech.bench import Run
+    from fedspeech.bench_report import Summary
 
 BASELINE = "fedavg"
 GROUPED = {"grouped-1": "1", "grouped-2": "2", "grouped-N": "N"}  # FedVMR's Table 2: arm -> G
@@ -88,9 +89,9 @@ def loso_table(runs: Sequence[Run], baseline: str = BASELINE) -> str:
     """Speaker x arm final accuracy (mean over seeds), the mean row, and p and d against the baseline.
 
     p and d compare each arm's per-seed mean over the speakers with the baseline's (Welch's t-test,
-    Cohen's d), as bench.summarize does for final accuracy.
+    Cohen's d), as bench_report.summarize does for final accuracy.
     """
-    from fedspeech.bench import welch
+    from fedspeech.bench_report import welch
 
     arms = list(dict.fromkeys(run.arm for run in runs))
     folds = sorted({loso_speaker(run) for run in runs})
@@ -154,7 +155,7 @@ def skewed_goal(runs: Sequence[Run], central: Sequence[float]) -> str:
 
 def loso_goal(runs: Sequence[Run], baseline: str = BASELINE) -> str:
     """Which arms beat the baseline's LOSO mean accuracy by 2 points or more with p < 0.05 over seeds."""
-    from fedspeech.bench import welch
+    from fedspeech.bench_report import welch
 
     per_seed = loso_per_seed(runs)
     reference = per_seed.get(baseline)

@@ -6,7 +6,8 @@ import pytest
 from conftest import made_up_run
 from scipy import stats
 
-from fedspeech.bench import Run, markdown_table, summarize, welch, write_plots
+from fedspeech.bench import Run
+from fedspeech.bench_report import markdown_table, summarize, welch, write_plots
 
 
 def _run(arm: str, seed: int, accuracies: list[float], round_s: float, mb_per_round: float) -> Run:

@@ -10,7 +10,8 @@ from conftest import SHARED_DATA, made_up_run, needs_shared
 from scipy import stats
 
 from fedspeech import bench_seeds
-from fedspeech.bench import Run, summarize
+from fedspeech.bench import Run
+from fedspeech.bench_report import summarize
 from fedspeech.bench_seeds import SeedsConfig, add_parser, arm_for, check_arms, check_config
 from fedspeech.bench_seeds_report import loso_table, personalised_line, skewed_goal, table2
 from fedspeech.bench_splits import (
