@@ -34,22 +34,12 @@ import argparse
 import json
 import sys
 import traceback
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from fedspeech.bench_seeds_report import (
-    BASELINE,
-    loso_goal,
-    loso_table,
-    mean_std,
-    personalised_line,
-    plot_loso,
-    plot_rounds,
-    skewed_goal,
-    table2,
-)
+from fedspeech.bench_seeds_report import BASELINE, write_report
 from fedspeech.bench_splits import (
     SPLIT_CORPUS,
     SPLITS,
@@ -80,11 +70,6 @@ ARMS: dict[str, dict[str, Any]] = {
     "mkd": {"STRATEGY": "mkd"},
 }
 ARM_FOLDERS = {"quality": "VALIDATION_DATA", "mkd": "SERVER_DATA"}
-# Targets for rounds and time to target. The within-speaker splits use bench.DEFAULT_TARGETS; LOSO uses
-# EmoDB's (the same task, the same bar); the skewed fleet the 0.82 FedAvg needed 21 rounds for in the
-# issue that asked for this bench.
-LOSO_TARGET = 0.5
-SKEWED_TARGET = 0.82
 
 
 @dataclass(frozen=True)
@@ -287,17 +272,6 @@ class Results:
     central: list[CentralResult] = field(default_factory=list)
 
 
-def target_of(split: str) -> float:
-    """The accuracy whose rounds and time to reach are reported for a split."""
-    from fedspeech.bench import DEFAULT_TARGETS
-
-    if split == "emodb-loso":
-        return LOSO_TARGET
-    if split == "speech-commands-skewed":
-        return SKEWED_TARGET
-    return DEFAULT_TARGETS[SPLIT_CORPUS[split]]
-
-
 def run_seeds(cfg: SeedsConfig) -> Path:
     """Run every split, fold, seed and arm; write results.md, results.json and plots under cfg.out."""
     from fedspeech.fleets.fleet_files import check_fleet
@@ -361,75 +335,6 @@ def _local_epochs() -> int:
     from fedspeech.coordinator.round_config import RoundConfig
 
     return RoundConfig().epochs
-
-
-def write_report(
-    cfg: SeedsConfig, settings: Mapping[str, list[Setting]], deal: SkewedDeal | None, results: Results
-) -> Path:
-    """results.md (a table per split, LOSO per speaker, Table 2, the goals), results.json and PNGs."""
-    from fedspeech.bench_report import markdown_table, summarize, write_plots
-
-    report = [
-        "# fedspeech seed-methods benchmark",
-        "",
-        f"{cfg.seeds} seeds x {cfg.rounds} rounds; arms: {', '.join(cfg.arms)}; baseline {BASELINE}.",
-        "",
-    ]
-    data: dict[str, Any] = {}
-    for split in cfg.splits:
-        runs = results.runs[split]
-        if not runs:
-            report += [f"### {split}: no completed runs", ""]
-            continue
-        target = target_of(split)
-        rows = summarize(runs, target, BASELINE)
-        fleet = settings[split][0].fleet
-        described = f"{len(fleet)} devices" + (
-            f", one speaker held out per fold ({len(settings[split])} folds; a run per fold and seed)"
-            if split == "emodb-loso"
-            else ""
-        )
-        report.append(markdown_table(split, rows, target, described, BASELINE))
-        if split == "emodb-loso":
-            report += [
-                loso_table(runs),
-                loso_goal(runs),
-                f"![emodb-loso-speakers]({plot_loso(runs, cfg.out).name})",
-            ]
-        else:
-            report += [f"![{p.stem}]({p.name})" for p in write_plots(split, runs, rows, cfg.out)]
-        if split == "speech-commands-skewed" and deal is not None:
-            report += [
-                "",
-                "Clips per device and label (rule: bench_splits.skewed_deal):",
-                "",
-                label_counts_table(deal),
-            ]
-            if results.central:
-                accuracy = [c.accuracy for c in results.central]
-                report += [
-                    f"Centralized training of the same CNN on the pooled training clips, "
-                    f"{results.central[0].epochs} epochs: accuracy "
-                    f"{mean_std(accuracy)} over {len(accuracy)} seeds.",
-                    "",
-                    skewed_goal(runs, accuracy),
-                ]
-        report += [
-            personalised_line(runs),
-            table2(split, rows, target),
-            f"![{split}-rounds]({plot_rounds(split, runs, cfg.out).name})",
-            "",
-        ]
-        data[split] = {"summaries": [asdict(r) for r in rows], "runs": [asdict(r) for r in runs]}
-    if results.failures:
-        report += ["### Failed runs", "", *(f"- {failure}" for failure in results.failures), ""]
-    data["central"] = [asdict(c) for c in results.central]
-    data["failures"] = results.failures
-    (cfg.out / "results.json").write_text(json.dumps(data, indent=2))
-    path = cfg.out / "results.md"
-    path.write_text("\n".join(report))
-    print(f"wrote {path}, {cfg.out / 'results.json'} and the plots beside them")
-    return path
 
 
 # --- command line ----------------------------------------------------------------------------------

@@ -13,7 +13,7 @@ from fedspeech import bench_seeds
 from fedspeech.bench import Run
 from fedspeech.bench_report import summarize
 from fedspeech.bench_seeds import SeedsConfig, add_parser, arm_for, check_arms, check_config
-from fedspeech.bench_seeds_report import loso_table, personalised_line, skewed_goal, table2
+from fedspeech.bench_seeds_report import loso_goal, loso_table, personalised_line, skewed_goal, table2
 from fedspeech.bench_splits import (
     Setting,
     folder_train_clips,
@@ -206,7 +206,7 @@ def test_loso_table_per_speaker_mean_and_p_on_per_seed_means():
     p = stats.ttest_ind([0.55, 0.56, 0.57], [0.45, 0.46, 0.47], equal_var=False).pvalue
     assert f"| p vs fedavg | nan | {p:.3f} |" in table
     assert "| d vs fedavg | nan | 10.00 |" in table
-    goal = bench_seeds.loso_goal(LOSO_RUNS)
+    goal = loso_goal(LOSO_RUNS)
     assert "mkd (+10.0 points" in goal
     # a seed missing one fold is left out of the per-seed means
     assert "(2)" in loso_table(LOSO_RUNS[1:])
