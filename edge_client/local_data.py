@@ -100,7 +100,6 @@ class LocalData:
         self._negative_cache = ClipCache(functools.partial(load_windows, max_windows=MAX_WINDOWS_PER_FILE))
         self._reported: set[tuple[Path, str]] = set()
         self._missing: set[Path] = set()
-        self._corpus: Corpus | None = None
         self.train = self.test = Split(_empty(), np.zeros(0, dtype=np.int64), {})
 
     def refresh(self, task: TaskDefinition) -> None:
@@ -166,9 +165,7 @@ class LocalData:
             return list_folder(source.folder, task.labels, task.negatives)
         if source.corpus is None or source.speaker is None:
             raise ValueError("a data source is a folder, or a corpus and a speaker")
-        if self._corpus is None:
-            self._corpus = _listed(source.corpus, source.corpus_dir)
-        corpus = self._corpus
+        corpus = _listed(source.corpus, source.corpus_dir)
         clips, skipped = [], []
         for clip in (clip for side in client_clips(corpus, source.speaker) for clip in side):
             name = corpus.labels[clip.label]
