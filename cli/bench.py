@@ -41,18 +41,26 @@ class Arm:
     left_out: Sequence[str] = ()  # speakers whose devices do not take part
 
 
-def strategy_arms(names: Sequence[str], k: int) -> list[Arm]:
-    """One arm per strategy, each aggregating k devices where it selects."""
-    return [Arm(name, {"STRATEGY": name, "K": k}) for name in names]
+def strategy_arms(names: Sequence[str], k: int, float16: Sequence[str] = ()) -> list[Arm]:
+    """An arm per strategy (k devices aggregated where it selects), then one per float16 strategy."""
+    arms = [Arm(name, {"STRATEGY": name, "K": k}) for name in names]
+    half = [Arm(f"{name}_float16", {"STRATEGY": name, "K": k, "PRECISION": "float16"}) for name in float16]
+    return arms + half
 
 
-# the dynamic transformer: full depth from round 1 against growing a block per stage, and the growing
-# one without each of its stabilisers
+# the dynamic transformer: full depth from round 1 against growing a block per stage, with and without
+# run-time weight scaling, and the growing one without each of its stabilisers
 GROWING_ARMS = [
     Arm("fixed", {"MODEL": "transformer", "DEPTH_SCHEDULE": "constant"}),
+    Arm("fixed_unscaled", {"MODEL": "transformer_unscaled", "DEPTH_SCHEDULE": "constant"}),
     Arm("growing", {"MODEL": "transformer", "DEPTH_SCHEDULE": "linear"}),
     Arm("growing_post_ln", {"MODEL": "transformer_post_ln", "DEPTH_SCHEDULE": "linear"}),
     Arm("growing_unscaled", {"MODEL": "transformer_unscaled", "DEPTH_SCHEDULE": "linear"}),
+    # ours: unscaled, each new block started from the trained block below it
+    Arm(
+        "growing_copied",
+        {"MODEL": "transformer_unscaled", "DEPTH_SCHEDULE": "linear", "NEW_BLOCKS": "copied"},
+    ),
 ]
 
 
@@ -90,14 +98,15 @@ class BenchConfig:
 
 
 def strategies_config(
-    out: Path, strategies: Sequence[str] | None = None, k: int = 3, **kw: Any
+    out: Path, strategies: Sequence[str] | None = None, k: int = 3, float16: Sequence[str] = (), **kw: Any
 ) -> BenchConfig:
-    """`bench strategies`: the strategies named (default: all) on the Pi-mix fleets, against FedAvg."""
+    """`bench strategies`: the strategies named (default all), and those in float16, on Pi-mix, vs FedAvg."""
     strategies = list(strategies or STRATEGIES)
-    unknown = sorted(set(strategies) - set(STRATEGIES))
+    unknown = sorted((set(strategies) | set(float16)) - set(STRATEGIES))
     if unknown:
         raise ValueError(f"unknown strategies {unknown}, expected some of {', '.join(STRATEGIES)}")
-    return BenchConfig(out, strategy_arms(strategies, k), "fedavg", "fedspeech strategy benchmark", **kw)
+    arms = strategy_arms(strategies, k, float16)
+    return BenchConfig(out, arms, "fedavg", "fedspeech strategy benchmark", **kw)
 
 
 def growing_config(out: Path, data_dir: Path | None = None, hosts: int = 6, **kw: Any) -> BenchConfig:

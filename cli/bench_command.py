@@ -21,8 +21,8 @@ def _bench_strategies(args: argparse.Namespace) -> None:
     every_arm = {name: value for name, value in server.items() if value is not None}
     try:
         config = strategies_config(
-            args.out, args.strategy, args.k, corpora=corpora, seeds=args.seeds, rounds=args.rounds,
-            data_dir=args.data_dir, corpus_settings=dict.fromkeys(corpora, every_arm),
+            args.out, args.strategy, args.k, args.float16 or (), corpora=corpora, seeds=args.seeds,
+            rounds=args.rounds, data_dir=args.data_dir, corpus_settings=dict.fromkeys(corpora, every_arm),
         )  # fmt: skip
     except ValueError as exc:
         raise SystemExit(f"fedspeech bench strategies: {exc}") from None
@@ -113,6 +113,12 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     bs.add_argument("--rounds", type=at_least(1), default=20)
     bs.add_argument(
         "--k", type=at_least(1), default=3, help="devices aggregated per round by top-K strategies"
+    )
+    bs.add_argument(
+        "--float16",
+        action="append",
+        metavar="STRATEGY",
+        help="also run STRATEGY with weights sent in float16 both ways, as arm STRATEGY_float16; repeatable",
     )
     bs.add_argument("--server-momentum", type=float, help="for every arm (default 0)")
     bs.add_argument("--final-lr-fraction", type=float, help="for every arm (default 1)")

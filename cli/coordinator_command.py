@@ -21,8 +21,9 @@ from fedspeech.connection_options import (
     seconds,
     warn_if_unreachable,
 )
-from fedspeech.models.architectures import MODELS
+from fedspeech.models.architectures import MODELS, NEW_BLOCKS
 from fedspeech.protocol.topics import DEFAULT_ROOT
+from fedspeech.protocol.weights import PRECISIONS
 
 # names are checked where the strategy is made, so that the device commands never load coordinator code
 STRATEGY_NAMES = "a strategy's name (README: Strategies)"
@@ -78,6 +79,8 @@ def run(args: argparse.Namespace) -> None:
         "MODEL_DEPTH": args.depth,
         "DEPTH_SCHEDULE": args.depth_schedule,
         "DEPTH_STAGES": args.depth_stages,
+        "NEW_BLOCKS": args.new_blocks,
+        "PRECISION": args.precision,
         "GROUPS": args.groups,
         "VALIDATION_DATA": args.validation_data,
         "QUALITY_TEMPERATURE": args.quality_temperature,
@@ -256,6 +259,16 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     c.add_argument("--depth-schedule", help="constant, linear (default) or depths per stage, e.g. 1,2,4")
     c.add_argument(
         "--depth-stages", type=at_least(0), help="stages of the linear schedule (default: one per block)"
+    )
+    c.add_argument(
+        "--new-blocks",
+        choices=NEW_BLOCKS,
+        help="how a block added by growth starts: fresh (default) or copied from the trained block below",
+    )
+    c.add_argument(
+        "--precision",
+        choices=PRECISIONS,
+        help="of the weights devices download and upload (default float32); float16 halves the bytes",
     )
     methods = c.add_argument_group("the methods' settings")
     methods.add_argument(

@@ -69,11 +69,11 @@ class GlobalModel:
         torch.manual_seed(seed)
         return get_arrays(build_model(self.spec if depth is None else self.spec_at(depth)))
 
-    def grow(self, arrays: Arrays, depth: int, seed: int) -> Arrays:
+    def grow(self, arrays: Arrays, depth: int, seed: int, new_blocks: str = "fresh") -> Arrays:
         """The arrays with new blocks added up to depth; the trained ones kept."""
         from fedspeech.models.growth import grow
 
-        return grow(arrays, self.spec_at(depth), seed)
+        return grow(arrays, self.spec_at(depth), seed, new_blocks)
 
     def _model(self, arrays: Arrays) -> Any:
         """A model of the arrays' spec holding them; one is built per depth and reused."""

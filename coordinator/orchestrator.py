@@ -131,7 +131,9 @@ class Orchestrator:
         if global_ is None:
             raise NotWanted("the coordinator has no global model yet")
         try:
-            weights.check_like(arrays, self._shared(global_))
+            # in the task's precision, then widened: aggregation always runs in float32
+            weights.check_like(arrays, weights.with_precision(self._shared(global_), task.precision))
+            arrays = weights.with_precision(arrays, "float32")
             claimed = claimed_samples(meta)
             counts = predicted_counts(meta, self.model.spec.num_classes)
             # no more steps than the task's epochs over the samples claimed, one sample a batch
@@ -505,6 +507,7 @@ class Orchestrator:
                 learning_rate=self._learning_rate(round),
                 deadline=deadline,
                 teacher=teacher if fields.get("action", "train") == "train" else None,
+                precision=self.config.precision,
                 **fields,
             )
             for device, fields in work.items()
@@ -518,12 +521,20 @@ class Orchestrator:
         return self._global
 
     def _latest_ref(self) -> BlobRef:
-        """Where devices download the global weights of the latest completed round."""
+        """Where devices download the global weights of the latest completed round, in the precision set."""
         latest = self.store.latest_round()
         if latest is None:
             raise RuntimeError("no completed round yet")
-        size = self.store.model_path(latest.round, "weights").stat().st_size
-        return BlobRef(routes.model(latest.round, "weights"), latest.weights_sha256, size)
+        if self.config.precision == "float32":
+            size = self.store.model_path(latest.round, "weights").stat().st_size
+            return BlobRef(routes.model(latest.round, "weights"), latest.weights_sha256, size)
+        path = self.store.model_path(latest.round, "float16")
+        if not path.exists():  # written once per round, also for a round stored before the setting
+            half = weights.with_precision(self._current, "float16")
+            blob = weights.encode(half, metadata={"round": str(latest.round)})
+            self.store.save_model_file(latest.round, "float16", blob)
+        blob = path.read_bytes()
+        return BlobRef(routes.model(latest.round, "float16"), weights.sha256(blob), len(blob))
 
     def _all_in(self, open_: OpenRound) -> bool:
         """Whether the round has its needed results and its required devices, or all devices still online."""
@@ -616,7 +627,8 @@ class Orchestrator:
         if depth is None or depth <= depth_of(arrays):
             return arrays
         log.info("round %d: growing the model from %d to %d blocks", round, depth_of(arrays), depth)
-        return self.model.grow(arrays, depth, seed=self.config.seed * 100_003 + round)
+        seed = self.config.seed * 100_003 + round
+        return self.model.grow(arrays, depth, seed, self.config.new_blocks)
 
     def _announce(self, record: RoundRecord) -> None:
         onnx_path = self.store.model_path(record.round, "onnx")

@@ -63,8 +63,8 @@ class ModelOps(Protocol):
         """Freshly initialised weights, the same for the same seed."""
         ...
 
-    def grow(self, arrays: Arrays, depth: int, seed: int) -> Arrays:
-        """The arrays with new blocks added up to depth."""
+    def grow(self, arrays: Arrays, depth: int, seed: int, new_blocks: str = "fresh") -> Arrays:
+        """The arrays with new blocks added up to depth, started as new_blocks says (NEW_BLOCKS)."""
         ...
 
     def evaluate(self, arrays: Arrays) -> Evaluation | None:

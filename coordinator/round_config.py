@@ -3,7 +3,9 @@
 from dataclasses import dataclass
 
 from fedspeech.coordinator.strategies import MethodSettings
+from fedspeech.models.architectures import NEW_BLOCKS
 from fedspeech.protocol import messages
+from fedspeech.protocol.weights import PRECISIONS, Precision
 
 
 @dataclass(frozen=True)
@@ -28,6 +30,8 @@ class RoundConfig:
     # or a list of depths such as "1,2,4"; see scheduling.depth_for_round
     depth_schedule: str = "linear"
     depth_stages: int = 0
+    new_blocks: str = "fresh"  # how a block added by growth starts: fresh, or copied from the one below
+    precision: Precision = "float32"  # of the weights devices download and upload; float16 halves the bytes
     # federated evaluation of the new global model on the devices' own test splits
     eval_every: int = 1  # every N rounds (and always the last); 0: never
     eval_devices: int = 0  # devices asked, sampled from those online; 0: all of them
@@ -59,6 +63,10 @@ class RoundConfig:
                 raise ValueError(
                     f"{name} must be between {low:g} and {high:g} (a task's bounds), got {value}"
                 )
+        if self.precision not in PRECISIONS:
+            raise ValueError(f"precision must be one of {', '.join(PRECISIONS)}, got {self.precision!r}")
+        if self.new_blocks not in NEW_BLOCKS:
+            raise ValueError(f"new_blocks must be one of {', '.join(NEW_BLOCKS)}, got {self.new_blocks!r}")
         self.method_settings()  # refuses settings out of range
 
     def method_settings(self) -> MethodSettings:

@@ -284,9 +284,21 @@ class Store:
             return db.execute("SELECT COUNT(*) FROM devices").fetchone()[0]
 
     def model_path(self, round: int, kind: str) -> Path:
-        """Where a round's model lives: kind 'weights' (safetensors), 'onnx' or 'teacher' (server model)."""
-        suffix = {"weights": "safetensors", "onnx": "onnx", "teacher": "teacher.safetensors"}[kind]
+        """Where a round's model lives: kind weights (safetensors), float16 (in half), onnx or teacher."""
+        suffix = {
+            "weights": "safetensors",
+            "float16": "float16.safetensors",
+            "onnx": "onnx",
+            "teacher": "teacher.safetensors",
+        }[kind]
         return self.models_dir / f"round-{round:05d}.{suffix}"
+
+    def save_model_file(self, round: int, kind: str, data: bytes) -> None:
+        """Add a file of a stored round's model (model_path); StateWriteError if the disk does not take it."""
+        try:
+            write_atomically(self.model_path(round, kind), data)
+        except OSError as exc:
+            raise StateWriteError(f"could not store the {kind} of round {round}: {exc}") from None
 
     def relay_path(self, round: int, step: int) -> Path:
         """Where an update relayed inside a round's group waits for the next device."""

@@ -257,7 +257,7 @@ def _do_task(device: _Device, task: Task) -> None:
         busy: State = "training" if task.action == "train" else "evaluating"
         device.link.publish_status(_status(device, busy, task.round))
         blob = device.http.fetch(task.weights)
-        arrays, _ = weights.decode(blob)
+        arrays = weights.with_precision(weights.decode(blob)[0], "float32")  # float16 on the wire, perhaps
         if task.action == "evaluate":
             body, content_type = device.trainer.evaluate(task, arrays, device.data.test), "application/json"
         else:

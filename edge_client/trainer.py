@@ -244,7 +244,8 @@ class Trainer:
         if settings.report_counts:  # what the trained model predicts on its clips: counts, never labels
             counts = predicted_counts(model, train.waveforms, task.spec.num_classes)
             metadata["predicted_counts"] = json.dumps(counts.tolist())
-        return result, weights.encode(self._shared(model, get_arrays(model), settings.local_norm), metadata)
+        shared = self._shared(model, get_arrays(model), settings.local_norm)
+        return result, weights.encode(weights.with_precision(shared, task.precision), metadata)
 
     def evaluate(self, task: Task, arrays: weights.Arrays, test: Split) -> bytes:
         """Evaluate the given weights on the local test split; return the report to upload (counts only).

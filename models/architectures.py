@@ -10,3 +10,5 @@ TRANSFORMERS = {
 # cnn_bn: BatchNorm in the conv blocks (for FedBN); emotion_cnn: a 2-D CNN that keeps loudness cues
 MODELS = ["cnn", "cnn_bn", "emotion_cnn", *TRANSFORMERS]
 MAX_DEPTH = 4  # encoder blocks of a full-grown transformer
+# how a block added by growth starts: freshly initialised, or from the trained block below it
+NEW_BLOCKS = ("fresh", "copied")

@@ -12,6 +12,7 @@ import dacite
 
 from fedspeech.protocol import routes
 from fedspeech.protocol.labels import none_class
+from fedspeech.protocol.weights import Precision
 
 SCHEMA_VERSION = 1
 MAX_MESSAGE_BYTES = 64 * 1024
@@ -156,6 +157,8 @@ class Task:
     config: dict[str, float | list[float]] = field(default_factory=dict)
     action: Literal["train", "evaluate"] = "train"
     teacher: BlobRef | None = None  # a server model whose soft labels the device distils (mutual KD)
+    # the floating-point type of the weights downloaded and of the update uploaded
+    precision: Precision = "float32"
 
 
 @dataclass(frozen=True)
@@ -340,7 +343,7 @@ def _check_weights(task: "Task") -> None:
     """ProtocolError unless a task trains a global model of its round or before, or one relayed in it."""
     ref = task.weights
     if not ref.path.startswith(routes.PREFIX + "/rounds/"):
-        if _check_blob(ref, "weights") > task.round:
+        if _check_blob(ref, "float16" if task.precision == "float16" else "weights") > task.round:
             raise ProtocolError("a task's weights must come from its round or an earlier one")
         return
     _check_size(ref, "relay")

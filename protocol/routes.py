@@ -13,7 +13,7 @@ PREFIX = "/api"
 TASK_RULE = "/task"
 DEVICES_RULE = "/devices"
 DEVICE_RULE = "/devices/<device_id>"
-MODEL_RULE = "/models/<int:round>/<any(weights, onnx, teacher):kind>"
+MODEL_RULE = "/models/<int:round>/<any(weights, float16, onnx, teacher):kind>"
 LATEST_MODEL_RULE = "/models/latest"
 UPDATES_RULE = "/rounds/<int:round>/updates"
 EVALUATIONS_RULE = "/rounds/<int:round>/evaluations"
@@ -33,11 +33,11 @@ VALIDATION = PREFIX + VALIDATION_RULE
 OVERVIEW = PREFIX + OVERVIEW_RULE
 
 
-MODEL_KINDS = ("weights", "onnx", "teacher")
+MODEL_KINDS = ("weights", "float16", "onnx", "teacher")
 
 
 def model(round: int, kind: str) -> str:
-    """A completed round's model: kind 'weights' (safetensors), 'onnx' or 'teacher' (the server model)."""
+    """A completed round's model: kind weights (safetensors), float16 (in half), onnx or teacher."""
     if kind not in MODEL_KINDS:
         raise ValueError(f"kind must be one of {', '.join(MODEL_KINDS)}, got {kind!r}")
     return f"{PREFIX}/models/{round}/{kind}"
@@ -63,7 +63,7 @@ def relay(round: int, step: int) -> str:
     return f"{PREFIX}/rounds/{round}/relays/{step}"
 
 
-_MODEL_PATH = re.compile(rf"^{PREFIX}/models/(\d{{1,9}})/(weights|onnx|teacher)$")
+_MODEL_PATH = re.compile(rf"^{PREFIX}/models/(\d{{1,9}})/(weights|float16|onnx|teacher)$")
 _ROUND_PATH = re.compile(rf"^{PREFIX}/rounds/(\d{{1,9}})/(updates|evaluations)$")
 _RELAY_PATH = re.compile(rf"^{PREFIX}/rounds/(\d{{1,9}})/relays/(\d{{1,9}})$")
 

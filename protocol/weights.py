@@ -2,12 +2,16 @@
 
 import hashlib
 import json
+from typing import Literal, get_args
 
 import numpy as np
 import safetensors
 import safetensors.numpy
 
 Arrays = dict[str, np.ndarray]
+# the floating-point types weights travel in: float16 halves every download and upload
+Precision = Literal["float32", "float16"]
+PRECISIONS: tuple[Precision, ...] = get_args(Precision)
 
 
 class WeightsError(ValueError):
@@ -22,6 +26,14 @@ def sha256(data: bytes) -> str:
 def encode(arrays: Arrays, metadata: dict[str, str] | None = None) -> bytes:
     """Serialise named arrays (and string metadata) to safetensors bytes."""
     return safetensors.numpy.save({k: np.ascontiguousarray(v) for k, v in arrays.items()}, metadata=metadata)
+
+
+def with_precision(arrays: Arrays, precision: str) -> Arrays:
+    """The arrays with every floating-point one in precision (PRECISIONS); counters as they are."""
+    if precision not in PRECISIONS:
+        raise ValueError(f"precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")
+    dtype = np.dtype(precision)
+    return {k: v.astype(dtype) if v.dtype.kind == "f" and v.dtype != dtype else v for k, v in arrays.items()}
 
 
 def decode(data: bytes) -> tuple[Arrays, dict[str, str]]:

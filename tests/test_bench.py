@@ -6,7 +6,7 @@ import pytest
 from conftest import made_up_run
 from scipy import stats
 
-from fedspeech.bench import Run
+from fedspeech.bench import Run, strategies_config
 from fedspeech.bench_report import markdown_table, summarize, welch, write_plots
 
 
@@ -75,3 +75,14 @@ def test_runs_that_end_exactly_alike_give_no_test():
     assert all(math.isnan(x) for x in welch([0.2], [0.3, 0.4])), "one value: no test"
     p, d = welch([0.2, 0.3], [0.2, 0.2])
     assert 0 < p < 1 and d == pytest.approx(0.05 / math.sqrt(0.005 / 2))
+
+
+def test_float16_arms_run_a_strategy_with_half_precision_weights(tmp_path):
+    cfg = strategies_config(tmp_path, ["fedavg", "time_budget"], k=2, float16=["time_budget"])
+    assert [(a.name, dict(a.settings)) for a in cfg.arms] == [
+        ("fedavg", {"STRATEGY": "fedavg", "K": 2}),
+        ("time_budget", {"STRATEGY": "time_budget", "K": 2}),
+        ("time_budget_float16", {"STRATEGY": "time_budget", "K": 2, "PRECISION": "float16"}),
+    ]
+    with pytest.raises(ValueError, match="unknown strategies"):
+        strategies_config(tmp_path, ["fedavg"], float16=["fastest"])

@@ -163,3 +163,27 @@ def test_one_process_hosts_a_device_per_speaker(tmp_path, topic_root, processes)
         host.send_signal(signal.SIGTERM)
         assert host.wait(30) == 0
         wait_for(lambda: not service.link.online(), 10, "every hosted device offline")
+
+
+def test_float16_halves_every_download_and_upload(tmp_path, mosquitto_url, topic_root, processes):
+    config = {
+        "BROKER_URL": mosquitto_url,
+        "TOPIC_ROOT": topic_root,
+        "ROUNDS": ROUNDS,
+        "MIN_DEVICES": 2,
+        "MIN_RESULTS": 2,
+        "EVAL_EVERY": 0,
+        "PRECISION": "float16",
+    }
+    with running_coordinator(tmp_path, **config) as (service, url):
+        clients = start_clients(processes, SPEAKERS[:2], url, mosquitto_url, topic_root, max_samples=24)
+        wait_until_finished(service, clients)
+        store = service.store
+        for r in store.rounds()[1:]:
+            half, full = (store.model_path(r.round - 1, k).stat().st_size for k in ("float16", "weights"))
+            assert half < 0.51 * full
+            assert r.results == 2 and r.accuracy is not None
+            assert r.bytes_down == 2 * half, "each device downloads the float16 copy of the global model"
+            assert 2 * half * 0.98 < r.bytes_up < 2 * half * 1.05, "and uploads float16"
+            arrays, _ = weights.decode(store.model_path(r.round, "weights").read_bytes())
+            assert {a.dtype.name for a in arrays.values()} == {"float32"}, "the global model stays float32"

@@ -69,6 +69,23 @@ def test_growth_keeps_the_trained_blocks_and_the_function() -> None:
     assert np.abs(_outputs(after) - _outputs(before)).max() < 1e-5
 
 
+def test_copied_growth_starts_new_blocks_from_the_deepest_trained_one() -> None:
+    name = "transformer_unscaled"
+    before = _trained(2, name)
+    after = grow(before, spec(4, name), seed=7, new_blocks="copied")
+    assert all(np.array_equal(after[key], value) for key, value in before.items())
+    for new in (2, 3):
+        for part in ("norm1.weight", "norm2.bias", "qkv.weight", "qkv.bias", "ff1.weight", "ff1.bias"):
+            assert np.array_equal(after[f"blocks.{new}.{part}"], before[f"blocks.1.{part}"]), part
+        for part in ("out.weight", "out.bias", "ff2.weight", "ff2.bias"):
+            assert not after[f"blocks.{new}.{part}"].any(), "its output projections start at zero"
+    assert np.abs(_outputs(after, name) - _outputs(before, name)).max() < 1e-5
+    fresh = grow(before, spec(4, name), seed=7)
+    assert not np.array_equal(fresh["blocks.2.qkv.weight"], before["blocks.1.qkv.weight"])
+    with pytest.raises(ValueError, match="new blocks"):
+        grow(before, spec(4, name), seed=7, new_blocks="cloned")
+
+
 def test_post_layer_norm_growth_changes_the_function() -> None:
     # why the dynamic transformer needs Front-LN: a zero block under post-LN still adds a LayerNorm
     name = "transformer_post_ln"

@@ -20,7 +20,7 @@ from fedspeech.coordinator.orchestrator import Orchestrator
 from fedspeech.coordinator.ports import Evaluation
 from fedspeech.coordinator.round_config import RoundConfig
 from fedspeech.coordinator.store import Store
-from fedspeech.protocol import messages, weights
+from fedspeech.protocol import messages, routes, weights
 from fedspeech.protocol.messages import (
     DeviceStatus,
     ModelAnnouncement,
@@ -55,7 +55,7 @@ class FakeModel:
     def initial(self, seed: int, depth: int | None = None) -> Arrays:
         return {"w": np.zeros(2, np.float32)}
 
-    def grow(self, arrays: Arrays, depth: int, seed: int) -> Arrays:
+    def grow(self, arrays: Arrays, depth: int, seed: int, new_blocks: str = "fresh") -> Arrays:
         return arrays
 
     def evaluate(self, arrays: Arrays) -> Evaluation:
@@ -173,6 +173,56 @@ def test_tasks_carry_the_scheduled_learning_rate_and_momentum_carries_the_last_s
     assert rates == pytest.approx([1e-2, 5.5e-3, 1e-3])
     # round 1: 0 -> 1; round 2: 1 + (1 + 0.5 x 1) = 2.5; round 3: 2.5 + (3 - 2.5) + 0.5 x 1.5 = 3.75
     assert [r.accuracy for r in fleet.store.rounds()[1:]] == pytest.approx([1.0, 2.5, 3.75])
+
+
+def test_the_model_grows_as_scheduled_with_new_blocks_started_as_configured(tmp_path):
+    grown: list[tuple[int, str]] = []
+
+    class GrowingModel(FakeModel):
+        def grow(self, arrays: Arrays, depth: int, seed: int, new_blocks: str = "fresh") -> Arrays:
+            grown.append((depth, new_blocks))
+            return arrays  # still "depth 0", so every round asks to grow it to the depth scheduled
+
+    model = GrowingModel(spec=ModelSpec("toy", 8000, 8000, 2, depth=2))
+    fleet = Fleet(tmp_path, model, rounds=4, new_blocks="copied")
+    fleet.device("a")
+    fleet.device("b")
+    fleet.finish()
+    assert grown == [(1, "copied"), (1, "copied"), (2, "copied"), (2, "copied")]
+
+
+def test_in_float16_devices_download_and_upload_half_precision_and_the_model_stays_float32(tmp_path):
+    fleet = Fleet(tmp_path, rounds=2, precision="float16")
+    tasks: list[Task] = []
+    refused: list[str] = []
+
+    def half(task: Task) -> None:
+        tasks.append(task)
+        meta = {"task_id": task.task_id, "num_samples": "10"}
+        body = weights.encode({"w": np.full(2, 1 / 3, np.float16)}, meta)
+        fleet.orchestrator.receive_update(task.round, "half", body, weights.sha256(body))
+
+    def full(task: Task) -> None:
+        try:
+            fleet.upload("full", task, 9.0)  # float32, though the task asks for float16
+        except BadUpload as exc:
+            refused.append(str(exc))
+
+    for device, respond in (("half", half), ("full", full)):
+        fleet.device(device)
+        fleet.link.responders[device] = respond
+    fleet.finish()
+    assert [t.precision for t in tasks] == ["float16", "float16"]
+    assert refused and "w: dtype float32, expected float16" in refused[0]
+    assert [u.device_id for u in fleet.store.updates(1)] == ["half"]
+    ref = tasks[1].weights  # round 2 trains round 1's model
+    assert ref.path == routes.model(1, "float16")
+    blob = fleet.store.model_path(1, "float16").read_bytes()
+    assert (ref.sha256, ref.size) == (weights.sha256(blob), len(blob))
+    sent = weights.decode(blob)[0]["w"]
+    kept = weights.decode(fleet.store.model_path(1, "weights").read_bytes())[0]["w"]
+    assert sent.dtype == np.float16 and kept.dtype == np.float32
+    assert kept[0] == np.float32(np.float16(1 / 3)), "the update, widened, is the new global model"
 
 
 def test_the_deadline_closes_a_round_with_the_results_it_has(tmp_path):

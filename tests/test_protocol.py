@@ -98,6 +98,8 @@ def _task_with(**changes) -> bytes:
         (_task_with(definition={**asdict(DIGITS), "labels": ["../../etc", "b"]}), "folder name"),
         (_task_with(definition={**asdict(DIGITS), "sample_rate": 10**6}), "sample_rate"),
         (_task_with(action="delete"), "action"),
+        (_task_with(precision="float64"), "precision"),
+        (_task_with(precision="float16"), "path of a round's float16"),  # its weights are float32's
         (_task_with(config={"proximal_mu": "high"}), "can not match"),
         (_task_with(config={"class_prior": [0.5, "x"]}), "can not match"),
         (_task_with(config={"class_prior": [0.5] * 65}), "bad config setting"),
@@ -178,6 +180,23 @@ def test_topics_name_devices():
     assert topics.device_of(topics.task("dev-2")) == "dev-2"
     assert topics.device_of("fleet/x/model") is None
     assert topics.device_of("other/devices/a/status") is None
+
+
+def test_a_float16_task_downloads_the_rounds_float16_weights():
+    half = replace(TASK, precision="float16", weights=replace(TASK.weights, path=routes.model(2, "float16")))
+    assert messages.decode(messages.encode(half), Task) == half
+
+
+def test_precision_casts_floating_arrays_only_and_float16_overflow_is_caught():
+    arrays = {"w": np.array([1 / 3, 1e5], np.float32), "steps": np.array([7], np.int64)}
+    with pytest.warns(RuntimeWarning, match="overflow"):
+        half = weights.with_precision(arrays, "float16")
+    assert half["w"].dtype == np.float16 and half["steps"].dtype == np.int64
+    assert weights.with_precision(half, "float32")["w"][0] == np.float32(np.float16(1 / 3))
+    with pytest.raises(weights.WeightsError, match="infinite"):  # 1e5 is past float16's 65504
+        weights.check_like(half, {"w": np.zeros(2, np.float16), "steps": np.zeros(1, np.int64)})
+    with pytest.raises(ValueError, match="precision"):
+        weights.with_precision(arrays, "bfloat16")
 
 
 def test_weights_round_trip_with_metadata_and_digest():
