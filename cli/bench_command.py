@@ -32,15 +32,21 @@ def _bench_strategies(args: argparse.Namespace) -> None:
 def _bench_growing(args: argparse.Namespace) -> None:
     from dataclasses import replace
 
-    from fedspeech.bench import DEFAULT_TARGETS, growing_config, run_bench
+    from fedspeech.bench import DEFAULT_TARGETS, GROWING_ARMS, growing_config, run_bench
 
+    names = [arm.name for arm in GROWING_ARMS]
+    unknown = sorted(set(args.arm or ()) - set(names))
+    if unknown:
+        raise SystemExit(f"fedspeech bench growing: no arm {', '.join(unknown)}; arms: {', '.join(names)}")
     corpora = args.corpus or (["fsdd", "speech_commands"] if args.data_dir else ["fsdd"])
     for corpus in corpora:  # speech_commands is not bundled: without --data-dir this says so
         check_corpus("bench growing", corpus, args.data_dir)
     results_folder("bench growing", args.out)
     cfg = growing_config(args.out, args.data_dir, seeds=args.seeds, rounds=args.rounds)
     targets = dict(DEFAULT_TARGETS) | dict(args.target or [])
-    cfg = replace(cfg, corpora=args.corpus or cfg.corpora, targets=targets)
+    arms = [arm for arm in cfg.arms if not args.arm or arm.name in args.arm]
+    baseline = cfg.baseline if cfg.baseline in {arm.name for arm in arms} else arms[0].name
+    cfg = replace(cfg, corpora=args.corpus or cfg.corpora, targets=targets, arms=arms, baseline=baseline)
     run_bench(cfg)
 
 
@@ -127,6 +133,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     bg.add_argument("--out", type=Path, default=Path("fedspeech-bench-growing"), help="where results go")
     bg.add_argument("--corpus", action="append", choices=["fsdd", "speech_commands"], help="repeatable")
     bg.add_argument("--data-dir", type=Path, help="folder holding the corpora (needed for speech_commands)")
+    bg.add_argument(
+        "--arm", action="append", help="only this arm (default all; the first is the baseline without fixed)"
+    )
     bg.add_argument("--seeds", type=at_least(1), default=3)
     bg.add_argument("--rounds", type=at_least(1), default=20)
     bg.add_argument(

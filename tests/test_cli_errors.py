@@ -307,6 +307,11 @@ def _cases(tmp: Path, busy: int, broker: str, nothing: str) -> dict[str, tuple[l
             ["--rounds", "at least 1"],
         ),
         "bench strategies no k": (["bench", "strategies", "--k", "0"], "bench strategies", ["--k"]),
+        "bench growing unknown arm": (
+            ["bench", "growing", "--arm", "tallest"],
+            "bench growing",
+            ["no arm tallest", "arms: fixed, fixed_unscaled"],
+        ),
         "bench growing bad target": (
             ["bench", "growing", "--target", "fsdd"],
             "bench growing",
