@@ -6,6 +6,7 @@ emulated fleet, data split and seeds, and reports them against a baseline arm.
 
 import json
 import logging
+import math
 import shutil
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
@@ -231,7 +232,7 @@ def run_once(
     run_dir = cfg.out / "runs" / f"{corpus}-{arm.name}-{seed}"
     shutil.rmtree(run_dir, ignore_errors=True)
     settings: dict[str, Any] = {
-        "ROUNDS": cfg.rounds,
+        "ROUNDS": arm_rounds(cfg, corpus, arm),
         "ROUND_TIMEOUT_S": cfg.round_timeout_s,
         "MIN_RESULTS": 1,
         "SEED": seed,
@@ -240,8 +241,7 @@ def run_once(
     # would add their evaluation time to every arm and tell nothing new.
     settings["EVAL_EVERY"] = 0
     settings |= {**cfg.corpus_settings.get(corpus, {}), **arm.settings}
-    # an attacker replaces the fleet's device of its speaker
-    fleet = [s for s in cfg.fleet(corpus) if s.speaker not in arm.attacks and s.speaker not in arm.left_out]
+    fleet = _arm_fleet(cfg, corpus, arm)
     settings["MIN_DEVICES"] = sum(len(spec.device_ids) for spec in fleet) + len(arm.attacks)
     name = cfg.corpus_name(corpus)
     with (
@@ -254,6 +254,25 @@ def run_once(
     return Run(corpus, arm.name, seed, rounds, rounds[0].started_at)
 
 
+def _arm_fleet(cfg: BenchConfig, corpus: str, arm: Arm) -> list[DeviceSpec]:
+    """The corpus' fleet without the arm's left-out speakers and those its attackers stand in for."""
+    return [s for s in cfg.fleet(corpus) if s.speaker not in arm.attacks and s.speaker not in arm.left_out]
+
+
+def arm_rounds(cfg: BenchConfig, corpus: str, arm: Arm) -> int:
+    """The rounds an arm runs: cfg.rounds, or for a buffered strategy as many as aggregate as many results.
+
+    A buffered strategy's round aggregates about K results where the others' aggregate one per device,
+    so it runs rounds x devices / K rounds.
+    """
+    settings = {**cfg.corpus_settings.get(corpus, {}), **arm.settings}
+    k = int(settings.get("K", 1))
+    if not STRATEGIES[settings.get("STRATEGY", "fedavg")](k, 1).buffered:
+        return cfg.rounds
+    devices = sum(len(spec.device_ids) for spec in _arm_fleet(cfg, corpus, arm)) + len(arm.attacks)
+    return math.ceil(cfg.rounds * devices / min(k, devices))
+
+
 def run_all(cfg: BenchConfig) -> dict[str, list[Run]]:
     """Every arm and seed on every corpus, with a progress line and a result line per run."""
     by_corpus: dict[str, list[Run]] = {corpus: [] for corpus in cfg.corpora}
@@ -261,7 +280,7 @@ def run_all(cfg: BenchConfig) -> dict[str, list[Run]]:
         for corpus in cfg.corpora:
             for seed in range(cfg.seeds):
                 for arm in cfg.arms:
-                    progress.start_run(f"{corpus} {arm.name} seed {seed}")
+                    progress.start_run(f"{corpus} {arm.name} seed {seed}", arm_rounds(cfg, corpus, arm))
                     run = run_once(cfg, corpus, arm, seed, progress.round_done)
                     progress.end_run()
                     by_corpus[corpus].append(run)

@@ -102,9 +102,10 @@ class Progress:
         done = len(self.round_ends)
         return progress_line(self.run, self.runs, self.label, done, self.rounds, now - self.started, left)
 
-    def start_run(self, label: str = "") -> None:
-        """A run begins."""
+    def start_run(self, label: str = "", rounds: int | None = None) -> None:
+        """A run begins; rounds: its rounds, where they differ from the runs' before it."""
         self.run, self.label, self.run_started, self.round_ends = self.run + 1, label, self.clock(), []
+        self.rounds = rounds if rounds is not None else self.rounds
         self._show()
 
     def round_done(self, round_: int) -> None:

@@ -82,6 +82,33 @@ def fednova(
     return new
 
 
+def rebased(update: Arrays, base: Arrays, current: Arrays) -> Arrays:
+    """A stale update's change laid onto the current model: current + (update - base).
+
+    FedBuff (Nguyen et al. 2022) applies a device's change to the global model it arrives at, not to
+    the older one it trained from. Counters and normalisation statistics are not changes: they are
+    taken as they are.
+    """
+    check_like(update, base)
+    check_like(current, base)
+    new = dict(update)
+    for name, u in update.items():
+        if np.issubdtype(u.dtype, np.floating) and not name.endswith(NORM_STATISTICS):
+            change = u.astype(np.float64) - base[name].astype(np.float64)
+            new[name] = (current[name].astype(np.float64) + change).astype(u.dtype)
+    return new
+
+
+def staleness_weighted(
+    updates: Sequence[Arrays], num_samples: Sequence[int], staleness: Sequence[int]
+) -> Arrays:
+    """FedBuff's average: each update weighted by its samples / sqrt(1 + the rounds it is stale)."""
+    if len(num_samples) != len(staleness) or any(s < 0 for s in staleness):
+        raise ValueError("need one staleness of at least 0 per sample count")
+    weights = [n / math.sqrt(1 + s) for n, s in zip(num_samples, staleness, strict=True)]
+    return weighted_average(updates, weights)
+
+
 def server_momentum(
     current: Arrays, aggregate: Arrays, velocity: Arrays | None, beta: float
 ) -> tuple[Arrays, Arrays]:

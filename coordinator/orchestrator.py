@@ -5,27 +5,24 @@ import threading
 import time
 import uuid
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from fedspeech.coordinator.aggregate import server_momentum, without_breakers
+from fedspeech.coordinator import grouped_training
+from fedspeech.coordinator.aggregate import rebased, server_momentum, without_breakers
 from fedspeech.coordinator.chains import Chain
 from fedspeech.coordinator.errors import BadUpload, NotWanted
 from fedspeech.coordinator.evaluation_phase import EvaluationPhase
+from fedspeech.coordinator.open_round import OpenRound
 from fedspeech.coordinator.ports import DeviceLink, ModelOps
 from fedspeech.coordinator.round_config import RoundConfig
 from fedspeech.coordinator.scheduling import depth_for_round, learning_rate_for_round
 from fedspeech.coordinator.store import RoundRecord, StateWriteError, Store, UpdateRecord
 from fedspeech.coordinator.strategies import Result, RoundPlan, make_strategy
-from fedspeech.coordinator.update_metadata import (
-    claimed_samples,
-    local_steps,
-    optional_number,
-    predicted_counts,
-)
+from fedspeech.coordinator.update_check import check_update
 from fedspeech.models import depth_of
 from fedspeech.protocol import routes, weights
 from fedspeech.protocol.messages import BlobRef, ModelAnnouncement, ModelSpec, Profile, Task
@@ -37,30 +34,9 @@ UNMEASURED = Profile(cpu_count=1, cpu_freq_mhz=0.0, ram_available_mb=0.0)  # a d
 RETRY_S = 5.0  # before a round that failed is run again
 
 
-def _blob_ref(path: str, blob: bytes) -> BlobRef:
-    """Where devices download a blob, with its digest and size."""
-    return BlobRef(path, weights.sha256(blob), len(blob))
-
-
-def _optional_count(open_: "OpenRound") -> int:
+def _optional_count(open_: OpenRound) -> int:
     """Results received from devices that were not required."""
     return sum(d not in open_.required for d in open_.updates)
-
-
-@dataclass
-class OpenRound:
-    """The round being trained: tasks handed out, updates accepted so far, bytes moved."""
-
-    round: int
-    started_at: float
-    deadline: float
-    tasks: dict[str, Task]
-    needed: int  # results to aggregate from devices not required
-    required: frozenset[str]  # stale devices waited for on top of the needed results
-    updates: dict[str, tuple[Result, UpdateRecord]] = field(default_factory=dict)
-    bytes_up: int = 0
-    bytes_down: int = 0
-    chains: list[Chain] = field(default_factory=list)  # grouped sequential training's groups, if any
 
 
 class Orchestrator:
@@ -72,6 +48,10 @@ class Orchestrator:
         self.strategy = make_strategy(config.strategy, config.k, config.epochs, config.method_settings())
         self._local_names = self._check_method_needs()
         self._open: OpenRound | None = None
+        # a buffered method's devices still training for an earlier round, and their updates that came
+        # in between two rounds: each counts in the next round that opens
+        self._carried: dict[str, Task] = {}
+        self._late: dict[str, tuple[Task, Result, UpdateRecord, int]] = {}
         self._server: Arrays | None = None  # mutual distillation's server model, once trained
         self._teacher: BlobRef | None = None  # where devices download it
         self._velocity: Arrays | None = None  # server momentum's last step (a restart starts it again)
@@ -111,57 +91,65 @@ class Orchestrator:
         except WeightsError as exc:
             raise BadUpload(str(exc)) from None
         with self._lock:
-            open_ = self._open
-            if open_ is None or open_.round != round:
-                raise NotWanted(f"round {round} is not open")
-            task = open_.tasks.get(device_id)
-            if task is None or meta.get("task_id") != task.task_id:
-                raise NotWanted(f"no open task {str(meta.get('task_id'))[:80]!r} for {device_id}")
-            if device_id in open_.updates:
-                raise NotWanted(f"{device_id} already sent its update for round {round}")
-            if open_.chains and device_id not in [c.current for c in open_.chains]:
-                raise NotWanted(f"{device_id} is not the device training in its group now")
-            if (
-                not open_.chains
-                and device_id not in open_.required
-                and _optional_count(open_) >= open_.needed
-            ):
-                raise NotWanted(f"round {round} already has the {open_.needed} results it needs")
-            global_ = self._global
+            open_, task, global_ = self._open, self._task_answered(round, device_id, meta), self._global
         if global_ is None:
             raise NotWanted("the coordinator has no global model yet")
-        try:
-            # in the task's precision, then widened: aggregation always runs in float32
-            weights.check_like(arrays, weights.with_precision(self._shared(global_), task.precision))
-            arrays = weights.with_precision(arrays, "float32")
-            claimed = claimed_samples(meta)
-            counts = predicted_counts(meta, self.model.spec.num_classes)
-            # no more steps than the task's epochs over the samples claimed, one sample a batch
-            steps = local_steps(meta, task.epochs * max(claimed, 1))
-            record = UpdateRecord(
-                device_id=device_id,
-                num_samples=min(claimed, self._reported_samples(device_id)),
-                train_loss=optional_number(meta, "train_loss"),
-                train_seconds=optional_number(meta, "train_seconds"),
-                sha256=digest,
-            )
-        except ValueError as exc:
-            raise BadUpload(f"bad update: {exc}") from None
-        if record.num_samples < 1:
-            raise BadUpload("num_samples must be at least 1 (and the device must have reported its samples)")
+        reference = self._shared(global_)
+        reported = self._reported_samples(device_id)
+        num_classes = self.model.spec.num_classes
+        result, record, claimed = check_update(
+            arrays, meta, reference, task, reported, num_classes, digest, device_id
+        )
         if record.num_samples < claimed:
             log.warning(
                 "round %d: %s claims %d samples; counted as %d (its reported count, at most %d)",
                 round, device_id, claimed, record.num_samples, self.config.max_device_samples,
             )  # fmt: skip
         with self._lock:
-            if self._open is not open_ or device_id in open_.updates:
+            if self._carried.get(device_id) is task:  # late: it counts in the open round or the next
+                del self._carried[device_id]
+                self._late[device_id] = (task, result, record, len(body))
+                if self._open is not None:
+                    self._take_late(self._open)
+            elif self._open is not open_ or open_ is None or device_id in open_.updates:
                 raise NotWanted(f"round {round} closed while the update was checked")
-            result = Result(device_id, arrays, record.num_samples, predicted_counts=counts, steps=steps)
-            open_.updates[device_id] = (result, record)
-            open_.bytes_up += len(body)
+            else:
+                open_.updates[device_id] = (result, record)
+                open_.bytes_up += len(body)
             self._lock.notify_all()
         log.info("round %d: update from %s accepted (%d samples)", round, device_id, record.num_samples)
+
+    def _task_answered(self, round: int, device_id: str, meta: Mapping[str, str]) -> Task:
+        """The task an upload answers: the open round's, or a buffered method's from an earlier round.
+
+        NotWanted if it answers no task still wanted. Call it under the lock.
+        """
+        carried = self._carried.get(device_id)
+        if carried is not None and carried.round == round and meta.get("task_id") == carried.task_id:
+            return carried
+        open_ = self._open
+        if open_ is None or open_.round != round:
+            raise NotWanted(f"round {round} is not open")
+        task = open_.tasks.get(device_id)
+        if task is None or meta.get("task_id") != task.task_id:
+            raise NotWanted(f"no open task {str(meta.get('task_id'))[:80]!r} for {device_id}")
+        if device_id in open_.updates:
+            raise NotWanted(f"{device_id} already sent its update for round {round}")
+        if open_.chains and device_id not in [c.current for c in open_.chains]:
+            raise NotWanted(f"{device_id} is not the device training in its group now")
+        # a buffered method takes every result: one past the round's count is work done all the same
+        full = _optional_count(open_) >= open_.needed and device_id not in open_.required
+        if full and not open_.chains and not self.strategy.buffered:
+            raise NotWanted(f"round {round} already has the {open_.needed} results it needs")
+        return task
+
+    def _take_late(self, open_: OpenRound) -> None:
+        """Move the late updates into the open round, each with the rounds it is late. Under the lock."""
+        for device, (task, result, record, size) in self._late.items():
+            open_.updates[device] = (replace(result, staleness=open_.round - task.round), record)
+            open_.bytes_up += size
+            log.info("round %d: the update of %s from round %d counts in it", open_.round, device, task.round)
+        self._late.clear()
 
     def _reported_samples(self, device_id: str) -> int:
         """The most samples an update of this device counts for: its reported count, within the cap."""
@@ -227,8 +215,9 @@ class Orchestrator:
         devices = self._wait_for_devices(stop)
         if not devices:
             return None
+        busy = self._still_training(devices)
         statuses = self.link.statuses()
-        profiles = {d: statuses[d].profile or UNMEASURED for d in devices if d in statuses}
+        profiles = {d: statuses[d].profile or UNMEASURED for d in devices if d in statuses and d not in busy}
         rng = np.random.default_rng([self.config.seed, round])
         plan = self.strategy.configure_round(round, profiles, rng)
         started = time.time()
@@ -247,7 +236,8 @@ class Orchestrator:
         if open_.chains:
             results = [r for c in open_.chains if (r := c.result()) is not None]
         else:
-            results = [result for result, _ in open_.updates.values()]
+            rebased = (self._rebased(round, result) for result, _ in open_.updates.values())
+            results = [r for r in rebased if r is not None]
         if len(results) < min(self.config.min_results, plan.needed):
             log.warning(
                 "round %d: %d of %d results by the deadline, fewer than %d: round is run again",
@@ -276,7 +266,7 @@ class Orchestrator:
         missing, online = set(open_.tasks) - set(open_.updates), set(self.link.online())
         record = self._complete(
             round, started, len(plan.work), new, records, open_.bytes_up, open_.bytes_down, teacher,
-            withdrawn=len(missing - online), stragglers=len(missing & online),
+            withdrawn=len(missing - online), stragglers=len(missing & online - self._carried.keys()),
         )  # fmt: skip
         self.store.remove_relays(round)
         if self._evaluates(round):
@@ -295,78 +285,78 @@ class Orchestrator:
         tasks = self._tasks(round, deadline, {d: self._training(round, plan, d) for d in plan.work})
         with self._lock:
             self._open = OpenRound(round, started, deadline, tasks, plan.needed, frozenset(plan.required))
+            self._take_late(self._open)
         for device, task in tasks.items():
             self.link.publish_task(task, device)
         with self._lock:
             while not stop.is_set() and time.time() < deadline and not self._all_in(self._open):
                 self._lock.wait(timeout=0.25)
             open_, self._open = self._open, None
-        for device in tasks:
+            if self.strategy.buffered:  # who has not answered trains on; its update counts later
+                self._carried |= {d: t for d, t in open_.tasks.items() if d not in open_.updates}
+            done = (open_.tasks.keys() | open_.updates.keys()) - self._carried.keys()
+        for device in sorted(done):
             self.link.clear_task(device)
         return open_
+
+    def _still_training(self, ready: Sequence[str]) -> set[str]:
+        """The devices busy with an earlier round's task, after dropping the tasks no longer wanted.
+
+        A task is dropped when its device went offline, its deadline passed or the model changed shape.
+        """
+        spec = self.model.spec_of(self._current)
+        with self._lock:
+            dropped = [
+                d
+                for d, task in self._carried.items()
+                if d not in ready or task.deadline < time.time() or task.spec != spec
+            ]
+            for device in dropped:
+                del self._carried[device]
+            busy = self._carried.keys() | self._late.keys()
+        for device in dropped:
+            log.info("%s's task of an earlier round is no longer wanted", device)
+            self.link.clear_task(device)
+        return busy
+
+    def _rebased(self, round: int, result: Result) -> Result | None:
+        """A late result laid onto the current model (an on-time one as it is); None if it cannot be."""
+        if not result.staleness:
+            return result
+        data = self.store.model_path(round - 1 - result.staleness, "weights").read_bytes()
+        # the model the device trained from, as it received it
+        base = weights.with_precision(self._shared(weights.decode(data)[0]), self.config.precision)
+        base = weights.with_precision(base, "float32")
+        try:
+            arrays = rebased(result.arrays, base, self._shared(self._current))
+        except ValueError as exc:
+            log.warning("round %d: dropped the late update of %s: %s", round, result.device_id, exc)
+            return None
+        return replace(result, arrays=arrays)
 
     def _train_in_groups(
         self, round: int, plan: RoundPlan, started: float, stop: threading.Event
     ) -> OpenRound:
         """Each group's devices train one after another, each from the last good update before it.
 
-        A device has ROUND_TIMEOUT_S from its task; one that has not answered by then, or went offline,
-        is skipped. Groups run side by side; the round ends when every group is through.
+        Groups run side by side; the round ends when every group is through (see grouped_training).
         """
         chains = [Chain(list(group)) for group in plan.groups]
         open_ = OpenRound(round, started, started, {}, len(chains), frozenset(), chains=chains)
+
+        def make_task(device: str) -> Task:
+            deadline = time.time() + self.config.round_timeout_s
+            return self._tasks(round, deadline, {device: self._training(round, plan, device)})[device]
+
         with self._lock:
             self._open = open_
-        for chain in chains:
-            self._hand_out(open_, chain, plan)
-        step = 0
-        while not stop.is_set() and any(c.current is not None for c in chains):
-            done: list[tuple[Chain, Result]] = []
-            skipped: list[tuple[Chain, str]] = []
-            with self._lock:
-                self._lock.wait(timeout=0.25)
-                online = set(self.link.online())
-                for chain in chains:
-                    device = chain.current
-                    if device is None:
-                        continue
-                    if device in open_.updates:
-                        done.append((chain, open_.updates[device][0]))
-                    elif time.time() > open_.tasks[device].deadline or device not in online:
-                        chain.advance(None)  # under the lock: its update is not wanted from now on
-                        skipped.append((chain, device))
-            for chain, device in skipped:
-                log.warning(
-                    "round %d: %s did not answer in time: its group goes on without it", round, device
-                )
-                self.link.clear_task(device)
-                self._hand_out(open_, chain, plan)
-            for chain, result in done:
-                self.link.clear_task(result.device_id)
-                step += 1
-                chain.advance(result, self._relay(round, step, result.arrays))
-                self._hand_out(open_, chain, plan)
+        grouped_training.train_in_groups(open_, self._lock, self.link, self.store, make_task, stop)
         with self._lock:
             self._open = None
         for chain in chains:
             if chain.current is not None:
                 self.link.clear_task(chain.current)
         return open_
-
-    def _hand_out(self, open_: OpenRound, chain: Chain, plan: RoundPlan) -> None:
-        """Send the group's current device its task, from the group's last good model."""
-        device = chain.current
-        if device is None:
-            return
-        deadline = time.time() + self.config.round_timeout_s
-        task = self._tasks(open_.round, deadline, {device: self._training(open_.round, plan, device)})[device]
-        if chain.last is not None and chain.last_ref is not None:
-            task = replace(task, weights=chain.last_ref)
-            log.info("round %d: %s trains from the update of %s", open_.round, device, chain.last.device_id)
-        with self._lock:
-            open_.tasks[device] = task
-            open_.deadline = max(open_.deadline, deadline)
-        self.link.publish_task(task, device)
 
     def _training(self, round: int, plan: RoundPlan, device: str) -> dict[str, Any]:
         """The task fields of a device's training in a round."""
@@ -378,21 +368,10 @@ class Orchestrator:
             "seed": self.config.seed * 100_003 + round * 1009 + index,
         }
 
-    def _relay(self, round: int, step: int, arrays: Arrays) -> BlobRef:
-        """Store an update for the next device of its group; where that device downloads it."""
-        blob = weights.encode(arrays, metadata={"round": str(round)})
-        self.store.save_relay(round, step, blob)
-        return _blob_ref(routes.relay(round, step), blob)
-
     def relay_file(self, round: int, step: int, device_id: str) -> Path:
         """The relayed update a device's open task trains from; NotWanted for anyone else."""
-        path = routes.relay(round, step)
         with self._lock:
-            open_ = self._open
-            task = open_.tasks.get(device_id) if open_ is not None and open_.round == round else None
-            if open_ is None or task is None or task.weights.path != path:
-                raise NotWanted(f"{device_id} has no open task that trains from {path}")
-            open_.bytes_down += task.weights.size
+            grouped_training.count_relay_download(self._open, round, step, device_id)
         return self.store.relay_path(round, step)
 
     def _scored(self, round: int, results: list[Result]) -> list[Result]:
@@ -477,7 +456,7 @@ class Orchestrator:
         """Ask online devices to evaluate the round's model on their test splits; store what they report."""
         round, config = record.round, self.config
         registered = self.store.registered()
-        devices = [d for d in self.link.online() if d in registered]
+        devices = [d for d in self.link.online() if d in registered and d not in self._carried]
         if 0 < config.eval_devices < len(devices):
             rng = np.random.default_rng([config.seed, round, 1])
             devices = sorted(rng.choice(devices, config.eval_devices, replace=False).tolist())
@@ -539,7 +518,8 @@ class Orchestrator:
     def _all_in(self, open_: OpenRound) -> bool:
         """Whether the round has its needed results and its required devices, or all devices still online."""
         online = set(self.link.online())
-        answered = [d in open_.updates or d not in online for d in open_.tasks]
+        # a buffered method's devices still training for earlier rounds may answer in this one too
+        answered = [d in open_.updates or d not in online for d in (*open_.tasks, *self._carried)]
         required_in = all(d in open_.updates or d not in online for d in open_.required)
         return all(answered) or (required_in and _optional_count(open_) >= open_.needed)
 

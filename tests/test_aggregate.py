@@ -3,7 +3,14 @@
 import numpy as np
 import pytest
 
-from fedspeech.coordinator.aggregate import fedavg, server_momentum, weighted_average, without_breakers
+from fedspeech.coordinator.aggregate import (
+    fedavg,
+    rebased,
+    server_momentum,
+    staleness_weighted,
+    weighted_average,
+    without_breakers,
+)
 
 
 def test_fedavg_weights_by_samples():
@@ -70,3 +77,26 @@ def test_without_breakers_drops_only_the_results_that_break_the_rule_on_their_ow
     combined, kept = without_breakers(mean, ["a", "b", "c", "d"], like)
     assert kept == ["a", "c"] and combined["w"].tolist() == [2.0, 2.0], "NaN and a raise are both dropped"
     assert without_breakers(mean, ["b", "d"], like) is None
+
+
+def test_a_late_update_is_its_change_laid_onto_the_current_model_but_statistics_and_counters_as_sent():
+    base = {"w": np.array([1.0, 1.0], np.float32), "bn.running_mean": np.zeros(2, np.float32)}
+    update = {"w": np.array([2.0, 0.5], np.float32), "bn.running_mean": np.full(2, 3.0, np.float32)}
+    current = {"w": np.array([10.0, 10.0], np.float32), "bn.running_mean": np.ones(2, np.float32)}
+    base["n"], update["n"], current["n"] = np.array(1), np.array(7), np.array(4)
+    out = rebased(update, base, current)
+    np.testing.assert_allclose(out["w"], [11.0, 9.5])
+    np.testing.assert_allclose(out["bn.running_mean"], [3.0, 3.0])
+    assert int(out["n"]) == 7 and out["w"].dtype == np.float32
+    with pytest.raises(ValueError):
+        two = {"w": np.zeros(2, np.float32)}
+        rebased({"w": np.zeros(3, np.float32)}, two, two)
+
+
+def test_staleness_weighting_discounts_by_the_square_root_of_one_plus_the_rounds_late():
+    on_time, late = {"w": np.array([0.0], np.float32)}, {"w": np.array([3.0], np.float32)}
+    out = staleness_weighted([on_time, late], [10, 10], [0, 3])  # weights 10 and 10 / 2
+    np.testing.assert_allclose(out["w"], [1.0])
+    np.testing.assert_allclose(staleness_weighted([on_time, late], [10, 10], [0, 0])["w"], [1.5])
+    with pytest.raises(ValueError):
+        staleness_weighted([on_time, late], [10, 10], [0, -1])

@@ -6,7 +6,7 @@ import pytest
 from conftest import made_up_run
 from scipy import stats
 
-from fedspeech.bench import Run, strategies_config
+from fedspeech.bench import Run, arm_rounds, strategies_config
 from fedspeech.bench_report import markdown_table, summarize, welch, write_plots
 
 
@@ -86,3 +86,11 @@ def test_float16_arms_run_a_strategy_with_half_precision_weights(tmp_path):
     ]
     with pytest.raises(ValueError, match="unknown strategies"):
         strategies_config(tmp_path, ["fedavg"], float16=["fastest"])
+
+
+def test_a_buffered_strategy_runs_as_many_rounds_as_aggregate_as_many_results(tmp_path):
+    # pi-mix: six devices; a fedbuff round aggregates about K of them, a fedavg round all six
+    cfg = strategies_config(tmp_path, ["fedavg", "fedbuff"], k=4, float16=["fedbuff"], rounds=20)
+    assert [arm_rounds(cfg, "fsdd", arm) for arm in cfg.arms] == [20, 30, 30]
+    cfg = strategies_config(tmp_path, ["fedbuff"], k=10, rounds=20)
+    assert arm_rounds(cfg, "fsdd", cfg.arms[0]) == 20, "K above the fleet's size: every device, every round"

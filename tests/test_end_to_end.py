@@ -144,6 +144,34 @@ def test_hardware_aware_rounds_aggregate_the_first_k(tmp_path, mosquitto_url, to
             assert r.results == len(service.store.updates(r.round)) == 2, "the first K results are aggregated"
 
 
+def test_fedbuff_does_not_wait_for_a_slow_device_and_counts_its_late_update(
+    tmp_path, mosquitto_url, topic_root, processes, caplog
+):
+    config = {
+        "BROKER_URL": mosquitto_url,
+        "TOPIC_ROOT": topic_root,
+        "ROUNDS": 5,
+        "MIN_DEVICES": 3,
+        "EVAL_EVERY": 0,
+        "STRATEGY": "fedbuff",
+        "K": 2,
+    }
+    caplog.set_level("INFO", "fedspeech.coordinator")
+    with running_coordinator(tmp_path, **config) as (service, url):
+        fast = start_clients(processes, SPEAKERS[:2], url, mosquitto_url, topic_root, max_samples=16)
+        slow = start_clients(processes, SPEAKERS[2:], url, mosquitto_url, topic_root, max_samples=96)
+        wait_until_finished(service, fast + slow)
+        rounds = service.store.rounds()[1:]
+        aggregated = {r.round: [u.device_id for u in service.store.updates(r.round)] for r in rounds}
+    assert all(len(devices) >= 2 for devices in aggregated.values())
+    slow_id = SPEAKERS[2]
+    late = [m for m in caplog.messages if f"the update of {slow_id} from round" in m]
+    assert late, "the slow device's update came in after its round closed, and counted"
+    counted_in = int(late[0].split(":")[0].removeprefix("round "))
+    assert slow_id in aggregated[counted_in]
+    assert sum(slow_id in devices for devices in aggregated.values()) < len(rounds), "not waited for"
+
+
 def test_one_process_hosts_a_device_per_speaker(tmp_path, topic_root, processes):
     config = {"EMBEDDED_BROKER_PORT": free_port(), "TOPIC_ROOT": topic_root, "ROUNDS": 2, "MIN_DEVICES": 3}
     with running_coordinator(tmp_path, **config) as (service, url):

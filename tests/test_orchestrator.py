@@ -20,8 +20,10 @@ from fedspeech.coordinator.orchestrator import Orchestrator
 from fedspeech.coordinator.ports import Evaluation
 from fedspeech.coordinator.round_config import RoundConfig
 from fedspeech.coordinator.store import Store
+from fedspeech.coordinator.update_check import check_update
 from fedspeech.protocol import messages, routes, weights
 from fedspeech.protocol.messages import (
+    BlobRef,
     DeviceStatus,
     ModelAnnouncement,
     ModelSpec,
@@ -281,6 +283,62 @@ def test_a_stale_device_is_waited_for(tmp_path):
     assert ("middle", "round 1 already has the 1 results it needs") in fleet.link.refused
 
 
+@pytest.mark.parametrize("when", ["while round 2 is open", "between rounds 1 and 2"])
+def test_a_buffered_round_does_not_wait_for_a_slow_device_and_counts_its_late_update_discounted(
+    tmp_path, when
+):
+    slow_tasks: list[Task] = []
+
+    class Model(FakeModel):
+        def to_onnx(self, arrays: Arrays, round: int) -> bytes:
+            if round == 1 and when.startswith("between"):  # no round is open while one is exported
+                fleet.upload("slow", slow_tasks[0], 5.0)
+            return super().to_onnx(arrays, round)
+
+    fleet = Fleet(tmp_path, Model(), rounds=3, strategy="fedbuff", k=1, round_timeout_s=5.0)
+    fleet.device("fast")
+    fleet.device("slow", value=None)
+    fleet.link.responders["slow"] = slow_tasks.append
+
+    def fast(task: Task) -> None:
+        fleet.upload("fast", task, float(task.round))
+        if task.round == 2 and when.startswith("while"):
+            fleet.upload("slow", slow_tasks[0], 5.0)
+
+    fleet.link.responders["fast"] = fast
+    fleet.finish()
+    assert [t.round for t in slow_tasks] == [1, 3], "not asked again while it trained on"
+    assert "slow" not in fleet.link.tasks_of(2)
+    assert [u.device_id for u in fleet.store.updates(2)] == ["fast", "slow"]
+    # round 2: fast's 2.0 and slow's change (5 - 0) laid onto round 1's model (1.0), weighted 1/sqrt(2)
+    late = 1 / np.sqrt(2)
+    assert fleet.store.rounds()[2].accuracy == pytest.approx((2.0 + 6.0 * late) / (1 + late), rel=1e-6)
+    assert fleet.store.rounds()[1].wall_s < 1.0, "round 1 closed on its first result"
+    assert fleet.link.cleared == ["fast", "fast", "slow", "fast"], "a task is kept while it may count"
+
+
+def test_a_late_update_whose_device_went_offline_is_not_wanted(tmp_path):
+    fleet = Fleet(tmp_path, rounds=3, strategy="fedbuff", k=1, round_timeout_s=5.0, min_devices=1)
+    fleet.device("fast")
+    fleet.device("slow", value=None)
+    slow_tasks: list[Task] = []
+    fleet.link.responders["slow"] = slow_tasks.append
+
+    def fast(task: Task) -> None:
+        if task.round == 2:
+            fleet.link.statuses_["slow"] = DeviceStatus("slow", "offline", 10, profile(1.0))
+        fleet.upload("fast", task, 1.0)
+
+    fleet.link.responders["fast"] = fast
+    fleet.finish()
+    assert "slow" in fleet.link.cleared, "its task was dropped once it went offline"
+    with pytest.raises(NotWanted, match="round 1 is not open"):
+        fleet.upload("slow", slow_tasks[0], 5.0)
+    forged = weights.encode({"w": np.ones(2, np.float32)}, {"task_id": "0" * 32, "num_samples": "10"})
+    with pytest.raises(NotWanted):
+        fleet.orchestrator.receive_update(1, "fast", forged, weights.sha256(forged))
+
+
 def test_a_restarted_orchestrator_resumes_after_the_last_round(tmp_path):
     first = Fleet(tmp_path, rounds=2)
     first.device("a", value=1.0)
@@ -460,3 +518,39 @@ def test_devices_enrolled_but_not_registered_get_no_work(tmp_path):
     fleet.link.statuses_["waiting"] = DeviceStatus("waiting", "online", 10, profile(1.0))
     fleet.finish()
     assert set(fleet.link.tasks_of(1)) == {"a"}
+
+
+def toy_task(precision: weights.Precision = "float32") -> Task:
+    ref = BlobRef("/weights", "0" * 64, 1)
+    return Task("t1", 1, SPEC, DEFINITION, ref, "/up", 2, 8, 0.1, 0.0, precision=precision)
+
+
+REFERENCE = {"w": np.zeros(2, np.float32)}
+
+
+def test_an_update_in_the_tasks_precision_is_widened_and_counts_for_at_most_the_reported_samples():
+    half = {"w": np.full(2, 0.5, np.float16)}
+    meta = {"num_samples": "50", "local_steps": str(10**12), "train_loss": "0.25"}
+    result, record, claimed = check_update(half, meta, REFERENCE, toy_task("float16"), 20, 2, "d", "a")
+    assert result.arrays["w"].dtype == np.float32 and result.arrays["w"][0] == 0.5
+    assert (claimed, record.num_samples, result.num_samples) == (50, 20, 20)
+    assert result.steps == 2 * 50, "at most the task's epochs over the samples claimed"
+    assert (record.device_id, record.sha256, record.train_loss) == ("a", "d", 0.25)
+
+
+@pytest.mark.parametrize(
+    "arrays, error",
+    [
+        ({"w": np.zeros(2, np.float16)}, "bad update: w: dtype float16, expected float32"),
+        ({"v": np.zeros(2, np.float32)}, "bad update: tensor names differ"),
+        ({"w": np.zeros(3, np.float32)}, "bad update: w: shape"),
+    ],
+)
+def test_an_update_unlike_the_global_model_in_the_tasks_precision_is_a_bad_upload(arrays, error):
+    with pytest.raises(BadUpload, match=f"^{error}"):
+        check_update(arrays, {"num_samples": "10"}, REFERENCE, toy_task(), 10, 2, "d", "a")
+
+
+def test_an_update_of_a_device_that_reported_no_samples_is_a_bad_upload():
+    with pytest.raises(BadUpload, match="^num_samples must be at least 1"):
+        check_update(dict(REFERENCE), {"num_samples": "10"}, REFERENCE, toy_task(), 0, 2, "d", "a")

@@ -275,6 +275,7 @@ def test_registry():
         "class_prior",
         "mkd",
         "time_budget",
+        "fedbuff",
     }
     assert all(make_strategy(name, 3, 2).name == name for name in STRATEGIES)
     hw = make_strategy("hardware", 3, 2)

@@ -8,6 +8,7 @@ from fedspeech.coordinator.strategies.class_prior import ClassPrior
 from fedspeech.coordinator.strategies.clipped import NormClipped
 from fedspeech.coordinator.strategies.fedavg import FedAvg
 from fedspeech.coordinator.strategies.fedbn import FedBN
+from fedspeech.coordinator.strategies.fedbuff import FedBuff
 from fedspeech.coordinator.strategies.fedprox import FedProx
 from fedspeech.coordinator.strategies.grouped import GroupedSequential
 from fedspeech.coordinator.strategies.hardware import HardwareAware
@@ -30,6 +31,8 @@ STRATEGIES: dict[str, Callable[[int, int], Strategy]] = {
     "epochs_only": partial(HardwareAware, name="epochs_only", top_k=False, weighted=False),
     # every device trains for the fastest one's time, FedNova-averaged
     "time_budget": TimeBudget,
+    # slow devices train on across rounds; their late updates count, discounted by staleness
+    "fedbuff": FedBuff,
     # robust aggregation against poisoned updates (deploy/fleets/poisoning.py emulates the attacks)
     "median": FedMedian,
     "trimmed_mean": FedTrimmedMean,

@@ -3,9 +3,11 @@
 A strategy decides who trains each round and with what settings (`configure_round`), combines the
 accepted updates and the global model they started from into the new global model (`aggregate`) and
 keeps whatever it needs across rounds (`on_round_end`). The orchestrator calls only these hooks and
-knows no strategy by name. What a method needs of the orchestrator beyond them it says in three flags:
+knows no strategy by name. What a method needs of the orchestrator beyond them it says in four flags:
 `local_norm` (normalisation layers stay on the devices), `scored` (each update scored on the
-coordinator's validation set) and `distils` (a server model trained after each round, sent as teacher).
+coordinator's validation set), `distils` (a server model trained after each round, sent as teacher)
+and `buffered` (a device still training when its round closes goes on, and its update counts in a
+later round).
 """
 
 from abc import ABC, abstractmethod
@@ -49,6 +51,8 @@ class Result:
 
     Where a method asks for them, also its score on the coordinator's validation set and the device's
     predicted class counts on its own clips; and the optimiser steps it says it took, where it says so.
+    A buffered method's late update is already laid onto the current model; staleness says how many
+    rounds late it is.
     """
 
     device_id: str
@@ -57,6 +61,7 @@ class Result:
     score: float | None = None
     predicted_counts: tuple[int, ...] | None = None
     steps: int | None = None
+    staleness: int = 0
 
 
 @dataclass(frozen=True)
@@ -92,6 +97,7 @@ class Strategy(ABC):
     local_norm = False  # FedBN: devices keep their normalisation layers; uploads hold the other arrays
     scored = False  # the orchestrator fills each Result's score from its validation set
     distils = False  # the orchestrator trains a server model after each round and sends it as teacher
+    buffered = False  # devices that miss a round train on, and their updates count in a later round
 
     def __init__(self, k: int, epochs: int) -> None:
         if k < 1 or epochs < 1:
