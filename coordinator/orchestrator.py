@@ -16,6 +16,7 @@ from fedspeech.coordinator.aggregate import rebased, server_momentum, without_br
 from fedspeech.coordinator.chains import Chain
 from fedspeech.coordinator.errors import BadUpload, NotWanted
 from fedspeech.coordinator.evaluation_phase import EvaluationPhase
+from fedspeech.coordinator.late_updates import LateUpdates
 from fedspeech.coordinator.open_round import OpenRound
 from fedspeech.coordinator.ports import DeviceLink, ModelOps
 from fedspeech.coordinator.round_config import RoundConfig
@@ -48,10 +49,7 @@ class Orchestrator:
         self.strategy = make_strategy(config.strategy, config.k, config.epochs, config.method_settings())
         self._local_names = self._check_method_needs()
         self._open: OpenRound | None = None
-        # a buffered method's devices still training for an earlier round, and their updates that came
-        # in between two rounds: each counts in the next round that opens
-        self._carried: dict[str, Task] = {}
-        self._late: dict[str, tuple[Task, Result, UpdateRecord, int]] = {}
+        self._late = LateUpdates()  # a buffered method's tasks past their round, and their updates
         self._server: Arrays | None = None  # mutual distillation's server model, once trained
         self._teacher: BlobRef | None = None  # where devices download it
         self._velocity: Arrays | None = None  # server momentum's last step (a restart starts it again)
@@ -106,11 +104,10 @@ class Orchestrator:
                 round, device_id, claimed, record.num_samples, self.config.max_device_samples,
             )  # fmt: skip
         with self._lock:
-            if self._carried.get(device_id) is task:  # late: it counts in the open round or the next
-                del self._carried[device_id]
-                self._late[device_id] = (task, result, record, len(body))
+            if self._late.carried.get(device_id) is task:  # late: it counts in the open round or the next
+                self._late.accept(task, result, record, len(body))
                 if self._open is not None:
-                    self._take_late(self._open)
+                    self._late.count_in(self._open)
             elif self._open is not open_ or open_ is None or device_id in open_.updates:
                 raise NotWanted(f"round {round} closed while the update was checked")
             else:
@@ -124,8 +121,8 @@ class Orchestrator:
 
         NotWanted if it answers no task still wanted. Call it under the lock.
         """
-        carried = self._carried.get(device_id)
-        if carried is not None and carried.round == round and meta.get("task_id") == carried.task_id:
+        carried = self._late.task(device_id, round, meta.get("task_id"))
+        if carried is not None:
             return carried
         open_ = self._open
         if open_ is None or open_.round != round:
@@ -142,14 +139,6 @@ class Orchestrator:
         if full and not open_.chains and not self.strategy.buffered:
             raise NotWanted(f"round {round} already has the {open_.needed} results it needs")
         return task
-
-    def _take_late(self, open_: OpenRound) -> None:
-        """Move the late updates into the open round, each with the rounds it is late. Under the lock."""
-        for device, (task, result, record, size) in self._late.items():
-            open_.updates[device] = (replace(result, staleness=open_.round - task.round), record)
-            open_.bytes_up += size
-            log.info("round %d: the update of %s from round %d counts in it", open_.round, device, task.round)
-        self._late.clear()
 
     def _reported_samples(self, device_id: str) -> int:
         """The most samples an update of this device counts for: its reported count, within the cap."""
@@ -266,7 +255,7 @@ class Orchestrator:
         missing, online = set(open_.tasks) - set(open_.updates), set(self.link.online())
         record = self._complete(
             round, started, len(plan.work), new, records, open_.bytes_up, open_.bytes_down, teacher,
-            withdrawn=len(missing - online), stragglers=len(missing & online - self._carried.keys()),
+            withdrawn=len(missing - online), stragglers=len(missing & online - self._late.carried.keys()),
         )  # fmt: skip
         self.store.remove_relays(round)
         if self._evaluates(round):
@@ -285,7 +274,7 @@ class Orchestrator:
         tasks = self._tasks(round, deadline, {d: self._training(round, plan, d) for d in plan.work})
         with self._lock:
             self._open = OpenRound(round, started, deadline, tasks, plan.needed, frozenset(plan.required))
-            self._take_late(self._open)
+            self._late.count_in(self._open)
         for device, task in tasks.items():
             self.link.publish_task(task, device)
         with self._lock:
@@ -293,27 +282,18 @@ class Orchestrator:
                 self._lock.wait(timeout=0.25)
             open_, self._open = self._open, None
             if self.strategy.buffered:  # who has not answered trains on; its update counts later
-                self._carried |= {d: t for d, t in open_.tasks.items() if d not in open_.updates}
-            done = (open_.tasks.keys() | open_.updates.keys()) - self._carried.keys()
+                self._late.carry(open_)
+            done = (open_.tasks.keys() | open_.updates.keys()) - self._late.carried.keys()
         for device in sorted(done):
             self.link.clear_task(device)
         return open_
 
     def _still_training(self, ready: Sequence[str]) -> set[str]:
-        """The devices busy with an earlier round's task, after dropping the tasks no longer wanted.
-
-        A task is dropped when its device went offline, its deadline passed or the model changed shape.
-        """
+        """The devices busy with an earlier round's task, once the tasks no longer wanted are dropped."""
         spec = self.model.spec_of(self._current)
         with self._lock:
-            dropped = [
-                d
-                for d, task in self._carried.items()
-                if d not in ready or task.deadline < time.time() or task.spec != spec
-            ]
-            for device in dropped:
-                del self._carried[device]
-            busy = self._carried.keys() | self._late.keys()
+            dropped = self._late.drop(ready, spec, time.time())
+            busy = self._late.busy()
         for device in dropped:
             log.info("%s's task of an earlier round is no longer wanted", device)
             self.link.clear_task(device)
@@ -456,7 +436,7 @@ class Orchestrator:
         """Ask online devices to evaluate the round's model on their test splits; store what they report."""
         round, config = record.round, self.config
         registered = self.store.registered()
-        devices = [d for d in self.link.online() if d in registered and d not in self._carried]
+        devices = [d for d in self.link.online() if d in registered and d not in self._late.carried]
         if 0 < config.eval_devices < len(devices):
             rng = np.random.default_rng([config.seed, round, 1])
             devices = sorted(rng.choice(devices, config.eval_devices, replace=False).tolist())
@@ -519,7 +499,7 @@ class Orchestrator:
         """Whether the round has its needed results and its required devices, or all devices still online."""
         online = set(self.link.online())
         # a buffered method's devices still training for earlier rounds may answer in this one too
-        answered = [d in open_.updates or d not in online for d in (*open_.tasks, *self._carried)]
+        answered = [d in open_.updates or d not in online for d in (*open_.tasks, *self._late.carried)]
         required_in = all(d in open_.updates or d not in online for d in open_.required)
         return all(answered) or (required_in and _optional_count(open_) >= open_.needed)
 

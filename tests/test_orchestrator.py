@@ -16,6 +16,7 @@ import pytest
 
 from fedspeech.coordinator import orchestrator as orchestrator_module
 from fedspeech.coordinator.errors import BadUpload, NotWanted
+from fedspeech.coordinator.late_updates import LateUpdates
 from fedspeech.coordinator.orchestrator import Orchestrator
 from fedspeech.coordinator.ports import Evaluation
 from fedspeech.coordinator.round_config import RoundConfig
@@ -337,6 +338,24 @@ def test_a_late_update_whose_device_went_offline_is_not_wanted(tmp_path):
     forged = weights.encode({"w": np.ones(2, np.float32)}, {"task_id": "0" * 32, "num_samples": "10"})
     with pytest.raises(NotWanted):
         fleet.orchestrator.receive_update(1, "fast", forged, weights.sha256(forged))
+
+
+def test_carried_tasks_are_dropped_when_their_device_leaves_their_deadline_passes_or_the_model_grows():
+    def task(device: str, deadline: float, spec: ModelSpec = SPEC) -> Task:
+        return Task(device, 1, spec, DEFINITION, BlobRef("/w", "0" * 64, 1), "/up", 2, 8, 0.1, deadline)
+
+    late = LateUpdates()
+    late.carried = {
+        "kept": task("kept", 100.0),
+        "offline": task("offline", 100.0),
+        "expired": task("expired", 9.0),
+        "grown": task("grown", 100.0, ModelSpec("toy", 8000, 8000, 2, depth=3)),
+    }
+    dropped = late.drop(["kept", "expired", "grown"], SPEC, now=10.0)
+    assert sorted(dropped) == ["expired", "grown", "offline"]
+    assert late.busy() == {"kept"}
+    assert late.task("kept", 1, "kept") is late.carried["kept"]
+    assert late.task("kept", 2, "kept") is None and late.task("kept", 1, "forged") is None
 
 
 def test_a_restarted_orchestrator_resumes_after_the_last_round(tmp_path):
