@@ -225,8 +225,8 @@ class Orchestrator:
         if open_.chains:
             results = [r for c in open_.chains if (r := c.result()) is not None]
         else:
-            rebased = (self._rebased(round, result) for result, _ in open_.updates.values())
-            results = [r for r in rebased if r is not None]
+            laid_on = (self._rebased(round, result) for result, _ in open_.updates.values())
+            results = [r for r in laid_on if r is not None]
         if len(results) < min(self.config.min_results, plan.needed):
             log.warning(
                 "round %d: %d of %d results by the deadline, fewer than %d: round is run again",
