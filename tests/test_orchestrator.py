@@ -305,6 +305,8 @@ def test_a_buffered_round_does_not_wait_for_a_slow_device_and_counts_its_late_up
         fleet.upload("fast", task, float(task.round))
         if task.round == 2 and when.startswith("while"):
             fleet.upload("slow", slow_tasks[0], 5.0)
+            with pytest.raises(NotWanted, match="round 1 is not open"):  # a replay counts once
+                fleet.upload("slow", slow_tasks[0], 50.0)
 
     fleet.link.responders["fast"] = fast
     fleet.finish()
