@@ -118,7 +118,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     bs.add_argument("--seeds", type=at_least(1), default=3)
     bs.add_argument("--rounds", type=at_least(1), default=20)
     bs.add_argument(
-        "--k", type=at_least(1), default=3, help="devices aggregated per round by top-K strategies"
+        "--k",
+        type=at_least(1),
+        default=3,
+        help="devices aggregated per round by top-K strategies; the results a fedbuff round closes on",
     )
     bs.add_argument(
         "--float16",

@@ -252,7 +252,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     )
     c.add_argument("--strategy", help=f"how devices are picked and weighted: {STRATEGY_NAMES}")
     c.add_argument(
-        "--k", type=at_least(1), help="devices aggregated per round by top-K and random-K strategies"
+        "--k",
+        type=at_least(1),
+        help="devices aggregated per round by top-K and random-K strategies; "
+        "the results a fedbuff round closes on",
     )
     c.add_argument("--model", choices=MODELS, help="architecture (default: cnn; emotion_cnn for emodb)")
     c.add_argument("--depth", type=int, help="a transformer's full-grown number of encoder blocks")

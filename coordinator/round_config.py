@@ -25,7 +25,8 @@ class RoundConfig:
     server_momentum: float = 0.0
     seed: int = 0
     strategy: str = "fedavg"  # a name in coordinator.strategies.STRATEGIES
-    k: int = 3  # devices aggregated per round by the top-K and random-K strategies
+    # devices aggregated per round by top-K and random-K strategies; the results a fedbuff round closes on
+    k: int = 3
     # a transformer's depth by round: constant, linear (in depth_stages stages, 0: one block per stage)
     # or a list of depths such as "1,2,4"; see scheduling.depth_for_round
     depth_schedule: str = "linear"
