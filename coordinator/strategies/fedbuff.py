@@ -18,7 +18,7 @@ from fedspeech.protocol.weights import Arrays
 
 
 class FedBuff(Strategy):
-    """Every idle device trains; a round aggregates its first k results, the late ones discounted."""
+    """Every idle device trains; a round closes on k results, the late ones among them discounted."""
 
     name = "fedbuff"
     buffered = True
