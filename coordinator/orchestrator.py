@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from fedspeech.coordinator import grouped_training
+from fedspeech.coordinator import grouped_training, method_needs
 from fedspeech.coordinator.aggregate import rebased, server_momentum, without_breakers
 from fedspeech.coordinator.chains import Chain
 from fedspeech.coordinator.errors import BadUpload, NotWanted
@@ -47,7 +47,7 @@ class Orchestrator:
         self.config, self.store, self.link, self.model = config, store, link, model
         self._lock = threading.Condition()
         self.strategy = make_strategy(config.strategy, config.k, config.epochs, config.method_settings())
-        self._local_names = self._check_method_needs()
+        self._local_names = method_needs.local_names(self.strategy, model)  # ValueError if unmet
         self._open: OpenRound | None = None
         self._late = LateUpdates()  # a buffered method's tasks past their round, and their updates
         self._server: Arrays | None = None  # mutual distillation's server model, once trained
@@ -404,29 +404,6 @@ class Orchestrator:
     def _full(self, shared: Arrays) -> Arrays:
         """Shared arrays completed with the global model's own normalisation layers."""
         return {**{name: self._current[name] for name in self._local_names}, **shared}
-
-    def _check_method_needs(self) -> frozenset[str]:
-        """ValueError if the strategy needs what the model or coordinator lacks; the names kept on devices."""
-        name = self.strategy.name
-        if self.strategy.scored and not self.model.can_score:
-            raise ValueError(
-                f"{name} scores each update on a validation set: give one (--validation-data DIR), or take "
-                "clips devices share (--shared-validation N)"
-            )
-        if self.strategy.distils and not self.model.can_distil:
-            raise ValueError(
-                f"{name} trains a server model on the coordinator's data: give it (--server-data DIR)"
-            )
-        if not self.strategy.local_norm:
-            return frozenset()
-        local = frozenset(self.model.norm_names())
-        if not local:
-            raise ValueError(
-                f"{name} keeps batch-normalisation layers on the devices and the model "
-                f"{self.model.spec.name} "
-                "has none: use a model with them (--model cnn_bn)"
-            )
-        return local
 
     def _evaluates(self, round: int) -> bool:
         every = self.config.eval_every

@@ -1,0 +1,27 @@
+"""What a strategy needs of the model and coordinator beyond the round hooks, checked at start-up."""
+
+from fedspeech.coordinator.ports import ModelOps
+from fedspeech.coordinator.strategies import Strategy
+
+
+def local_names(strategy: Strategy, model: ModelOps) -> frozenset[str]:
+    """The arrays kept on devices; ValueError if the strategy needs what the model or coordinator lacks."""
+    name = strategy.name
+    if strategy.scored and not model.can_score:
+        raise ValueError(
+            f"{name} scores each update on a validation set: give one (--validation-data DIR), or take "
+            "clips devices share (--shared-validation N)"
+        )
+    if strategy.distils and not model.can_distil:
+        raise ValueError(
+            f"{name} trains a server model on the coordinator's data: give it (--server-data DIR)"
+        )
+    if not strategy.local_norm:
+        return frozenset()
+    local = frozenset(model.norm_names())
+    if not local:
+        raise ValueError(
+            f"{name} keeps batch-normalisation layers on the devices and the model {model.spec.name} "
+            "has none: use a model with them (--model cnn_bn)"
+        )
+    return local
