@@ -3,10 +3,14 @@
 import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from fedspeech.progress import Progress
+
+if TYPE_CHECKING:
+    from fedspeech.models.datasets import Clip, Corpus
 
 
 @dataclass(frozen=True)
@@ -19,6 +23,17 @@ class CentralRun:
     accuracy: float
     macro_f1: float
     seconds: float
+    test_clips: int
+    left_out: str | None = None  # the speaker held out, whose clips are the test set
+
+
+def central_split(corpus: "Corpus", left_out: str | None = None) -> tuple[list["Clip"], list["Clip"]]:
+    """(training, test) clips: the within-speaker split, or left_out's clips against the others' training."""
+    from fedspeech.models.datasets import leave_one_speaker_out, server_test_clips
+
+    if left_out is None:
+        return [c for c in corpus.clips if not c.test], server_test_clips(corpus)
+    return leave_one_speaker_out(corpus, left_out)
 
 
 def central_run(
@@ -28,11 +43,13 @@ def central_run(
     data_dir: Path | None = None,
     model: str | None = None,
     threads: int = 2,
+    left_out: str | None = None,
 ) -> CentralRun:
     """Train centrally on the union of the speakers' training splits; score on the union of their test splits.
 
     The same split, model, batch size and learning rate as the federated runs: the gap between the two
-    is the price of keeping the clips on the devices.
+    is the price of keeping the clips on the devices. With left_out, the other speakers' training splits
+    train and all of that speaker's clips score, as the federated leave-one-speaker-out split does.
     """
     import time
 
@@ -40,15 +57,16 @@ def central_run(
 
     from fedspeech.coordinator.round_config import RoundConfig
     from fedspeech.models import build_model
-    from fedspeech.models.datasets import default_spec, load_corpus, load_waveforms, server_test_clips
+    from fedspeech.models.datasets import default_spec, load_corpus, load_waveforms
     from fedspeech.models.train import evaluate, train_local
 
     torch.set_num_threads(threads)
     torch.manual_seed(seed)
     data = load_corpus(corpus, data_dir)
     spec = default_spec(data, name=model)
-    train = load_waveforms([c for c in data.clips if not c.test], spec.sample_rate, spec.num_samples)
-    test = load_waveforms(server_test_clips(data), spec.sample_rate, spec.num_samples)
+    train_clips, test_clips = central_split(data, left_out)
+    train = load_waveforms(train_clips, spec.sample_rate, spec.num_samples)
+    test = load_waveforms(test_clips, spec.sample_rate, spec.num_samples)
     net = build_model(spec)
     start = time.perf_counter()
     defaults = RoundConfig()
@@ -61,17 +79,27 @@ def central_run(
         seed=seed,
     )
     result = evaluate(net, *test)
-    return CentralRun(corpus, seed, epochs, result.accuracy, result.macro_f1, time.perf_counter() - start)
+    seconds = time.perf_counter() - start
+    return CentralRun(
+        corpus, seed, epochs, result.accuracy, result.macro_f1, seconds, len(test_clips), left_out
+    )
 
 
-def run_central(corpus: str, out: Path, seeds: int, epochs: int, data_dir: Path | None = None) -> Path:
+def run_central(
+    corpus: str,
+    out: Path,
+    seeds: int,
+    epochs: int,
+    data_dir: Path | None = None,
+    left_out: str | None = None,
+) -> Path:
     """`bench central`: centralised training per seed; writes a markdown table and central.json."""
     out.mkdir(parents=True, exist_ok=True)
     runs = []
     with Progress(seeds) as progress:
         for seed in range(seeds):
             progress.start_run(f"{corpus} central seed {seed}")
-            runs.append(central_run(corpus, seed, epochs, data_dir))
+            runs.append(central_run(corpus, seed, epochs, data_dir, left_out=left_out))
             progress.end_run()
             progress.say(
                 f"{corpus} central seed {seed}: accuracy {runs[-1].accuracy:.4f}, {runs[-1].seconds:.0f} s"
@@ -79,7 +107,8 @@ def run_central(corpus: str, out: Path, seeds: int, epochs: int, data_dir: Path 
     accuracy = [r.accuracy for r in runs]
     std = float(np.std(accuracy, ddof=1)) if len(runs) > 1 else 0.0
     lines = [
-        f"### {corpus}: centralised training, {epochs} epochs",
+        f"### {corpus}: centralised training, {epochs} epochs"
+        + ("" if left_out is None else f", speaker {left_out} held out"),
         "",
         "| seed | accuracy | macro-F1 | seconds |",
         "|---|---|---|---|",

@@ -78,9 +78,9 @@ def _bench_poisoning(args: argparse.Namespace) -> None:
 def _bench_central(args: argparse.Namespace) -> None:
     from fedspeech.bench_central import run_central
 
-    check_corpus("bench central", args.corpus, args.data_dir)
+    check_corpus("bench central", args.corpus, args.data_dir, args.leave_out)
     results_folder("bench central", args.out)
-    run_central(args.corpus, args.out, args.seeds, args.epochs, args.data_dir)
+    run_central(args.corpus, args.out, args.seeds, args.epochs, args.data_dir, args.leave_out)
 
 
 def _bench_inference(args: argparse.Namespace) -> None:
@@ -97,14 +97,18 @@ def _bench_inference(args: argparse.Namespace) -> None:
         raise SystemExit(f"fedspeech bench inference: {exc}") from None
 
 
-def check_corpus(command: str, corpus: str, data_dir: Path | None) -> None:
-    """SystemExit with one line unless the corpus is there to be listed."""
-    from fedspeech.models.datasets import load_corpus
+def check_corpus(command: str, corpus: str, data_dir: Path | None, speaker: str | None = None) -> None:
+    """SystemExit with one line unless the corpus is there to be listed (and has the speaker named)."""
+    from fedspeech.models.datasets import load_corpus, speakers
 
     try:
-        load_corpus(corpus, data_dir)
+        data = load_corpus(corpus, data_dir)
     except (ValueError, FileNotFoundError) as exc:
         raise SystemExit(f"fedspeech {command}: {exc}") from None
+    if speaker is not None and speaker not in speakers(data):
+        raise SystemExit(
+            f"fedspeech {command}: {corpus} has no speaker {speaker!r}; it has {', '.join(speakers(data))}"
+        )
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -159,6 +163,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     bc.add_argument("--data-dir", type=Path, help="folder holding the corpora (default: bundled data/)")
     bc.add_argument("--seeds", type=at_least(1), default=3)
     bc.add_argument("--epochs", type=at_least(1), default=40, help="passes over the data (default 40)")
+    bc.add_argument(
+        "--leave-out", metavar="SPEAKER", help="train on the other speakers, score on all of this one's clips"
+    )
     bc.set_defaults(run=_bench_central)
     bi = b.add_parser("inference", help="per-window latency, floor, and `listen` CPU, memory and cold start")
     bi.add_argument("--model", type=Path, default=Path("fedspeech-demo/model.onnx"), help="an exported model")

@@ -94,3 +94,15 @@ def test_a_buffered_strategy_runs_as_many_rounds_as_aggregate_as_many_results(tm
     assert [arm_rounds(cfg, "fsdd", arm) for arm in cfg.arms] == [20, 30, 30]
     cfg = strategies_config(tmp_path, ["fedbuff"], k=10, rounds=20)
     assert arm_rounds(cfg, "fsdd", cfg.arms[0]) == 20, "K above the fleet's size: every device, every round"
+
+
+def test_central_with_a_speaker_left_out_scores_on_all_of_that_speakers_clips():
+    from fedspeech.bench_central import central_split
+    from fedspeech.models.datasets import load_corpus, server_test_clips
+
+    fsdd = load_corpus("fsdd")
+    train, test = central_split(fsdd, "george")
+    assert {c.speaker for c in test} == {"george"} and len(test) == 500
+    assert "george" not in {c.speaker for c in train} and not any(c.test for c in train)
+    train, test = central_split(fsdd)
+    assert test == server_test_clips(fsdd) and len(train) + len(test) == len(fsdd.clips)

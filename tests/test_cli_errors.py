@@ -318,6 +318,11 @@ def _cases(tmp: Path, busy: int, broker: str, nothing: str) -> dict[str, tuple[l
             ["CORPUS=ACCURACY"],
         ),
         "bench central no epochs": (["bench", "central", "--epochs", "-1"], "bench central", ["--epochs"]),
+        "bench central unknown speaker": (
+            ["bench", "central", "--leave-out", "nobody"],
+            "bench central",
+            ["fsdd has no speaker 'nobody'", "george"],
+        ),
         "bench central results folder is a file": (
             ["bench", "central", "--out", str(text_file)],
             "bench central",
