@@ -22,3 +22,7 @@ class OpenRound:
     bytes_up: int = 0
     bytes_down: int = 0
     chains: list[Chain] = field(default_factory=list)  # grouped sequential training's groups, if any
+
+    def optional_results(self) -> int:
+        """Results received from devices that were not required."""
+        return sum(d not in self.required for d in self.updates)

@@ -23,7 +23,7 @@ from fedspeech.coordinator.round_config import RoundConfig
 from fedspeech.coordinator.scheduling import depth_for_round, learning_rate_for_round
 from fedspeech.coordinator.store import RoundRecord, StateWriteError, Store, UpdateRecord
 from fedspeech.coordinator.strategies import Result, RoundPlan, make_strategy
-from fedspeech.coordinator.update_check import check_update
+from fedspeech.coordinator.update_check import answered_task, check_update
 from fedspeech.models import depth_of
 from fedspeech.protocol import routes, weights
 from fedspeech.protocol.messages import BlobRef, ModelAnnouncement, ModelSpec, Profile, Task
@@ -33,11 +33,6 @@ log = logging.getLogger(__name__)
 
 UNMEASURED = Profile(cpu_count=1, cpu_freq_mhz=0.0, ram_available_mb=0.0)  # a device that sent no profile
 RETRY_S = 5.0  # before a round that failed is run again
-
-
-def _optional_count(open_: OpenRound) -> int:
-    """Results received from devices that were not required."""
-    return sum(d not in open_.required for d in open_.updates)
 
 
 class Orchestrator:
@@ -89,7 +84,8 @@ class Orchestrator:
         except WeightsError as exc:
             raise BadUpload(str(exc)) from None
         with self._lock:
-            open_, task, global_ = self._open, self._task_answered(round, device_id, meta), self._global
+            open_, global_ = self._open, self._global
+            task = answered_task(open_, self._late, round, device_id, meta, self.strategy.buffered)
         if global_ is None:
             raise NotWanted("the coordinator has no global model yet")
         reference = self._shared(global_)
@@ -115,30 +111,6 @@ class Orchestrator:
                 open_.bytes_up += len(body)
             self._lock.notify_all()
         log.info("round %d: update from %s accepted (%d samples)", round, device_id, record.num_samples)
-
-    def _task_answered(self, round: int, device_id: str, meta: Mapping[str, str]) -> Task:
-        """The task an upload answers: the open round's, or a buffered method's from an earlier round.
-
-        NotWanted if it answers no task still wanted. Call it under the lock.
-        """
-        carried = self._late.task(device_id, round, meta.get("task_id"))
-        if carried is not None:
-            return carried
-        open_ = self._open
-        if open_ is None or open_.round != round:
-            raise NotWanted(f"round {round} is not open")
-        task = open_.tasks.get(device_id)
-        if task is None or meta.get("task_id") != task.task_id:
-            raise NotWanted(f"no open task {str(meta.get('task_id'))[:80]!r} for {device_id}")
-        if device_id in open_.updates:
-            raise NotWanted(f"{device_id} already sent its update for round {round}")
-        if open_.chains and device_id not in [c.current for c in open_.chains]:
-            raise NotWanted(f"{device_id} is not the device training in its group now")
-        # a buffered method takes every result: one past the round's count is work done all the same
-        full = _optional_count(open_) >= open_.needed and device_id not in open_.required
-        if full and not open_.chains and not self.strategy.buffered:
-            raise NotWanted(f"round {round} already has the {open_.needed} results it needs")
-        return task
 
     def _reported_samples(self, device_id: str) -> int:
         """The most samples an update of this device counts for: its reported count, within the cap."""
@@ -478,7 +450,7 @@ class Orchestrator:
         # a buffered method's devices still training for earlier rounds may answer in this one too
         answered = [d in open_.updates or d not in online for d in (*open_.tasks, *self._late.carried)]
         required_in = all(d in open_.updates or d not in online for d in open_.required)
-        return all(answered) or (required_in and _optional_count(open_) >= open_.needed)
+        return all(answered) or (required_in and open_.optional_results() >= open_.needed)
 
     def _wait_for_devices(self, stop: threading.Event) -> list[str]:
         while not stop.is_set():

@@ -1,8 +1,10 @@
-"""Checking a device's decoded upload against its task: pure, so the orchestrator's lock is not held."""
+"""Checking a device's upload: the task it answers, and its decoded arrays against that task."""
 
 from collections.abc import Mapping
 
-from fedspeech.coordinator.errors import BadUpload
+from fedspeech.coordinator.errors import BadUpload, NotWanted
+from fedspeech.coordinator.late_updates import LateUpdates
+from fedspeech.coordinator.open_round import OpenRound
 from fedspeech.coordinator.store import UpdateRecord
 from fedspeech.coordinator.strategies import Result
 from fedspeech.coordinator.update_metadata import (
@@ -14,6 +16,37 @@ from fedspeech.coordinator.update_metadata import (
 from fedspeech.protocol import weights
 from fedspeech.protocol.messages import Task
 from fedspeech.protocol.weights import Arrays
+
+
+def answered_task(
+    open_: OpenRound | None,
+    late: LateUpdates,
+    round: int,
+    device_id: str,
+    meta: Mapping[str, str],
+    buffered: bool,
+) -> Task:
+    """The task an upload answers: the open round's, or a buffered method's from an earlier round.
+
+    NotWanted if it answers no task still wanted. The caller holds the lock that guards both.
+    """
+    carried = late.task(device_id, round, meta.get("task_id"))
+    if carried is not None:
+        return carried
+    if open_ is None or open_.round != round:
+        raise NotWanted(f"round {round} is not open")
+    task = open_.tasks.get(device_id)
+    if task is None or meta.get("task_id") != task.task_id:
+        raise NotWanted(f"no open task {str(meta.get('task_id'))[:80]!r} for {device_id}")
+    if device_id in open_.updates:
+        raise NotWanted(f"{device_id} already sent its update for round {round}")
+    if open_.chains and device_id not in [c.current for c in open_.chains]:
+        raise NotWanted(f"{device_id} is not the device training in its group now")
+    # a buffered method takes every result: one past the round's count is work done all the same
+    full = open_.optional_results() >= open_.needed and device_id not in open_.required
+    if full and not open_.chains and not buffered:
+        raise NotWanted(f"round {round} already has the {open_.needed} results it needs")
+    return task
 
 
 def check_update(
@@ -28,8 +61,8 @@ def check_update(
 ) -> tuple[Result, UpdateRecord, int]:
     """The update's result, its record and the samples it claims; BadUpload if it does not fit.
 
-    reference: the global model's arrays devices send, in float32. The update counts for at most
-    reported_samples.
+    Pure, so that the orchestrator's lock is not held while it runs. reference: the global model's
+    arrays devices send, in float32. The update counts for at most reported_samples.
     """
     try:
         # in the task's precision, then widened: aggregation always runs in float32

@@ -9,7 +9,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import pytest
@@ -17,11 +17,12 @@ import pytest
 from fedspeech.coordinator import orchestrator as orchestrator_module
 from fedspeech.coordinator.errors import BadUpload, NotWanted
 from fedspeech.coordinator.late_updates import LateUpdates
+from fedspeech.coordinator.open_round import OpenRound
 from fedspeech.coordinator.orchestrator import Orchestrator
 from fedspeech.coordinator.ports import Evaluation
 from fedspeech.coordinator.round_config import RoundConfig
 from fedspeech.coordinator.store import Store
-from fedspeech.coordinator.update_check import check_update
+from fedspeech.coordinator.update_check import answered_task, check_update
 from fedspeech.protocol import messages, routes, weights
 from fedspeech.protocol.messages import (
     BlobRef,
@@ -575,3 +576,33 @@ def test_an_update_unlike_the_global_model_in_the_tasks_precision_is_a_bad_uploa
 def test_an_update_of_a_device_that_reported_no_samples_is_a_bad_upload():
     with pytest.raises(BadUpload, match="^num_samples must be at least 1"):
         check_update(dict(REFERENCE), {"num_samples": "10"}, REFERENCE, toy_task(), 0, 2, "d", "a")
+
+
+def full_round() -> OpenRound:
+    """Round 1 with tasks for a and b, needing one result, which a has sent."""
+    tasks = {"a": toy_task(), "b": replace(toy_task(), task_id="t2")}
+    open_ = OpenRound(1, 0.0, 60.0, tasks, needed=1, required=frozenset())
+    open_.updates["a"] = (None, None)  # only its presence counts
+    return open_
+
+
+@pytest.mark.parametrize(
+    "round, device, task_id, error",
+    [
+        (2, "b", "t2", "round 2 is not open"),
+        (1, "b", "t1", "no open task 't1' for b"),
+        (1, "c", "t2", "no open task 't2' for c"),
+        (1, "a", "t1", "a already sent its update for round 1"),
+        (1, "b", "t2", "round 1 already has the 1 results it needs"),
+    ],
+)
+def test_an_upload_that_answers_no_wanted_task_is_not_wanted(round, device, task_id, error):
+    with pytest.raises(NotWanted, match=f"^{error}"):
+        answered_task(full_round(), LateUpdates(), round, device, {"task_id": task_id}, buffered=False)
+
+
+def test_a_buffered_round_takes_a_result_past_its_count_and_a_carried_task_outlives_its_round():
+    open_ = full_round()
+    assert answered_task(open_, LateUpdates(), 1, "b", {"task_id": "t2"}, buffered=True).task_id == "t2"
+    late = LateUpdates(carried={"c": toy_task()})
+    assert answered_task(None, late, 1, "c", {"task_id": "t1"}, buffered=True) is late.carried["c"]
