@@ -3,6 +3,7 @@
 import logging
 import threading
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -15,6 +16,19 @@ from fedspeech.protocol import messages
 from fedspeech.protocol.messages import EvaluationReport, Task
 
 log = logging.getLogger(__name__)
+
+
+def evaluates(round: int, every: int, last_round: int) -> bool:
+    """Whether a round's model is evaluated on the devices: every Nth round and the last; never if N is 0."""
+    return every > 0 and (round % every == 0 or round == last_round)
+
+
+def evaluators(candidates: Sequence[str], wanted: int, seed: int, round: int) -> list[str]:
+    """The devices asked to evaluate a round: every candidate, or `wanted` of them drawn by seed and round."""
+    if not 0 < wanted < len(candidates):
+        return list(candidates)
+    rng = np.random.default_rng([seed, round, 1])
+    return sorted(rng.choice(list(candidates), wanted, replace=False).tolist())
 
 
 @dataclass

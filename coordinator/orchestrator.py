@@ -15,7 +15,7 @@ from fedspeech.coordinator import grouped_training, method_needs
 from fedspeech.coordinator.aggregate import rebased, server_momentum, without_breakers
 from fedspeech.coordinator.chains import Chain
 from fedspeech.coordinator.errors import BadUpload, NotWanted
-from fedspeech.coordinator.evaluation_phase import EvaluationPhase
+from fedspeech.coordinator.evaluation_phase import EvaluationPhase, evaluates, evaluators
 from fedspeech.coordinator.late_updates import LateUpdates
 from fedspeech.coordinator.open_round import OpenRound
 from fedspeech.coordinator.ports import DeviceLink, ModelOps
@@ -230,7 +230,7 @@ class Orchestrator:
             withdrawn=len(missing - online), stragglers=len(missing & online - self._late.carried.keys()),
         )  # fmt: skip
         self.store.remove_relays(round)
-        if self._evaluates(round):
+        if evaluates(round, self.config.eval_every, self.config.rounds):
             try:
                 self._evaluate_on_devices(record, stop)
             except StateWriteError as exc:  # the round itself is stored: it stands
@@ -377,18 +377,12 @@ class Orchestrator:
         """Shared arrays completed with the global model's own normalisation layers."""
         return {**{name: self._current[name] for name in self._local_names}, **shared}
 
-    def _evaluates(self, round: int) -> bool:
-        every = self.config.eval_every
-        return every > 0 and (round % every == 0 or round == self.config.rounds)
-
     def _evaluate_on_devices(self, record: RoundRecord, stop: threading.Event) -> None:
         """Ask online devices to evaluate the round's model on their test splits; store what they report."""
         round, config = record.round, self.config
         registered = self.store.registered()
-        devices = [d for d in self.link.online() if d in registered and d not in self._late.carried]
-        if 0 < config.eval_devices < len(devices):
-            rng = np.random.default_rng([config.seed, round, 1])
-            devices = sorted(rng.choice(devices, config.eval_devices, replace=False).tolist())
+        free = [d for d in self.link.online() if d in registered and d not in self._late.carried]
+        devices = evaluators(free, config.eval_devices, config.seed, round)
         deadline = time.time() + config.eval_timeout_s
         evaluate: dict[str, Any] = {
             "upload_path": routes.evaluations(round),

@@ -7,6 +7,7 @@ import pytest
 from conftest import one_round_coordinator, wait_for
 
 from fedspeech.coordinator.evaluation import combine
+from fedspeech.coordinator.evaluation_phase import evaluates, evaluators
 from fedspeech.models import metrics
 from fedspeech.protocol import messages, weights
 from fedspeech.protocol.messages import Credentials, EvaluationReport, Profile, Registration
@@ -50,6 +51,17 @@ DEVICE = "kitchen"
 def coordinator(tmp_path, mosquitto_url, topic_root):
     with one_round_coordinator(tmp_path, mosquitto_url, topic_root, DEVICE, EVAL_TIMEOUT_S=120) as running:
         yield running
+
+
+def test_which_rounds_are_evaluated_and_by_whom():
+    assert [r for r in range(1, 11) if evaluates(r, 3, 10)] == [3, 6, 9, 10]
+    assert not any(evaluates(r, 0, 10) for r in range(1, 11))
+    online = ["d3", "d1", "d2", "d0"]
+    assert evaluators(online, 0, seed=0, round=1) == online and evaluators(online, 4, 0, 1) == online
+    two = evaluators(online, 2, seed=0, round=1)
+    assert len(two) == 2 and set(two) <= set(online) and two == sorted(two)
+    assert two == evaluators(online, 2, seed=0, round=1), "the same draw for the same seed and round"
+    assert len({tuple(evaluators(online, 2, 0, r)) for r in range(1, 20)}) > 1, "a new draw each round"
 
 
 def test_bad_reports_are_rejected_and_a_good_one_is_pooled(coordinator, caplog):
