@@ -109,6 +109,22 @@ def staleness_weighted(
     return weighted_average(updates, weights)
 
 
+def staleness_fair(
+    updates: Sequence[Arrays], num_samples: Sequence[int], mean_staleness: Sequence[float]
+) -> Arrays:
+    """FedStaleWeight's average: each update weighted by its samples * (1 + its device's mean staleness).
+
+    Ma et al. 2024, "FedStaleWeight: buffered asynchronous federated learning with fair aggregation via
+    staleness reweighting": a device whose updates arrive s rounds late counts about once every 1 + s
+    rounds, so weighting it up by that much gives every device the same say over time, where
+    FedBuff's discount leaves the slow ones' data half learned.
+    """
+    if len(num_samples) != len(mean_staleness) or any(not s >= 0 for s in mean_staleness):
+        raise ValueError("need one mean staleness of at least 0 per sample count")
+    weights = [n * (1 + s) for n, s in zip(num_samples, mean_staleness, strict=True)]
+    return weighted_average(updates, weights)
+
+
 def server_momentum(
     current: Arrays, aggregate: Arrays, velocity: Arrays | None, beta: float
 ) -> tuple[Arrays, Arrays]:

@@ -7,6 +7,7 @@ from fedspeech.coordinator.aggregate import (
     fedavg,
     rebased,
     server_momentum,
+    staleness_fair,
     staleness_weighted,
     weighted_average,
     without_breakers,
@@ -100,3 +101,12 @@ def test_staleness_weighting_discounts_by_the_square_root_of_one_plus_the_rounds
     np.testing.assert_allclose(staleness_weighted([on_time, late], [10, 10], [0, 0])["w"], [1.5])
     with pytest.raises(ValueError):
         staleness_weighted([on_time, late], [10, 10], [0, -1])
+
+
+def test_staleness_fair_weighting_raises_a_device_by_one_plus_its_mean_staleness():
+    on_time, late = {"w": np.array([0.0], np.float32)}, {"w": np.array([3.0], np.float32)}
+    np.testing.assert_allclose(staleness_fair([on_time, late], [10, 10], [0.0, 1.0])["w"], [2.0])  # 10 : 20
+    np.testing.assert_allclose(staleness_fair([on_time, late], [30, 10], [0.0, 0.0])["w"], [0.75])
+    for bad in ([0.0, -0.5], [0.0, float("nan")], [0.0]):
+        with pytest.raises(ValueError):
+            staleness_fair([on_time, late], [10, 10], bad)

@@ -247,6 +247,26 @@ def test_time_budget_is_the_fastest_devices_time_for_the_epochs_and_fednova_aver
     )
 
 
+def test_fedstaleweight_weights_a_device_up_by_its_mean_staleness_over_the_updates_that_counted():
+    strategy = make_strategy("fedstaleweight", 2, 1)
+    start = {"w": np.zeros(1, np.float32)}
+    pi5, pi3 = {"w": np.array([0.0], np.float32)}, {"w": np.array([3.0], np.float32)}
+    fresh = [Result("pi3", pi3, 10, staleness=0), Result("pi5", pi5, 10)]
+    np.testing.assert_allclose(strategy.aggregate(1, fresh, start)["w"], [1.5], err_msg="no one late: FedAvg")
+    strategy.on_round_end(1, RoundPlan({}, 2), set(), False, ["pi3", "pi5"])
+    late = [Result("pi3", pi3, 10, staleness=2), Result("pi5", pi5, 10)]
+    # pi3's mean staleness over its two updates is 1: weights 20 and 10
+    np.testing.assert_allclose(strategy.aggregate(2, late, start)["w"], [2.0])
+    assert strategy.aggregate(2, late[1:], start)["w"][0] == 0.0  # tried without pi3, which then counts
+    strategy.on_round_end(2, RoundPlan({}, 2), set(), False, ["pi3", "pi5"])
+    assert strategy.mean_staleness("pi3", 0) == pytest.approx(2 / 3)
+    assert strategy.mean_staleness("pi5", 0) == 0.0
+    # a round run again counts nothing
+    strategy.aggregate(3, late, start)
+    strategy.on_round_end(3, RoundPlan({}, 2), set(), True, [])
+    assert strategy.counted == {"pi3": 2, "pi5": 2}
+
+
 def test_coordinate_median_ignores_a_minority_of_outliers():
     honest = [{"w": np.array([1.0, 2.0], np.float32)}, {"w": np.array([1.2, 1.8], np.float32)}]
     poisoned = {"w": np.array([1e6, -1e6], np.float32)}
@@ -276,6 +296,7 @@ def test_registry():
         "mkd",
         "time_budget",
         "fedbuff",
+        "fedstaleweight",
     }
     assert all(make_strategy(name, 3, 2).name == name for name in STRATEGIES)
     hw = make_strategy("hardware", 3, 2)

@@ -10,6 +10,7 @@ from fedspeech.coordinator.strategies.fedavg import FedAvg
 from fedspeech.coordinator.strategies.fedbn import FedBN
 from fedspeech.coordinator.strategies.fedbuff import FedBuff
 from fedspeech.coordinator.strategies.fedprox import FedProx
+from fedspeech.coordinator.strategies.fedstaleweight import FedStaleWeight
 from fedspeech.coordinator.strategies.grouped import GroupedSequential
 from fedspeech.coordinator.strategies.hardware import HardwareAware
 from fedspeech.coordinator.strategies.median import FedMedian
@@ -33,6 +34,8 @@ STRATEGIES: dict[str, Callable[[int, int], Strategy]] = {
     "time_budget": TimeBudget,
     # slow devices train on across rounds; their late updates count, discounted by staleness
     "fedbuff": FedBuff,
+    # ... with the slow devices' updates weighted up by how late they are, not down
+    "fedstaleweight": FedStaleWeight,
     # robust aggregation against poisoned updates (deploy/fleets/poisoning.py emulates the attacks)
     "median": FedMedian,
     "trimmed_mean": FedTrimmedMean,
