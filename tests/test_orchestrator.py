@@ -285,9 +285,11 @@ def test_a_stale_device_is_waited_for(tmp_path):
     assert ("middle", "round 1 already has the 1 results it needs") in fleet.link.refused
 
 
+# a change one round late: FedBuff discounts it by 1/sqrt(2); FedStaleWeight weights it 1 + 1
+@pytest.mark.parametrize("strategy,late", [("fedbuff", 1 / np.sqrt(2)), ("fedstaleweight", 2.0)])
 @pytest.mark.parametrize("when", ["while round 2 is open", "between rounds 1 and 2"])
-def test_a_buffered_round_does_not_wait_for_a_slow_device_and_counts_its_late_update_discounted(
-    tmp_path, when
+def test_a_buffered_round_does_not_wait_for_a_slow_device_and_counts_its_late_update_weighted(
+    tmp_path, when, strategy, late
 ):
     slow_tasks: list[Task] = []
 
@@ -297,7 +299,7 @@ def test_a_buffered_round_does_not_wait_for_a_slow_device_and_counts_its_late_up
                 fleet.upload("slow", slow_tasks[0], 5.0)
             return super().to_onnx(arrays, round)
 
-    fleet = Fleet(tmp_path, Model(), rounds=3, strategy="fedbuff", k=1, round_timeout_s=5.0)
+    fleet = Fleet(tmp_path, Model(), rounds=3, strategy=strategy, k=1, round_timeout_s=5.0)
     fleet.device("fast")
     fleet.device("slow", value=None)
     fleet.link.responders["slow"] = slow_tasks.append
@@ -314,8 +316,7 @@ def test_a_buffered_round_does_not_wait_for_a_slow_device_and_counts_its_late_up
     assert [t.round for t in slow_tasks] == [1, 3], "not asked again while it trained on"
     assert "slow" not in fleet.link.tasks_of(2)
     assert [u.device_id for u in fleet.store.updates(2)] == ["fast", "slow"]
-    # round 2: fast's 2.0 and slow's change (5 - 0) laid onto round 1's model (1.0), weighted 1/sqrt(2)
-    late = 1 / np.sqrt(2)
+    # round 2: fast's 2.0 and slow's change (5 - 0) laid onto round 1's model (1.0), weighted late
     assert fleet.store.rounds()[2].accuracy == pytest.approx((2.0 + 6.0 * late) / (1 + late), rel=1e-6)
     assert fleet.store.rounds()[1].wall_s < 1.0, "round 1 closed on its first result"
     assert fleet.link.cleared == ["fast", "fast", "slow", "fast"], "a task is kept while it may count"
