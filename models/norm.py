@@ -1,5 +1,9 @@
-"""Which of a model's tensors belong to batch normalisation: the layers FedBN keeps on each device."""
+"""Batch normalisation: which of a model's tensors belong to it, and its statistics re-estimated."""
 
+import math
+
+import numpy as np
+import torch
 from torch import nn
 from torch.nn.modules.batchnorm import _BatchNorm
 
@@ -17,3 +21,31 @@ def norm_names(model: nn.Module) -> set[str]:
                 if tensor.is_floating_point():
                     names.add(name)
     return names
+
+
+@torch.no_grad()
+def refresh_statistics(model: nn.Module, waveforms: np.ndarray, batch_size: int) -> None:
+    """Re-estimate every BatchNorm layer's running mean and variance at the model's present weights.
+
+    The running statistics of a short training run are an average that trails the weights: a device
+    taking a few steps a round moves them only part of the way to its own data, and FedAvg then averages
+    statistics that belong to none of the weights. Like PreciseBN ("Rethinking 'Batch' in BatchNorm", Wu
+    and Johnson 2021), this takes them again as the plain mean over batches of batch_size clips (near equal
+    in size) of one forward pass, without gradients. Weights are untouched; the model is left in eval mode.
+    """
+    layers = [m for m in model.modules() if isinstance(m, _BatchNorm) and m.track_running_stats]
+    if not layers or len(waveforms) == 0:
+        return
+    momenta = [layer.momentum for layer in layers]
+    for layer in layers:
+        layer.reset_running_stats()
+        layer.momentum = None  # a cumulative average: each batch counts the same
+    model.train()
+    try:
+        waveforms = np.ascontiguousarray(waveforms, dtype=np.float32)
+        for batch in np.array_split(waveforms, math.ceil(len(waveforms) / batch_size)):
+            model(torch.from_numpy(batch))
+    finally:
+        for layer, momentum in zip(layers, momenta, strict=True):
+            layer.momentum = momentum
+        model.eval()

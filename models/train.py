@@ -12,6 +12,7 @@ from torch import nn
 
 from fedspeech.models import losses, metrics
 from fedspeech.models.augment import DEFAULT_AUGMENTATION, Augmentation, augment_batch
+from fedspeech.models.norm import refresh_statistics
 
 
 def _float_names(model: nn.Module) -> list[str]:
@@ -146,6 +147,8 @@ def train_local(
     should_stop is asked before each batch; when it answers True, Interrupted is raised.
     time_budget_s ends the run after the first batch that finishes past it (epochs stay the most it
     trains), the learning rate following the cosine over the budget's time instead of the steps.
+    BatchNorm's running statistics are taken again at the trained weights over the clean clips
+    (norm.refresh_statistics); the time this takes is counted in the run's seconds.
     """
     if len(waveforms) == 0:
         raise ValueError("no training samples")
@@ -207,6 +210,7 @@ def train_local(
         loss.backward()
         optimizer.step()
         steps += 1
+    refresh_statistics(model, waveforms, batch_size)
     seconds = time.perf_counter() - start
     model.eval()
     mean_loss = sum(t for t, _ in recent) / sum(n for _, n in recent)

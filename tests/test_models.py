@@ -1,5 +1,7 @@
 """The CNN, its front-end, weight transfer, local training and evaluation."""
 
+import copy
+
 import numpy as np
 import pytest
 import torch
@@ -8,7 +10,7 @@ from torch import nn
 from fedspeech.models import build_model
 from fedspeech.models.datasets import client_clips, default_spec, load_corpus, load_waveforms
 from fedspeech.models.frontend import LogMel
-from fedspeech.models.norm import norm_names
+from fedspeech.models.norm import norm_names, refresh_statistics
 from fedspeech.models.train import evaluate, get_arrays, set_arrays, train_local
 from fedspeech.protocol.messages import ModelSpec
 
@@ -267,3 +269,38 @@ def test_cnn_bn_trains_and_evaluates(fsdd_batch):
     # a batch of one still has a batch statistic: the frames of the one clip
     result = train_local(model, waveforms[:3], labels[:3], epochs=1, batch_size=1, learning_rate=1e-3)
     assert np.isfinite(result.loss)
+
+
+def test_refreshed_statistics_are_those_of_the_clips_at_the_present_weights():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv1d(1, 3, 5), nn.BatchNorm1d(3), nn.ReLU(), nn.Flatten(), nn.LazyLinear(2))
+    clips = np.random.default_rng(0).normal(2.0, 3.0, (12, 1, 40)).astype(np.float32)
+    model.train()
+    model(torch.from_numpy(clips[:2]))  # stale statistics, from a batch that is not the clips
+    conv_weight = model[0].weight.detach().clone()
+    inputs = model[0](torch.from_numpy(clips)).detach()  # what the norm layer sees: (12, 3, 36)
+    norm = model[1]
+
+    refresh_statistics(model, clips, batch_size=12)  # one batch: exactly the clips' mean and variance
+    torch.testing.assert_close(norm.running_mean, inputs.mean(dim=(0, 2)))
+    torch.testing.assert_close(norm.running_var, inputs.var(dim=(0, 2), unbiased=True))
+    assert norm.momentum == 0.1 and not model.training
+    assert torch.equal(model[0].weight, conv_weight), "weights are untouched"
+
+    refresh_statistics(model, clips, batch_size=4)  # three equal batches: the mean is still exact
+    torch.testing.assert_close(norm.running_mean, inputs.mean(dim=(0, 2)))
+    within = torch.stack([inputs[i : i + 4].var(dim=(0, 2)) for i in (0, 4, 8)]).mean(dim=0)
+    torch.testing.assert_close(norm.running_var, within)
+
+
+def test_train_local_ends_with_the_statistics_of_its_clips_at_the_trained_weights(fsdd_batch):
+    spec, waveforms, labels = fsdd_batch
+    torch.manual_seed(0)
+    model = build_model(ModelSpec("cnn_bn", spec.sample_rate, spec.num_samples, spec.num_classes))
+    train_local(model, waveforms, labels, epochs=1, batch_size=16, learning_rate=3e-3, seed=1)
+    trained = get_arrays(model)
+    again = copy.deepcopy(model)
+    refresh_statistics(again, waveforms, batch_size=16)
+    # a running average over a few steps would trail the weights and differ from a fresh estimate
+    for name in BN_NAMES:
+        np.testing.assert_allclose(get_arrays(again)[name], trained[name], rtol=1e-5, atol=1e-6)
