@@ -3,7 +3,6 @@
 import logging
 import threading
 import time
-import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
@@ -11,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from fedspeech.coordinator import grouped_training, method_needs
+from fedspeech.coordinator import device_tasks, grouped_training, method_needs
 from fedspeech.coordinator.aggregate import rebased, server_momentum, without_breakers
 from fedspeech.coordinator.chains import Chain
 from fedspeech.coordinator.errors import BadUpload, NotWanted
@@ -23,7 +22,7 @@ from fedspeech.coordinator.round_config import RoundConfig
 from fedspeech.coordinator.scheduling import depth_for_round, learning_rate_for_round
 from fedspeech.coordinator.store import RoundRecord, StateWriteError, Store, UpdateRecord
 from fedspeech.coordinator.strategies import Result, RoundPlan, make_strategy
-from fedspeech.coordinator.update_check import answered_task, check_update
+from fedspeech.coordinator.update_check import answered_task, check_update, reported_samples
 from fedspeech.models import depth_of
 from fedspeech.protocol import routes, weights
 from fedspeech.protocol.messages import BlobRef, ModelAnnouncement, ModelSpec, Profile, Task
@@ -89,7 +88,8 @@ class Orchestrator:
         if global_ is None:
             raise NotWanted("the coordinator has no global model yet")
         reference = self._shared(global_)
-        reported = self._reported_samples(device_id)
+        status, device = self.link.statuses().get(device_id), self.store.device(device_id)
+        reported = reported_samples(status, device, self.config.max_device_samples)
         num_classes = self.model.spec.num_classes
         result, record, claimed = check_update(
             arrays, meta, reference, task, reported, num_classes, digest, device_id
@@ -111,16 +111,6 @@ class Orchestrator:
                 open_.bytes_up += len(body)
             self._lock.notify_all()
         log.info("round %d: update from %s accepted (%d samples)", round, device_id, record.num_samples)
-
-    def _reported_samples(self, device_id: str) -> int:
-        """The most samples an update of this device counts for: its reported count, within the cap."""
-        status = self.link.statuses().get(device_id)
-        device = self.store.device(device_id)
-        if status is not None and status.num_samples > 0:
-            reported = status.num_samples
-        else:
-            reported = device.num_samples if device is not None else 0
-        return min(reported, self.config.max_device_samples)
 
     def receive_evaluation(self, round: int, device_id: str, body: bytes) -> None:
         """Check a device's evaluation report and keep it; BadUpload or NotWanted say why not."""
@@ -243,7 +233,8 @@ class Orchestrator:
     ) -> OpenRound:
         """Every selected device trains from the global model; until the results are in or the deadline."""
         deadline = started + self.config.round_timeout_s
-        tasks = self._tasks(round, deadline, {d: self._training(round, plan, d) for d in plan.work})
+        work = {d: device_tasks.training(self.config, round, plan, d) for d in plan.work}
+        tasks = self._tasks(round, deadline, work)
         with self._lock:
             self._open = OpenRound(round, started, deadline, tasks, plan.needed, frozenset(plan.required))
             self._late.count_in(self._open)
@@ -298,7 +289,8 @@ class Orchestrator:
 
         def make_task(device: str) -> Task:
             deadline = time.time() + self.config.round_timeout_s
-            return self._tasks(round, deadline, {device: self._training(round, plan, device)})[device]
+            work = device_tasks.training(self.config, round, plan, device)
+            return self._tasks(round, deadline, {device: work})[device]
 
         with self._lock:
             self._open = open_
@@ -309,16 +301,6 @@ class Orchestrator:
             if chain.current is not None:
                 self.link.clear_task(chain.current)
         return open_
-
-    def _training(self, round: int, plan: RoundPlan, device: str) -> dict[str, Any]:
-        """The task fields of a device's training in a round."""
-        work, index = plan.work[device], list(plan.work).index(device)
-        return {
-            "upload_path": routes.updates(round),
-            "epochs": work.epochs,
-            "config": dict(work.config),
-            "seed": self.config.seed * 100_003 + round * 1009 + index,
-        }
 
     def relay_file(self, round: int, step: int, device_id: str) -> Path:
         """The relayed update a device's open task trains from; NotWanted for anyone else."""
@@ -384,36 +366,23 @@ class Orchestrator:
         free = [d for d in self.link.online() if d in registered and d not in self._late.carried]
         devices = evaluators(free, config.eval_devices, config.seed, round)
         deadline = time.time() + config.eval_timeout_s
-        evaluate: dict[str, Any] = {
-            "upload_path": routes.evaluations(round),
-            "epochs": 1,
-            "action": "evaluate",
-        }
-        if self.strategy.local_norm:  # each device evaluates its personalised model
-            evaluate["config"] = {"local_norm": 1.0}
+        evaluate = device_tasks.evaluation(round, self.strategy.local_norm)
         tasks = self._tasks(round, deadline, dict.fromkeys(devices, evaluate))
         self.evaluation.run(round, tasks, deadline, stop)
 
     def _tasks(self, round: int, deadline: float, work: Mapping[str, Mapping[str, Any]]) -> dict[str, Task]:
-        """One task per device on the latest global model, with that device's work (training by default)."""
-        ref, spec = self._latest_ref(), self.model.spec_of(self._current)
-        teacher = self._teacher
-        return {
-            device: Task(
-                task_id=uuid.uuid4().hex,
-                round=round,
-                spec=spec,
-                definition=self.model.definition,
-                weights=ref,
-                batch_size=self.config.batch_size,
-                learning_rate=self._learning_rate(round),
-                deadline=deadline,
-                teacher=teacher if fields.get("action", "train") == "train" else None,
-                precision=self.config.precision,
-                **fields,
-            )
-            for device, fields in work.items()
-        }
+        """One task per device on the latest global model, with that device's work."""
+        return device_tasks.make_tasks(
+            round,
+            deadline,
+            work,
+            model=device_tasks.latest_weights(self.store, self.config.precision, self._current),
+            spec=self.model.spec_of(self._current),
+            definition=self.model.definition,
+            config=self.config,
+            learning_rate=self._learning_rate(round),
+            teacher=self._teacher,
+        )
 
     @property
     def _current(self) -> Arrays:
@@ -421,22 +390,6 @@ class Orchestrator:
         if self._global is None:
             raise RuntimeError("no global model yet")
         return self._global
-
-    def _latest_ref(self) -> BlobRef:
-        """Where devices download the global weights of the latest completed round, in the precision set."""
-        latest = self.store.latest_round()
-        if latest is None:
-            raise RuntimeError("no completed round yet")
-        if self.config.precision == "float32":
-            size = self.store.model_path(latest.round, "weights").stat().st_size
-            return BlobRef(routes.model(latest.round, "weights"), latest.weights_sha256, size)
-        path = self.store.model_path(latest.round, "float16")
-        if not path.exists():  # written once per round, also for a round stored before the setting
-            half = weights.with_precision(self._current, "float16")
-            blob = weights.encode(half, metadata={"round": str(latest.round)})
-            self.store.save_model_file(latest.round, "float16", blob)
-        blob = path.read_bytes()
-        return BlobRef(routes.model(latest.round, "float16"), weights.sha256(blob), len(blob))
 
     def _all_in(self, open_: OpenRound) -> bool:
         """Whether the round has its needed results and its required devices, or all devices still online."""

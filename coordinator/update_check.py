@@ -5,7 +5,7 @@ from collections.abc import Mapping
 from fedspeech.coordinator.errors import BadUpload, NotWanted
 from fedspeech.coordinator.late_updates import LateUpdates
 from fedspeech.coordinator.open_round import OpenRound
-from fedspeech.coordinator.store import UpdateRecord
+from fedspeech.coordinator.store import DeviceRecord, UpdateRecord
 from fedspeech.coordinator.strategies import Result
 from fedspeech.coordinator.update_metadata import (
     claimed_samples,
@@ -14,7 +14,7 @@ from fedspeech.coordinator.update_metadata import (
     predicted_counts,
 )
 from fedspeech.protocol import weights
-from fedspeech.protocol.messages import Task
+from fedspeech.protocol.messages import DeviceStatus, Task
 from fedspeech.protocol.weights import Arrays
 
 
@@ -47,6 +47,16 @@ def answered_task(
     if full and not open_.chains and not buffered:
         raise NotWanted(f"round {round} already has the {open_.needed} results it needs")
     return task
+
+
+def reported_samples(status: DeviceStatus | None, device: DeviceRecord | None, cap: int) -> int:
+    """The most samples a device's update counts for: its latest status's count, else its registered one.
+
+    Never more than cap; 0 when it has reported none.
+    """
+    if status is not None and status.num_samples > 0:
+        return min(status.num_samples, cap)
+    return min(device.num_samples, cap) if device is not None else 0
 
 
 def check_update(
