@@ -13,6 +13,11 @@ NORM_STATISTICS = ("running_mean", "running_var")  # BatchNorm's buffers: averag
 R = TypeVar("R")  # a device's result, whatever the rule reads of it
 
 
+def stepped(name: str, array: np.ndarray) -> bool:
+    """Whether an array is a weight that training steps: floating point, and not a BatchNorm statistic."""
+    return np.issubdtype(array.dtype, np.floating) and not name.endswith(NORM_STATISTICS)
+
+
 def without_breakers(
     combine: Callable[[Sequence[R]], Arrays], results: Sequence[R], like: Arrays
 ) -> tuple[Arrays, list[R]] | None:
@@ -93,7 +98,7 @@ def rebased(update: Arrays, base: Arrays, current: Arrays) -> Arrays:
     check_like(current, base)
     new = dict(update)
     for name, u in update.items():
-        if np.issubdtype(u.dtype, np.floating) and not name.endswith(NORM_STATISTICS):
+        if stepped(name, u):
             change = u.astype(np.float64) - base[name].astype(np.float64)
             new[name] = (current[name].astype(np.float64) + change).astype(u.dtype)
     return new
@@ -125,6 +130,51 @@ def staleness_fair(
     return weighted_average(updates, weights)
 
 
+def change(current: Arrays, update: Arrays) -> Arrays:
+    """The update's change to the model it was laid onto, in float64: its stepped arrays only."""
+    return {
+        name: u.astype(np.float64) - current[name].astype(np.float64)
+        for name, u in update.items()
+        if stepped(name, u)
+    }
+
+
+def cache_calibrated(
+    current: Arrays,
+    updates: Sequence[Arrays],
+    num_samples: Sequence[int],
+    cached: Sequence[Arrays | None],
+    cache: Sequence[tuple[Arrays, int]],
+) -> Arrays:
+    """CA2FL's step: current + the cache's mean change + the updates' mean change from their cached ones.
+
+    Wang et al. 2024, "Tackling the Data Heterogeneity in Asynchronous Federated Learning with Cached
+    Update Calibration". `cache` holds every device's last counted change with its samples, `cached[i]`
+    the one of updates[i]'s device (None before its first). A device that counts once every few rounds
+    still moves the model every round by its last change, so the fast devices' data do not outweigh
+    its own; when every device delivers every round, this is FedAvg. Means are by samples; arrays that
+    are not stepped (counters, normalisation statistics) are the updates' FedAvg.
+    """
+    if not len(updates) == len(num_samples) == len(cached):
+        raise ValueError("need one sample count and one cached change (or None) per update")
+    new = fedavg(updates, num_samples)
+    n = np.asarray(num_samples, dtype=np.float64)
+    held = np.asarray([samples for _, samples in cache], dtype=np.float64)
+    if (n <= 0).any() or (held <= 0).any():
+        raise ValueError("sample counts must be positive")
+    for name, mean in new.items():
+        if not stepped(name, mean):
+            continue
+        base = current[name].astype(np.float64)
+        step = np.zeros_like(base)
+        for w, (c, _) in zip(held / held.sum() if cache else [], cache, strict=True):
+            step += w * c[name]
+        for w, update, old in zip(n / n.sum(), updates, cached, strict=True):
+            step += w * (update[name].astype(np.float64) - base - (old[name] if old is not None else 0.0))
+        new[name] = (base + step).astype(mean.dtype)
+    return new
+
+
 def server_momentum(
     current: Arrays, aggregate: Arrays, velocity: Arrays | None, beta: float
 ) -> tuple[Arrays, Arrays]:
@@ -140,10 +190,7 @@ def server_momentum(
     moving = [
         name
         for name, a in aggregate.items()
-        if np.issubdtype(a.dtype, np.floating)
-        and not name.endswith(NORM_STATISTICS)
-        and name in current
-        and current[name].shape == a.shape
+        if stepped(name, a) and name in current and current[name].shape == a.shape
     ]
     step = {name: aggregate[name].astype(np.float64) - current[name].astype(np.float64) for name in moving}
     if (

@@ -4,6 +4,8 @@ import numpy as np
 import pytest
 
 from fedspeech.coordinator.aggregate import (
+    cache_calibrated,
+    change,
     fedavg,
     rebased,
     server_momentum,
@@ -101,6 +103,29 @@ def test_staleness_weighting_discounts_by_the_square_root_of_one_plus_the_rounds
     np.testing.assert_allclose(staleness_weighted([on_time, late], [10, 10], [0, 0])["w"], [1.5])
     with pytest.raises(ValueError):
         staleness_weighted([on_time, late], [10, 10], [0, -1])
+
+
+def test_cache_calibration_is_fedavg_when_everyone_delivers_and_keeps_a_silent_device_in_the_step():
+    current = {"w": np.array([1.0], np.float32), "bn.running_mean": np.array([9.0], np.float32)}
+    a = {"w": np.array([2.0], np.float32), "bn.running_mean": np.array([1.0], np.float32)}
+    b = {"w": np.array([5.0], np.float32), "bn.running_mean": np.array([3.0], np.float32)}
+    cache = [({"w": np.array([7.0])}, 10), ({"w": np.array([-3.0])}, 30)]  # the last changes of a and b
+    everyone = cache_calibrated(current, [a, b], [10, 30], [cache[0][0], cache[1][0]], cache)
+    for name, expected in fedavg([a, b], [10, 30]).items():
+        np.testing.assert_allclose(everyone[name], expected)
+    assert everyone["w"].dtype == np.float32
+    # b is silent: its last change (-3) is in the step by its samples, and a's new change (1) replaces
+    # its cached one (7); the statistics are the FedAvg of the updates that came
+    only_a = cache_calibrated(current, [a], [10], [cache[0][0]], cache)
+    np.testing.assert_allclose(only_a["w"], [1.0 + (7 * 10 - 3 * 30) / 40 + (1 - 7)])
+    np.testing.assert_allclose(only_a["bn.running_mean"], [1.0])
+    # before anything is cached: the updates' FedAvg
+    np.testing.assert_allclose(cache_calibrated(current, [a, b], [10, 30], [None, None], [])["w"], [4.25])
+    assert change(current, a).keys() == {"w"}
+    with pytest.raises(ValueError):
+        cache_calibrated(current, [a, b], [10], [None, None], cache)
+    with pytest.raises(ValueError):
+        cache_calibrated(current, [a], [10], [None], [({"w": np.array([1.0])}, 0)])
 
 
 def test_staleness_fair_weighting_raises_a_device_by_one_plus_its_mean_staleness():

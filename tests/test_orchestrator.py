@@ -285,11 +285,20 @@ def test_a_stale_device_is_waited_for(tmp_path):
     assert ("middle", "round 1 already has the 1 results it needs") in fleet.link.refused
 
 
-# a change one round late: FedBuff discounts it by 1/sqrt(2); FedStaleWeight weights it 1 + 1
-@pytest.mark.parametrize("strategy,late", [("fedbuff", 1 / np.sqrt(2)), ("fedstaleweight", 2.0)])
+# round 2 averages fast's 2.0 with slow's change (5 - 0) laid onto round 1's model (1.0): FedBuff
+# discounts the late one by 1/sqrt(2), FedStaleWeight weights it 1 + 1; CA2FL steps by fast's cached
+# change (1) plus the mean of fast's new change less it (0) and slow's uncached change (5)
+ROUND_2 = {
+    "fedbuff": (2.0 + 6.0 / np.sqrt(2)) / (1 + 1 / np.sqrt(2)),
+    "fedstaleweight": (2.0 + 6.0 * 2) / 3,
+    "ca2fl": 1.0 + 1.0 + (0.0 + 5.0) / 2,
+}
+
+
+@pytest.mark.parametrize("strategy", ROUND_2)
 @pytest.mark.parametrize("when", ["while round 2 is open", "between rounds 1 and 2"])
 def test_a_buffered_round_does_not_wait_for_a_slow_device_and_counts_its_late_update_weighted(
-    tmp_path, when, strategy, late
+    tmp_path, when, strategy
 ):
     slow_tasks: list[Task] = []
 
@@ -316,8 +325,7 @@ def test_a_buffered_round_does_not_wait_for_a_slow_device_and_counts_its_late_up
     assert [t.round for t in slow_tasks] == [1, 3], "not asked again while it trained on"
     assert "slow" not in fleet.link.tasks_of(2)
     assert [u.device_id for u in fleet.store.updates(2)] == ["fast", "slow"]
-    # round 2: fast's 2.0 and slow's change (5 - 0) laid onto round 1's model (1.0), weighted late
-    assert fleet.store.rounds()[2].accuracy == pytest.approx((2.0 + 6.0 * late) / (1 + late), rel=1e-6)
+    assert fleet.store.rounds()[2].accuracy == pytest.approx(ROUND_2[strategy], rel=1e-6)
     assert fleet.store.rounds()[1].wall_s < 1.0, "round 1 closed on its first result"
     assert fleet.link.cleared == ["fast", "fast", "slow", "fast"], "a task is kept while it may count"
 

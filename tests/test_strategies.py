@@ -16,6 +16,7 @@ from fedspeech.coordinator.selection import (
     update_penalties,
 )
 from fedspeech.coordinator.strategies import STRATEGIES, Result, RoundPlan, Strategy, Work, make_strategy
+from fedspeech.coordinator.strategies.ca2fl import CACHE_ROUNDS
 from fedspeech.protocol.messages import Profile
 
 ONLY_CPU = ScoreWeights(cpu=1.0, ram=0.0, speed=0.0, latency=0.0)
@@ -267,6 +268,29 @@ def test_fedstaleweight_weights_a_device_up_by_its_mean_staleness_over_the_updat
     assert strategy.counted == {"pi3": 2, "pi5": 2}
 
 
+def test_ca2fl_caches_the_changes_that_counted_and_forgets_them_when_stale_or_when_the_model_grows():
+    strategy = make_strategy("ca2fl", 2, 1)
+    start = {"w": np.zeros(1, np.float32)}
+    pi5, pi3 = {"w": np.array([1.0], np.float32)}, {"w": np.array([3.0], np.float32)}
+    both = [Result("pi3", pi3, 10), Result("pi5", pi5, 10)]
+    np.testing.assert_allclose(strategy.aggregate(1, both, start)["w"], [2.0], err_msg="no cache: FedAvg")
+    strategy.on_round_end(1, RoundPlan({}, 2), set(), False, ["pi5"])  # pi3's update broke the aggregation
+    assert set(strategy.cache) == {"pi5"}
+    # round 2: pi5's cached 1, plus pi3's 3 - nothing and pi5's 1 - 1, averaged
+    np.testing.assert_allclose(strategy.aggregate(2, both, start)["w"], [2.5])
+    strategy.on_round_end(2, RoundPlan({}, 2), set(), False, ["pi3", "pi5"])
+    # round 3: pi3 is silent, its change of 3 still in the step: (3 + 1) / 2, plus pi5's 2 - 1
+    pi5_again = [Result("pi5", {"w": np.array([2.0], np.float32)}, 10)]
+    np.testing.assert_allclose(strategy.aggregate(3, pi5_again, start)["w"], [3.0])
+    strategy.on_round_end(3, RoundPlan({}, 2), set(), True, [])  # a round run again caches nothing
+    assert {d: c.round for d, c in strategy.cache.items()} == {"pi3": 2, "pi5": 2}
+    grown = {"w": np.zeros(2, np.float32)}
+    grown_pi5 = [Result("pi5", {"w": np.ones(2, np.float32)}, 10)]
+    np.testing.assert_allclose(strategy.aggregate(4, grown_pi5, grown)["w"], [1, 1], err_msg="cache unused")
+    strategy.on_round_end(2 + CACHE_ROUNDS, RoundPlan({}, 2), set(), False, [])
+    assert strategy.cache == {}, "a device silent for CACHE_ROUNDS rounds no longer moves the model"
+
+
 def test_coordinate_median_ignores_a_minority_of_outliers():
     honest = [{"w": np.array([1.0, 2.0], np.float32)}, {"w": np.array([1.2, 1.8], np.float32)}]
     poisoned = {"w": np.array([1e6, -1e6], np.float32)}
@@ -297,6 +321,7 @@ def test_registry():
         "time_budget",
         "fedbuff",
         "fedstaleweight",
+        "ca2fl",
     }
     assert all(make_strategy(name, 3, 2).name == name for name in STRATEGIES)
     hw = make_strategy("hardware", 3, 2)

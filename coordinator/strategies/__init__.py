@@ -4,6 +4,7 @@ from collections.abc import Callable
 from functools import partial
 
 from fedspeech.coordinator.strategies.base import MethodSettings, Result, RoundPlan, Strategy, Work
+from fedspeech.coordinator.strategies.ca2fl import CachedCalibration
 from fedspeech.coordinator.strategies.class_prior import ClassPrior
 from fedspeech.coordinator.strategies.clipped import NormClipped
 from fedspeech.coordinator.strategies.fedavg import FedAvg
@@ -36,6 +37,8 @@ STRATEGIES: dict[str, Callable[[int, int], Strategy]] = {
     "fedbuff": FedBuff,
     # ... with the slow devices' updates weighted up by how late they are, not down
     "fedstaleweight": FedStaleWeight,
+    # ... with every device's last change in every round's step, calibrated by the new ones
+    "ca2fl": CachedCalibration,
     # robust aggregation against poisoned updates (deploy/fleets/poisoning.py emulates the attacks)
     "median": FedMedian,
     "trimmed_mean": FedTrimmedMean,
