@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from fedspeech.coordinator import device_tasks, grouped_training, method_needs
+from fedspeech.coordinator import device_tasks, grouped_training, method_needs, round_storage
 from fedspeech.coordinator.aggregate import rebased, server_momentum, without_breakers
 from fedspeech.coordinator.chains import Chain
 from fedspeech.coordinator.errors import BadUpload, NotWanted
@@ -19,13 +19,14 @@ from fedspeech.coordinator.late_updates import LateUpdates
 from fedspeech.coordinator.open_round import OpenRound
 from fedspeech.coordinator.ports import DeviceLink, ModelOps
 from fedspeech.coordinator.round_config import RoundConfig
+from fedspeech.coordinator.round_storage import RoundTally
 from fedspeech.coordinator.scheduling import depth_for_round, learning_rate_for_round
-from fedspeech.coordinator.store import RoundRecord, StateWriteError, Store, UpdateRecord
+from fedspeech.coordinator.store import RoundRecord, StateWriteError, Store
 from fedspeech.coordinator.strategies import Result, RoundPlan, make_strategy
 from fedspeech.coordinator.update_check import answered_task, check_update, reported_samples
 from fedspeech.models import depth_of
-from fedspeech.protocol import routes, weights
-from fedspeech.protocol.messages import BlobRef, ModelAnnouncement, ModelSpec, Profile, Task
+from fedspeech.protocol import weights
+from fedspeech.protocol.messages import BlobRef, ModelSpec, Profile, Task
 from fedspeech.protocol.weights import Arrays, WeightsError
 
 log = logging.getLogger(__name__)
@@ -144,8 +145,7 @@ class Orchestrator:
         latest = self.store.latest_round()
         if latest is None:
             arrays = self.model.initial(self.config.seed, self._depth(1))
-            now = time.time()
-            latest = self._complete(0, now, 0, arrays, [], 0, 0)
+            latest = self._complete(0, arrays, RoundTally(started=time.time()))
             self.settled_round = 0
         else:
             data = self.store.model_path(latest.round, "weights").read_bytes()
@@ -154,11 +154,9 @@ class Orchestrator:
             if self.strategy.distils and teacher.exists():
                 blob = teacher.read_bytes()
                 self._server = weights.decode(blob)[0]
-                self._teacher = BlobRef(
-                    routes.model(latest.round, "teacher"), weights.sha256(blob), len(blob)
-                )
+                self._teacher = round_storage.teacher_address(latest.round, blob)
             log.info("resuming after round %d", latest.round)
-            self._announce(latest)
+            self.link.announce(round_storage.announcement(self.store, self.model, latest, self._global))
             self.settled_round = latest.round
         return latest
 
@@ -215,10 +213,11 @@ class Orchestrator:
         )
         teacher = self._distil(round, new)
         missing, online = set(open_.tasks) - set(open_.updates), set(self.link.online())
-        record = self._complete(
-            round, started, len(plan.work), new, records, open_.bytes_up, open_.bytes_down, teacher,
+        tally = RoundTally(
+            started, len(plan.work), records, open_.bytes_up, open_.bytes_down,
             withdrawn=len(missing - online), stragglers=len(missing & online - self._late.carried.keys()),
         )  # fmt: skip
+        record = self._complete(round, new, tally, teacher)
         self.store.remove_relays(round)
         if evaluates(round, self.config.eval_every, self.config.rounds):
             try:
@@ -409,59 +408,14 @@ class Orchestrator:
         return []
 
     def _complete(
-        self,
-        round: int,
-        started: float,
-        devices: int,
-        arrays: Arrays,
-        updates: list[UpdateRecord],
-        bytes_up: int,
-        bytes_down: int,
-        teacher: Arrays | None = None,
-        withdrawn: int = 0,
-        stragglers: int = 0,
+        self, round: int, arrays: Arrays, tally: RoundTally, teacher: Arrays | None = None
     ) -> RoundRecord:
-        """Grow if the next round is deeper, then evaluate, export, store and announce a new global model."""
+        """Grow if the next round is deeper, then store and announce a new global model."""
         arrays = self._grown_for(round + 1, arrays)
-        blob = weights.encode(arrays, metadata={"round": str(round)})
-        evaluation = self.model.evaluate(arrays)
-        onnx = self.model.to_onnx(arrays, round)
-        finished = time.time()
-        record = RoundRecord(
-            round=round,
-            started_at=started,
-            finished_at=finished,
-            wall_s=finished - started,
-            devices=devices,
-            results=len(updates),
-            accuracy=evaluation.accuracy if evaluation else None,
-            macro_f1=evaluation.macro_f1 if evaluation else None,
-            loss=evaluation.loss if evaluation else None,
-            bytes_up=bytes_up,
-            bytes_down=bytes_down,
-            weights_sha256=weights.sha256(blob),
-            onnx_sha256=weights.sha256(onnx),
-            withdrawn=withdrawn,
-            stragglers=stragglers,
-        )
-        teacher_blob = (
-            weights.encode(teacher, metadata={"round": str(round)}) if teacher is not None else None
-        )
-        self.store.save_round(record, blob, onnx, updates, teacher_blob)
-        if teacher_blob is not None:
-            self._teacher = BlobRef(
-                routes.model(round, "teacher"), weights.sha256(teacher_blob), len(teacher_blob)
-            )
+        record, teacher_at = round_storage.store_round(self.store, self.model, round, arrays, tally, teacher)
         self._global = arrays
-        log.info(
-            "round %d complete: %d/%d updates, accuracy %s, %.1f s",
-            round,
-            len(updates),
-            devices,
-            f"{record.accuracy:.4f}" if evaluation else "n/a",
-            record.wall_s,
-        )
-        self._announce(record)
+        self._teacher = teacher_at or self._teacher
+        self.link.announce(round_storage.announcement(self.store, self.model, record, arrays))
         return record
 
     def _learning_rate(self, round: int) -> float:
@@ -485,23 +439,3 @@ class Orchestrator:
         log.info("round %d: growing the model from %d to %d blocks", round, depth_of(arrays), depth)
         seed = self.config.seed * 100_003 + round
         return self.model.grow(arrays, depth, seed, self.config.new_blocks)
-
-    def _announce(self, record: RoundRecord) -> None:
-        onnx_path = self.store.model_path(record.round, "onnx")
-        metrics = {k: v for k in ("accuracy", "macro_f1", "loss") if (v := getattr(record, k)) is not None}
-        self.link.announce(
-            ModelAnnouncement(
-                round=record.round,
-                spec=self.model.spec_of(self._current),
-                labels=self.model.labels,
-                weights=BlobRef(
-                    routes.model(record.round, "weights"),
-                    record.weights_sha256,
-                    self.store.model_path(record.round, "weights").stat().st_size,
-                ),
-                onnx=BlobRef(routes.model(record.round, "onnx"), record.onnx_sha256, onnx_path.stat().st_size)
-                if record.onnx_sha256
-                else None,
-                metrics=metrics,
-            )
-        )
