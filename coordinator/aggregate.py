@@ -131,9 +131,9 @@ def staleness_fair(
 
 
 def change(current: Arrays, update: Arrays) -> Arrays:
-    """The update's change to the model it was laid onto, in float64: its stepped arrays only."""
+    """The update's change to the model it was laid onto, its stepped arrays only, in float32."""
     return {
-        name: u.astype(np.float64) - current[name].astype(np.float64)
+        name: (u.astype(np.float64) - current[name].astype(np.float64)).astype(np.float32)
         for name, u in update.items()
         if stepped(name, u)
     }
@@ -143,33 +143,36 @@ def cache_calibrated(
     current: Arrays,
     updates: Sequence[Arrays],
     num_samples: Sequence[int],
-    cached: Sequence[Arrays | None],
+    previous: Sequence[Arrays | None],
     cache: Sequence[tuple[Arrays, int]],
 ) -> Arrays:
-    """CA2FL's step: current + the cache's mean change + the updates' mean change from their cached ones.
+    """CA2FL's step: current + the mean cached change + the updates' mean change from their previous ones.
 
     Wang et al. 2024, "Tackling the Data Heterogeneity in Asynchronous Federated Learning with Cached
-    Update Calibration". `cache` holds every device's last counted change with its samples, `cached[i]`
-    the one of updates[i]'s device (None before its first). A device that counts once every few rounds
-    still moves the model every round by its last change, so the fast devices' data do not outweigh
-    its own; when every device delivers every round, this is FedAvg. Means are by samples; arrays that
-    are not stepped (counters, normalisation statistics) are the updates' FedAvg.
+    Update Calibration". `cache` holds the last counted change of every device that has one, with its
+    samples; `previous[i]` is updates[i]'s device's (None before its first). A device that counts once
+    every few rounds still moves the model every round by its last change, so the fast devices' data
+    do not outweigh its own. Means are by samples, and a device with nothing cached counts as a zero
+    change in the cache's mean, as in the paper, so that every round's step is unbiased: when every
+    device delivers, it is FedAvg. Arrays that are not stepped (counters, normalisation statistics)
+    are the updates' FedAvg.
     """
-    if not len(updates) == len(num_samples) == len(cached):
-        raise ValueError("need one sample count and one cached change (or None) per update")
+    if not len(updates) == len(num_samples) == len(previous):
+        raise ValueError("need one sample count and one previous change (or None) per update")
     new = fedavg(updates, num_samples)
     n = np.asarray(num_samples, dtype=np.float64)
     held = np.asarray([samples for _, samples in cache], dtype=np.float64)
     if (n <= 0).any() or (held <= 0).any():
         raise ValueError("sample counts must be positive")
+    everyone = held.sum() + sum(ni for ni, old in zip(n, previous, strict=True) if old is None)
     for name, mean in new.items():
         if not stepped(name, mean):
             continue
         base = current[name].astype(np.float64)
         step = np.zeros_like(base)
-        for w, (c, _) in zip(held / held.sum() if cache else [], cache, strict=True):
-            step += w * c[name]
-        for w, update, old in zip(n / n.sum(), updates, cached, strict=True):
+        for w, (cached, _) in zip(held / everyone, cache, strict=True):
+            step += w * cached[name]
+        for w, update, old in zip(n / n.sum(), updates, previous, strict=True):
             step += w * (update[name].astype(np.float64) - base - (old[name] if old is not None else 0.0))
         new[name] = (base + step).astype(mean.dtype)
     return new

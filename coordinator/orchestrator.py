@@ -214,8 +214,9 @@ class Orchestrator:
         teacher = self._distil(round, new)
         missing, online = set(open_.tasks) - set(open_.updates), set(self.link.online())
         tally = RoundTally(
-            started, len(plan.work), records, open_.bytes_up, open_.bytes_down,
-            withdrawn=len(missing - online), stragglers=len(missing & online - self._late.carried.keys()),
+            started, devices=len(plan.work), updates=records, bytes_up=open_.bytes_up,
+            bytes_down=open_.bytes_down, withdrawn=len(missing - online),
+            stragglers=len(missing & online - self._late.carried.keys()),
         )  # fmt: skip
         record = self._complete(round, new, tally, teacher)
         self.store.remove_relays(round)
@@ -262,12 +263,18 @@ class Orchestrator:
         return busy
 
     def _rebased(self, round: int, result: Result) -> Result | None:
-        """A late result laid onto the current model (an on-time one as it is); None if it cannot be."""
-        if not result.staleness:
+        """A result's change from the model its device received, laid onto the current model; None if it
+        cannot be. A float32 result of this round is that already.
+        """
+        if not result.staleness and self.config.precision == "float32":
             return result
-        data = self.store.model_path(round - 1 - result.staleness, "weights").read_bytes()
-        # the model the device trained from, as it received it
-        base = weights.with_precision(self._shared(weights.decode(data)[0]), self.config.precision)
+        if result.staleness:
+            data = self.store.model_path(round - 1 - result.staleness, "weights").read_bytes()
+            trained_from = weights.decode(data)[0]
+        else:
+            trained_from = self._current
+        # as the device received it: the download's rounding is not part of its change
+        base = weights.with_precision(self._shared(trained_from), self.config.precision)
         base = weights.with_precision(base, "float32")
         try:
             arrays = rebased(result.arrays, base, self._shared(self._current))

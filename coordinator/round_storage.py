@@ -1,4 +1,4 @@
-"""A round's new global model made durable: scored, exported, stored with its updates, and announced."""
+"""A round's new global model made durable: evaluated, exported, stored with its updates, and announced."""
 
 import logging
 import time
@@ -29,7 +29,7 @@ class RoundTally:
 def store_round(
     store: Store, model: ModelOps, round: int, arrays: Arrays, tally: RoundTally, teacher: Arrays | None
 ) -> tuple[RoundRecord, BlobRef | None]:
-    """Score, export and store a round's model, updates and teacher; its record and the teacher's address."""
+    """Evaluate, export and store a round's model, updates and teacher; its record, the teacher's address."""
     blob = weights.encode(arrays, metadata={"round": str(round)})
     evaluation = model.evaluate(arrays)
     onnx = model.to_onnx(arrays, round)

@@ -119,9 +119,11 @@ def test_cache_calibration_is_fedavg_when_everyone_delivers_and_keeps_a_silent_d
     only_a = cache_calibrated(current, [a], [10], [cache[0][0]], cache)
     np.testing.assert_allclose(only_a["w"], [1.0 + (7 * 10 - 3 * 30) / 40 + (1 - 7)])
     np.testing.assert_allclose(only_a["bn.running_mean"], [1.0])
-    # before anything is cached: the updates' FedAvg
+    # before anything is cached, or with a device new to the cache (a zero change in its mean): FedAvg
     np.testing.assert_allclose(cache_calibrated(current, [a, b], [10, 30], [None, None], [])["w"], [4.25])
-    assert change(current, a).keys() == {"w"}
+    b_is_new = cache_calibrated(current, [a, b], [10, 30], [cache[0][0], None], cache[:1])
+    np.testing.assert_allclose(b_is_new["w"], [4.25])
+    assert change(current, a).keys() == {"w"} and change(current, a)["w"].dtype == np.float32
     with pytest.raises(ValueError):
         cache_calibrated(current, [a, b], [10], [None, None], cache)
     with pytest.raises(ValueError):

@@ -229,6 +229,26 @@ def test_in_float16_devices_download_and_upload_half_precision_and_the_model_sta
     assert kept[0] == np.float32(np.float16(1 / 3)), "the update, widened, is the new global model"
 
 
+def test_a_float16_update_counts_its_change_from_the_model_as_its_device_received_it(tmp_path):
+    fleet = Fleet(tmp_path, rounds=2, precision="float16")
+    for device, value, samples in (("a", 1 / 3, 10), ("b", 2 / 3, 20)):
+
+        def half(task: Task, device=device, value=value, samples=samples) -> None:
+            meta = {"task_id": task.task_id, "num_samples": str(samples)}
+            body = weights.encode({"w": np.full(2, value, np.float16)}, meta)
+            fleet.orchestrator.receive_update(task.round, device, body, weights.sha256(body))
+
+        fleet.device(device, samples=samples)
+        fleet.link.responders[device] = half
+    fleet.finish()
+    first, second = (fleet.store.rounds()[r].accuracy for r in (1, 2))
+    assert first == pytest.approx((10 * float(np.float16(1 / 3)) + 20 * float(np.float16(2 / 3))) / 30)
+    sent = float(np.float16(first))
+    assert sent != pytest.approx(first, rel=1e-6, abs=0), "the test needs a model float16 rounds"
+    # the same uploads again: a change of first - sent from the model sent, not of nothing from the model kept
+    assert second == pytest.approx(first + (first - sent), rel=1e-6)
+
+
 def test_the_deadline_closes_a_round_with_the_results_it_has(tmp_path):
     fleet = Fleet(tmp_path, rounds=1, min_results=1)
     fleet.device("fast", value=2.0)
@@ -286,12 +306,13 @@ def test_a_stale_device_is_waited_for(tmp_path):
 
 
 # round 2 averages fast's 2.0 with slow's change (5 - 0) laid onto round 1's model (1.0): FedBuff
-# discounts the late one by 1/sqrt(2), FedStaleWeight weights it 1 + 1; CA2FL steps by fast's cached
-# change (1) plus the mean of fast's new change less it (0) and slow's uncached change (5)
+# discounts the late one by 1/sqrt(2), FedStaleWeight weights it 1 + 1; CA2FL steps by the mean cached
+# change (fast's 1, slow's none yet: 0) plus the mean of fast's new change less its cached one (0) and
+# slow's (5), which is FedAvg
 ROUND_2 = {
     "fedbuff": (2.0 + 6.0 / np.sqrt(2)) / (1 + 1 / np.sqrt(2)),
     "fedstaleweight": (2.0 + 6.0 * 2) / 3,
-    "ca2fl": 1.0 + 1.0 + (0.0 + 5.0) / 2,
+    "ca2fl": 1.0 + (1.0 + 0.0) / 2 + (0.0 + 5.0) / 2,
 }
 
 

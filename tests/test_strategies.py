@@ -276,8 +276,8 @@ def test_ca2fl_caches_the_changes_that_counted_and_forgets_them_when_stale_or_wh
     np.testing.assert_allclose(strategy.aggregate(1, both, start)["w"], [2.0], err_msg="no cache: FedAvg")
     strategy.on_round_end(1, RoundPlan({}, 2), set(), False, ["pi5"])  # pi3's update broke the aggregation
     assert set(strategy.cache) == {"pi5"}
-    # round 2: pi5's cached 1, plus pi3's 3 - nothing and pi5's 1 - 1, averaged
-    np.testing.assert_allclose(strategy.aggregate(2, both, start)["w"], [2.5])
+    # round 2: pi5's cached 1 over both devices, plus pi3's 3 - nothing and pi5's 1 - 1, averaged: FedAvg
+    np.testing.assert_allclose(strategy.aggregate(2, both, start)["w"], [2.0])
     strategy.on_round_end(2, RoundPlan({}, 2), set(), False, ["pi3", "pi5"])
     # round 3: pi3 is silent, its change of 3 still in the step: (3 + 1) / 2, plus pi5's 2 - 1
     pi5_again = [Result("pi5", {"w": np.array([2.0], np.float32)}, 10)]

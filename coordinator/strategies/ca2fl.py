@@ -4,6 +4,9 @@ Rounds run as FedBuff's do: every idle device trains and a round closes on its f
 coordinator keeps each device's last counted change. A round's step is the mean of those changes plus
 the mean difference between each new update's change and its device's cached one, so a slow device's
 speaker moves the model every round, not only in the rounds its update arrives in.
+
+The cache costs the coordinator one model-sized float32 array set per device, in memory only: a
+restart starts it again, as it does server momentum, and so does the model growing.
 """
 
 from collections.abc import Sequence, Set
@@ -14,7 +17,9 @@ from fedspeech.coordinator.strategies.base import Result, RoundPlan
 from fedspeech.coordinator.strategies.fedbuff import FedBuff
 from fedspeech.protocol.weights import Arrays
 
-CACHE_ROUNDS = 8  # a device silent this long stops moving the model: it may have left the fleet
+# a device silent this long stops moving the model (it may have left the fleet); several times the
+# rounds a Pi 3 among Pi 4s and 5s is late in our emulated fleets
+CACHE_ROUNDS = 8
 
 
 @dataclass(frozen=True)
@@ -37,18 +42,18 @@ class CachedCalibration(FedBuff):
         self._offered: dict[str, Cached] = {}  # the changes of the open round's results
 
     def aggregate(self, round: int, results: Sequence[Result], current: Arrays) -> Arrays:
-        """current + the cached changes' mean + the new changes' mean difference from their cached ones."""
+        """current + the mean cached change + the new changes' mean difference from their cached ones."""
         fits = {d: c for d, c in self.cache.items() if _fits(c.change, current)}
         # may be called again on fewer results when one breaks the aggregation: cached at round end
         self._offered.update(
             {r.device_id: Cached(change(current, r.arrays), r.num_samples, round) for r in results}
         )
-        old = [fits[r.device_id].change if r.device_id in fits else None for r in results]
+        previous = [fits[r.device_id].change if r.device_id in fits else None for r in results]
         return cache_calibrated(
             current,
             [r.arrays for r in results],
             [r.num_samples for r in results],
-            old,
+            previous,
             [(c.change, c.num_samples) for c in fits.values()],
         )
 
