@@ -43,7 +43,9 @@ class CachedCalibration(FedBuff):
 
     def aggregate(self, round: int, results: Sequence[Result], current: Arrays) -> Arrays:
         """current + the mean cached change + the new changes' mean difference from their cached ones."""
-        fits = {d: c for d, c in self.cache.items() if _fits(c.change, current)}
+        # a change cached before the model grew no longer fits it
+        shapes = {name: a.shape for name, a in current.items() if stepped(name, a)}
+        fits = {d: c for d, c in self.cache.items() if {n: a.shape for n, a in c.change.items()} == shapes}
         # may be called again on fewer results when one breaks the aggregation: cached at round end
         self._offered.update(
             {r.device_id: Cached(change(current, r.arrays), r.num_samples, round) for r in results}
@@ -64,9 +66,3 @@ class CachedCalibration(FedBuff):
         self.cache.update({d: self._offered[d] for d in aggregated})
         self.cache = {d: c for d, c in self.cache.items() if round - c.round < CACHE_ROUNDS}
         self._offered = {}
-
-
-def _fits(cached: Arrays, current: Arrays) -> bool:
-    """Whether a cached change still fits the model: it has not grown since."""
-    names = {name for name, a in current.items() if stepped(name, a)}
-    return cached.keys() == names and all(current[name].shape == a.shape for name, a in cached.items())
