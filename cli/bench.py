@@ -237,10 +237,11 @@ def run_once(
         "MIN_RESULTS": 1,
         "SEED": seed,
     }
-    # The corpus' held-out set is the union of the devices' test splits: asking the devices as well
-    # would add their evaluation time to every arm and tell nothing new.
-    settings["EVAL_EVERY"] = 0
     settings |= {**cfg.corpus_settings.get(corpus, {}), **arm.settings}
+    # The corpus' held-out set is the union of the devices' test splits: asking the devices as well
+    # would add their evaluation time to every arm and tell nothing new, except where each device runs
+    # a model of its own (FedBN, SiloBN), which only it can score.
+    settings["EVAL_EVERY"] = int(bool(STRATEGIES[settings.get("STRATEGY", "fedavg")](1, 1).personal))
     fleet = _arm_fleet(cfg, corpus, arm)
     settings["MIN_DEVICES"] = sum(len(spec.device_ids) for spec in fleet) + len(arm.attacks)
     name = cfg.corpus_name(corpus)

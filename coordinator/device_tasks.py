@@ -23,11 +23,11 @@ def training(config: RoundConfig, round: int, plan: RoundPlan, device: str) -> d
     }
 
 
-def evaluation(round: int, local_norm: bool) -> dict[str, Any]:
-    """The task fields of evaluating a round's model; under local_norm each device's personalised one."""
+def evaluation(round: int, personal: Mapping[str, float]) -> dict[str, Any]:
+    """The task fields of evaluating a round's model; with personal settings, each device's own."""
     fields: dict[str, Any] = {"upload_path": routes.evaluations(round), "epochs": 1, "action": "evaluate"}
-    if local_norm:
-        fields["config"] = {"local_norm": 1.0}
+    if personal:
+        fields["config"] = dict(personal)
     return fields
 
 

@@ -16,12 +16,12 @@ def local_names(strategy: Strategy, model: ModelOps) -> frozenset[str]:
         raise ValueError(
             f"{name} trains a server model on the coordinator's data: give it (--server-data DIR)"
         )
-    if not strategy.local_norm:
+    if not strategy.personal:
         return frozenset()
     local = frozenset(model.norm_names())
     if not local:
         raise ValueError(
-            f"{name} keeps batch-normalisation layers on the devices and the model {model.spec.name} "
-            "has none: use a model with them (--model cnn_bn)"
+            f"{name} keeps batch normalisation of their own on the devices and the model "
+            f"{model.spec.name} has none: use a model with it (--model cnn_bn)"
         )
-    return local
+    return local if strategy.local_norm else frozenset()

@@ -372,7 +372,7 @@ class Orchestrator:
         free = [d for d in self.link.online() if d in registered and d not in self._late.carried]
         devices = evaluators(free, config.eval_devices, config.seed, round)
         deadline = time.time() + config.eval_timeout_s
-        evaluate = device_tasks.evaluation(round, self.strategy.local_norm)
+        evaluate = device_tasks.evaluation(round, self.strategy.personal)
         tasks = self._tasks(round, deadline, dict.fromkeys(devices, evaluate))
         self.evaluation.run(round, tasks, deadline, stop)
 

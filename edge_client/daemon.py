@@ -43,7 +43,7 @@ class ClientConfig:
     broker: BrokerSettings
     device_id: str
     data: DataSource
-    state_dir: Path  # its own folder: its token (0600), the coordinator's key, its kept FedBN layers
+    state_dir: Path  # its own folder: its token (0600), the coordinator's key, its kept normalisation
     topic_root: str = DEFAULT_ROOT
     max_samples: int | None = None
     torch_threads: int = 1
@@ -172,7 +172,7 @@ def _run(config: ClientConfig, stop: threading.Event) -> None:
     data = LocalData(config.data, config.max_samples)
     data.refresh(info.definition)
     _log_data(data, config)
-    local_norm = LocalNorm(config.state_dir)  # FedBN's normalisation layers, kept across restarts
+    local_norm = LocalNorm(config.state_dir)  # FedBN's layers or SiloBN's statistics, kept across restarts
     trainer = config.make_trainer(config.device_id, config.torch_threads)
     trainer.stop = stop  # training ends between two batches once the daemon is stopping
     trainer.local_norm = local_norm
@@ -259,7 +259,8 @@ def _do_task(device: _Device, task: Task) -> None:
         blob = device.http.fetch(task.weights)
         arrays = weights.with_precision(weights.decode(blob)[0], "float32")  # float16 on the wire, perhaps
         if task.action == "evaluate":
-            body, content_type = device.trainer.evaluate(task, arrays, device.data.test), "application/json"
+            body = device.trainer.evaluate(task, arrays, device.data.test, device.data.train)
+            content_type = "application/json"
         else:
             if len(device.data.train.labels) == 0:
                 raise Dropped("no usable training clips")

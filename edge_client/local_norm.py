@@ -1,8 +1,9 @@
-"""The normalisation layers a device keeps for itself under FedBN (Li et al. 2021), in its state folder.
+"""The normalisation arrays a device keeps for itself under FedBN or SiloBN, in its state folder.
 
-Under FedBN the batch-normalisation tensors never leave the device: it trains with its own, laid over each
-task's weights, and keeps them across rounds and restarts. Torch-free, so that the model keeper can lay
-them over the global ONNX model too.
+Under FedBN (Li et al. 2021) the batch-normalisation tensors never leave the device: it trains with its
+own, laid over each task's weights, and keeps them across rounds and restarts. Under SiloBN (Andreux et
+al. 2020) it keeps only the running statistics of its own clips. Torch-free, so that the model keeper
+can lay them over the global ONNX model too.
 """
 
 import logging

@@ -2,8 +2,8 @@
 
 Rounds only move forward: an announcement of the round kept or an older one (a replay) is ignored, and
 a model that cannot be downloaded leaves the kept one in place, to be tried again RETRY_S later. A device
-that keeps its own normalisation layers (FedBN) keeps the global model with those laid over it: its
-personalised model.
+that keeps its own normalisation layers (FedBN) or statistics (SiloBN) keeps the global model with those
+laid over it: its personalised model.
 """
 
 import logging

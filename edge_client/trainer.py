@@ -29,6 +29,7 @@ WARM_UP_BATCH = 16  # the coordinator's default, so the first seconds per sample
 SETTINGS: dict[str, tuple[float, float]] = {
     "proximal_mu": (0.0, 100.0),
     "local_norm": (0.0, 1.0),
+    "local_statistics": (0.0, 1.0),
     "prior_weight": (0.0, 100.0),
     "distill_weight": (0.0, 100.0),
     "distill_temperature": (0.05, 100.0),
@@ -50,13 +51,15 @@ class TrainingStopped(Exception):
 class TrainingSettings:
     """A task's settings, checked: train_local's keyword arguments and what the device does around the run.
 
-    local_norm: FedBN, the normalisation layers stay on the device; report_counts: the upload carries the
-    trained model's predicted class counts (FedVMR's class-distribution regulariser); distill: a teacher
-    model is passed to train_local (mutual knowledge distillation).
+    local_norm: FedBN, the normalisation layers stay on the device; local_statistics: SiloBN, the device
+    keeps the normalisation statistics of its own clips; report_counts: the upload carries the trained
+    model's predicted class counts (FedVMR's class-distribution regulariser); distill: a teacher model is
+    passed to train_local (mutual knowledge distillation).
     """
 
     train_kwargs: dict[str, Any]
     local_norm: bool = False
+    local_statistics: bool = False
     report_counts: bool = False
     distill: bool = False
 
@@ -91,6 +94,7 @@ def training_settings(task: Task) -> TrainingSettings:
     return TrainingSettings(
         kwargs,
         local_norm=_local_norm(config),
+        local_statistics=_local_statistics(config),
         report_counts="prior_weight" in config,
         distill=task.teacher is not None,
     )
@@ -120,8 +124,22 @@ def _check_class_prior(value: object, num_classes: int) -> None:
 
 def _local_norm(config: Mapping[str, float | list[float]]) -> bool:
     """Whether the task asks the device to keep its normalisation layers (FedBN); UnknownSetting if bad."""
-    value = config.get("local_norm", 0.0)
-    _check_number("local_norm", value)
+    return _flag(config, "local_norm")
+
+
+def _local_statistics(config: Mapping[str, float | list[float]]) -> bool:
+    """Whether the task asks the device to keep its clips' statistics (SiloBN); UnknownSetting if bad."""
+    if _flag(config, "local_statistics"):
+        if _local_norm(config):
+            raise UnknownSetting("local_statistics and local_norm together: the layers kept would be both")
+        return True
+    return False
+
+
+def _flag(config: Mapping[str, float | list[float]], name: str) -> bool:
+    """A 0/1 setting of the task, 0 when absent; UnknownSetting if it is not a number in [0, 1]."""
+    value = config.get(name, 0.0)
+    _check_number(name, value)
     return bool(value)
 
 
@@ -130,7 +148,7 @@ class Trainer:
 
     Setting stop (the daemon gives its own) ends a training run between two batches, as does the task's
     deadline: TrainingStopped. local_norm (the daemon gives the device's own) keeps the normalisation layers
-    of tasks that ask for it (FedBN); without one, such tasks are refused.
+    or statistics of tasks that ask for it (FedBN, SiloBN); without one, such tasks are refused.
     """
 
     def __init__(
@@ -244,23 +262,29 @@ class Trainer:
         if settings.report_counts:  # what the trained model predicts on its clips: counts, never labels
             counts = predicted_counts(model, train.waveforms, task.spec.num_classes)
             metadata["predicted_counts"] = json.dumps(counts.tolist())
-        shared = self._shared(model, get_arrays(model), settings.local_norm)
+        shared = self._shared(model, get_arrays(model), settings)
         return result, weights.encode(weights.with_precision(shared, task.precision), metadata)
 
-    def evaluate(self, task: Task, arrays: weights.Arrays, test: Split) -> bytes:
+    def evaluate(self, task: Task, arrays: weights.Arrays, test: Split, train: Split | None = None) -> bytes:
         """Evaluate the given weights on the local test split; return the report to upload (counts only).
 
         Under local_norm the device's own normalisation arrays replace the task's: the personalised model.
+        Under local_statistics the normalisation statistics are taken again on the training split's clips
+        at the task's weights, and kept: the device's model is the global one measured on its own voice.
         """
         from fedspeech.models.metrics import confusion_matrix
         from fedspeech.models.train import predict
 
-        local_norm = _local_norm(task.config)
+        local_norm, local_statistics = _local_norm(task.config), _local_statistics(task.config)
         num_classes = task.spec.num_classes
         confusion = np.zeros((num_classes, num_classes), dtype=np.int64)
         loss_sum = 0.0
+        model = None
+        if local_statistics and train is not None and len(train.waveforms):
+            model = self._own_statistics(task, arrays, train)
         if len(test.labels):
-            model = self._load(task, arrays, local_norm)
+            if model is None:
+                model = self._load(task, arrays, local_norm)
             predictions, losses = predict(model, test.waveforms, test.labels)
             confusion = confusion_matrix(test.labels, predictions, num_classes)
             loss_sum = float(losses.sum())
@@ -279,20 +303,38 @@ class Trainer:
         set_arrays(model, arrays)
         return model
 
-    def _shared(self, model: Any, trained: weights.Arrays, local_norm: bool) -> weights.Arrays:
-        """The arrays to upload: under local_norm all but the normalisation ones, which are kept here."""
-        from fedspeech.models.norm import norm_names
+    def _own_statistics(self, task: Task, arrays: weights.Arrays, train: Split) -> Any:
+        """The task's model with normalisation statistics taken on the training clips, which are kept."""
+        from fedspeech.models.norm import refresh_statistics
+        from fedspeech.models.train import get_arrays
 
-        if not local_norm:
+        model = self._load(task, arrays, local_norm=False)
+        refresh_statistics(model, train.waveforms, task.batch_size)
+        self._shared(model, get_arrays(model), TrainingSettings({}, local_statistics=True))
+        return model
+
+    def _shared(self, model: Any, trained: weights.Arrays, settings: TrainingSettings) -> weights.Arrays:
+        """The arrays to upload, keeping here the normalisation arrays the task asks the device to keep.
+
+        Under local_norm they are left out of the upload; under local_statistics (the statistics of the
+        device's own clips, which train_local takes last) they are sent as well, so that the global model
+        has statistics for a device without clips of its own.
+        """
+        from fedspeech.models.norm import norm_names, statistic_names
+
+        if not (settings.local_norm or settings.local_statistics):
             if self.local_norm is not None:  # the model follows the global normalisation: a kept one is stale
                 self.local_norm.forget()
             return trained
-        store, names = self._norm_store(), norm_names(model)
+        store = self._norm_store()
+        names = norm_names(model) if settings.local_norm else statistic_names(model)
         if not names:
-            log.warning("local_norm: the model has no batch normalisation layers to keep")
+            log.warning("the model has no batch normalisation layers to keep")
             store.forget()
             return trained
         store.save({name: trained[name] for name in names})
+        if settings.local_statistics:
+            return trained
         return {name: value for name, value in trained.items() if name not in names}
 
     def _norm_store(self) -> LocalNorm:

@@ -23,6 +23,11 @@ def norm_names(model: nn.Module) -> set[str]:
     return names
 
 
+def statistic_names(model: nn.Module) -> set[str]:
+    """State-dict names of every BatchNorm layer's running mean and variance: what SiloBN keeps local."""
+    return {name for name in norm_names(model) if name.rsplit(".", 1)[-1] in ("running_mean", "running_var")}
+
+
 @torch.no_grad()
 def refresh_statistics(model: nn.Module, waveforms: np.ndarray, batch_size: int) -> None:
     """Re-estimate every BatchNorm layer's running mean and variance at the model's present weights.

@@ -1,4 +1,4 @@
-"""The device side of FedBN, FedVMR's class-distribution regulariser and mutual knowledge distillation.
+"""The device side of FedBN, SiloBN, FedVMR's class-distribution regulariser and mutual distillation.
 
 Tiny models (0.25 s clips at 8 kHz) on a few random waveforms: the trainer, the kept normalisation
 layers, the settings a task may carry, and the personalised ONNX model the keeper writes.
@@ -7,6 +7,7 @@ layers, the settings a task may carry, and the personalised ONNX model the keepe
 import json
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -82,6 +83,13 @@ def names_of_norm(spec: ModelSpec = SPEC) -> set[str]:
     from fedspeech.models.norm import norm_names
 
     return norm_names(build_model(spec))
+
+
+def names_of_statistics(spec: ModelSpec = SPEC) -> set[str]:
+    from fedspeech.models import build_model
+    from fedspeech.models.norm import statistic_names
+
+    return statistic_names(build_model(spec))
 
 
 def shifted(arrays: Arrays, names: set[str], by: float = 0.5) -> Arrays:
@@ -202,6 +210,62 @@ def test_evaluation_under_local_norm_uses_the_kept_layers(state: Path, start: Ar
     assert np.sum(personal.confusion) == len(TEST.labels)
 
 
+# SiloBN
+
+
+def statistics_of(arrays: Arrays, clips: Split) -> Arrays:
+    """The running statistics a model holding arrays takes on the clips."""
+    from fedspeech.models import build_model
+    from fedspeech.models.norm import refresh_statistics
+    from fedspeech.models.train import get_arrays, set_arrays
+
+    model = build_model(SPEC)
+    set_arrays(model, arrays)
+    refresh_statistics(model, clips.waveforms, 8)
+    return {name: get_arrays(model)[name] for name in names_of_statistics()}
+
+
+def test_under_local_statistics_everything_is_uploaded_and_the_statistics_kept(
+    state: Path, start: Arrays
+) -> None:
+    statistics = names_of_statistics()
+    assert statistics and statistics < names_of_norm(), "the scale and shift are not statistics"
+    trainer = Trainer("d1", local_norm=LocalNorm(state))
+    _, body = trainer.train(make_task({"local_statistics": 1.0}), start, TRAIN)
+    sent, _ = uploaded(body)
+    assert sent.keys() == start.keys()
+    kept = LocalNorm(state).load()
+    assert kept is not None and kept.keys() == statistics
+    for name in statistics:
+        np.testing.assert_array_equal(kept[name], sent[name])
+    assert any(not np.array_equal(kept[name], start[name]) for name in statistics)
+
+
+def test_evaluation_under_local_statistics_takes_and_keeps_those_of_the_devices_clips(
+    state: Path, start: Arrays
+) -> None:
+    trainer = Trainer("d1", local_norm=LocalNorm(state))
+    evaluation = make_task(action="evaluate", upload_path="/api/rounds/1/evaluations")
+    plain = report(trainer.evaluate(evaluation, start, TEST, TRAIN))
+    assert LocalNorm(state).load() is None, "a plain evaluation keeps nothing"
+
+    loud = replace(TRAIN, waveforms=TRAIN.waveforms * 20)  # a louder voice than the global statistics know
+    own = report(trainer.evaluate(replace(evaluation, config={"local_statistics": 1.0}), start, TEST, loud))
+    assert own.loss_sum != pytest.approx(plain.loss_sum)
+    assert np.sum(own.confusion) == len(TEST.labels)
+    kept = LocalNorm(state).load()
+    assert kept is not None
+    expected = statistics_of(start, loud)
+    assert kept.keys() == expected.keys()
+    for name, value in expected.items():
+        np.testing.assert_allclose(kept[name], value, rtol=1e-5, atol=1e-6)
+
+
+def test_local_statistics_and_local_norm_together_are_refused(state: Path, start: Arrays) -> None:
+    with pytest.raises(UnknownSetting, match="together"):
+        training_settings(make_task({"local_statistics": 1.0, "local_norm": 1.0}))
+
+
 # FedVMR's class-distribution regulariser
 
 
@@ -240,6 +304,7 @@ BAD_CONFIGS = {
     "weight too large": {"prior_weight": 101.0},
     "weight negative": {"prior_weight": -0.5},
     "local_norm above 1": {"local_norm": 2.0},
+    "local_statistics negative": {"local_statistics": -1.0},
     "distillation weight out of range": {"distill_weight": -1.0},
     "no time to train": {"time_budget_s": 0.0},
     "longer than any task": {"time_budget_s": 1e9},
@@ -353,15 +418,20 @@ def initializers(path: Path) -> dict[str, np.ndarray]:
     return {i.name: numpy_helper.to_array(i) for i in onnx.load_model(path).graph.initializer}
 
 
+@pytest.mark.parametrize("kept_names", [names_of_norm, names_of_statistics], ids=["fedbn", "silobn"])
 def test_the_keeper_writes_a_personalised_model(
-    state: Path, tmp_path: Path, global_onnx: Path, caplog: pytest.LogCaptureFixture
+    state: Path,
+    tmp_path: Path,
+    global_onnx: Path,
+    caplog: pytest.LogCaptureFixture,
+    kept_names: Callable[[], set[str]],
 ) -> None:
     from fedspeech.export.onnx_export import PREFIX, parity
     from fedspeech.models import build_model
     from fedspeech.models.train import set_arrays
 
     caplog.set_level(logging.INFO, logger="fedspeech.edge_client")
-    original, arrays, names = initializers(global_onnx), fresh(seed=GLOBAL_SEED), names_of_norm()
+    original, arrays, names = initializers(global_onnx), fresh(seed=GLOBAL_SEED), kept_names()
     kept = shifted(arrays, names)
     LocalNorm(state).save(kept)
     keeper = ModelKeeper(tmp_path / "models", LocalNorm(state))

@@ -6,7 +6,7 @@ import pytest
 from fedspeech.coordinator import device_tasks
 from fedspeech.coordinator.round_config import RoundConfig
 from fedspeech.coordinator.store import DeviceRecord, RoundRecord, Store
-from fedspeech.coordinator.strategies import RoundPlan, Work
+from fedspeech.coordinator.strategies import STRATEGIES, RoundPlan, Work
 from fedspeech.coordinator.update_check import reported_samples
 from fedspeech.protocol import routes, weights
 from fedspeech.protocol.messages import BlobRef, DeviceStatus, ModelSpec, TaskDefinition
@@ -37,15 +37,18 @@ def test_each_device_trains_its_planned_work_with_a_seed_of_its_own():
     assert len(seeds) == 3, "no two devices and no two rounds share a seed"
 
 
-def test_an_evaluation_asks_for_the_personalised_model_only_under_local_norm():
-    plain, local = device_tasks.evaluation(4, False), device_tasks.evaluation(4, True)
+def test_an_evaluation_asks_for_the_personalised_model_only_with_personal_settings():
+    plain = device_tasks.evaluation(4, STRATEGIES["fedavg"](1, 1).personal)
     assert plain == {"upload_path": routes.evaluations(4), "epochs": 1, "action": "evaluate"}
+    local = device_tasks.evaluation(4, STRATEGIES["fedbn"](1, 1).personal)
     assert local == {**plain, "config": {"local_norm": 1.0}}
+    own = device_tasks.evaluation(4, STRATEGIES["silobn"](1, 1).personal)
+    assert own == {**plain, "config": {"local_statistics": 1.0}}
 
 
 def test_only_training_tasks_carry_the_teacher_and_every_task_has_a_fresh_id():
     teacher = BlobRef(routes.model(0, "teacher"), "1" * 64, 10)
-    work = {"a": {"upload_path": "u", "epochs": 1}, "b": device_tasks.evaluation(0, False)}
+    work = {"a": {"upload_path": "u", "epochs": 1}, "b": device_tasks.evaluation(0, {})}
     config = RoundConfig(batch_size=8, precision="float16")
     tasks = device_tasks.make_tasks(
         1, 99.0, work, model=MODEL, spec=SPEC, definition=DEFINITION, config=config,

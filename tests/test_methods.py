@@ -229,9 +229,31 @@ def test_fedbn_refuses_an_update_that_carries_normalisation_layers(tmp_path):
             fleet.orchestrator.receive_update(1, "a", body, weights.sha256(body))
 
 
-def test_fedbn_needs_a_model_with_batch_normalisation(tmp_path):
+@pytest.mark.parametrize("strategy", ["fedbn", "silobn"])
+def test_methods_with_normalisation_of_each_device_need_a_model_with_batch_normalisation(tmp_path, strategy):
     with pytest.raises(ValueError, match="cnn_bn"):
-        Fleet(tmp_path, model=MethodsModel(norm=False), strategy="fedbn")
+        Fleet(tmp_path, model=MethodsModel(norm=False), strategy=strategy)
+
+
+def test_silobn_averages_everything_and_has_devices_train_and_evaluate_with_their_own_statistics(tmp_path):
+    model = MethodsModel(norm=True)
+    fleet = Fleet(tmp_path, model=model, rounds=1, strategy="silobn", eval_every=1, eval_timeout_s=0.3)
+
+    def upload(device: str, task: Task, value: float) -> None:  # statistics included
+        if task.action == "train":
+            arrays = {name: np.full(2, value, np.float32) for name in ("w", "bn")}
+            body = weights.encode(arrays, {"task_id": task.task_id, "num_samples": "10"})
+            fleet.orchestrator.receive_update(task.round, device, body, weights.sha256(body))
+
+    for device, value in (("a", 1.0), ("b", 3.0)):
+        fleet.device(device, value=None, samples=10)
+        fleet.link.responders[device] = lambda task, d=device, v=value: upload(d, task, v)
+    fleet.finish()
+    stored = weights.decode(fleet.store.model_path(1, "weights").read_bytes())[0]
+    assert stored["w"] == pytest.approx([2.0, 2.0]) and stored["bn"] == pytest.approx([2.0, 2.0])
+    actions = {t.action for _, t in fleet.link.published}
+    assert actions == {"train", "evaluate"}, "the devices were asked to evaluate their own models"
+    assert all(t.config == {"local_statistics": 1.0} for _, t in fleet.link.published)
 
 
 def test_class_prior_sends_the_population_distribution_of_reported_counts(tmp_path):

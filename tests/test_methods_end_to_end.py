@@ -65,6 +65,26 @@ def test_fedbn_keeps_normalisation_on_the_devices(tmp_path, processes, mosquitto
     assert record.federated_accuracy is not None, "the devices evaluated their personalised models"
 
 
+def test_silobn_has_each_device_run_with_its_own_statistics(
+    tmp_path, processes, mosquitto_url, topic_root, caplog
+):
+    from fedspeech.edge_client.local_norm import NORM_FILE
+
+    config = {"STRATEGY": "silobn", "MODEL": "cnn_bn", "EVAL_EVERY": ROUNDS}
+    service = _run(tmp_path, processes, mosquitto_url, topic_root, config, caplog)
+    last = weights.decode(service.store.model_path(ROUNDS, "weights").read_bytes())[0]
+    statistics = {n for n in service.orchestrator.model.norm_names() if n.endswith(("_mean", "_var"))}
+    kept = {
+        speaker: weights.decode((processes.log_dir / "devices" / speaker / NORM_FILE).read_bytes())[0]
+        for speaker in SPEAKERS
+    }
+    for speaker, own in kept.items():
+        assert own.keys() == statistics, f"{speaker} keeps the statistics and nothing else"
+        assert any((own[n] != last[n]).any() for n in statistics), "its own, not the global model's"
+    assert any((kept["jackson"][n] != kept["nicolas"][n]).any() for n in statistics)
+    assert service.store.rounds()[-1].federated_accuracy is not None, "the devices evaluated their own"
+
+
 def test_quality_weights_by_validation_scores(tmp_path, processes, mosquitto_url, topic_root, caplog):
     validation = _folder_of_training_clips(tmp_path / "validation", 10)
     config = {"STRATEGY": "quality", "VALIDATION_DATA": str(validation)}

@@ -314,6 +314,7 @@ def test_registry():
         "clipped",
         "clipped_trimmed_mean",
         "fedbn",
+        "silobn",
         "quality",
         "grouped",
         "class_prior",

@@ -18,6 +18,7 @@ from fedspeech.coordinator.strategies.median import FedMedian
 from fedspeech.coordinator.strategies.mkd import MutualDistillation
 from fedspeech.coordinator.strategies.quality import QualityWeighted
 from fedspeech.coordinator.strategies.random_k import RandomK
+from fedspeech.coordinator.strategies.silobn import SiloBN
 from fedspeech.coordinator.strategies.time_budget import TimeBudget
 from fedspeech.coordinator.strategies.trimmed_mean import FedTrimmedMean
 
@@ -46,6 +47,8 @@ STRATEGIES: dict[str, Callable[[int, int], Strategy]] = {
     "clipped_trimmed_mean": partial(FedTrimmedMean, clip=True),
     # the methods of FedCSR ("Cuing Without Sharing") and FedVMR, and FedBN, FedCSR's baseline
     "fedbn": FedBN,
+    # FedAvg, each device running the model with the normalisation statistics of its own clips
+    "silobn": SiloBN,
     "quality": QualityWeighted,
     "grouped": GroupedSequential,
     "class_prior": ClassPrior,

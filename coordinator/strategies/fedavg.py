@@ -15,6 +15,6 @@ class FedAvg(Strategy):
     name = "fedavg"
 
     def configure_round(self, round: int, pool: Mapping[str, Profile], rng: np.random.Generator) -> RoundPlan:
-        """Every device in the pool, in id order."""
+        """Every device in the pool, in id order, told the strategy's personal settings if it has any."""
         devices = select_all(list(pool))
-        return RoundPlan({d: Work(self.epochs) for d in devices}, needed=len(devices))
+        return RoundPlan({d: Work(self.epochs, dict(self.personal)) for d in devices}, needed=len(devices))

@@ -6,12 +6,9 @@ microphone and room shift the features' statistics; local normalisation absorbs 
 """
 
 from collections.abc import Mapping
+from typing import ClassVar
 
-import numpy as np
-
-from fedspeech.coordinator.strategies.base import RoundPlan, Work
 from fedspeech.coordinator.strategies.fedavg import FedAvg
-from fedspeech.protocol.messages import Profile
 
 
 class FedBN(FedAvg):
@@ -19,8 +16,4 @@ class FedBN(FedAvg):
 
     name = "fedbn"
     local_norm = True
-
-    def configure_round(self, round: int, pool: Mapping[str, Profile], rng: np.random.Generator) -> RoundPlan:
-        """FedAvg's plan, each device told to keep its normalisation layers."""
-        plan = super().configure_round(round, pool, rng)
-        return RoundPlan({d: Work(w.epochs, {"local_norm": 1.0}) for d, w in plan.work.items()}, plan.needed)
+    personal: ClassVar[Mapping[str, float]] = {"local_norm": 1.0}
