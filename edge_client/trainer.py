@@ -305,12 +305,14 @@ class Trainer:
 
     def _own_statistics(self, task: Task, arrays: weights.Arrays, train: Split) -> Any:
         """The task's model with normalisation statistics taken on the training clips, which are kept."""
-        from fedspeech.models.norm import refresh_statistics
+        from fedspeech.models.norm import refresh_statistics, statistic_names
         from fedspeech.models.train import get_arrays
 
         model = self._load(task, arrays, local_norm=False)
         refresh_statistics(model, train.waveforms, task.batch_size)
-        self._shared(model, get_arrays(model), TrainingSettings({}, local_statistics=True))
+        names, taken = statistic_names(model), get_arrays(model)
+        if names:
+            self._norm_store().save({name: taken[name] for name in names})
         return model
 
     def _shared(self, model: Any, trained: weights.Arrays, settings: TrainingSettings) -> weights.Arrays:
