@@ -24,4 +24,4 @@ def local_names(strategy: Strategy, model: ModelOps) -> frozenset[str]:
             f"{name} keeps batch normalisation of their own on the devices and the model "
             f"{model.spec.name} has none: use a model with it (--model cnn_bn)"
         )
-    return local if strategy.local_norm else frozenset()
+    return local if "local_norm" in strategy.personal else frozenset()

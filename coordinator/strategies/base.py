@@ -3,9 +3,9 @@
 A strategy decides who trains each round and with what settings (`configure_round`), combines the
 accepted updates and the global model they started from into the new global model (`aggregate`) and
 keeps whatever it needs across rounds (`on_round_end`). The orchestrator calls only these hooks and
-knows no strategy by name. What a method needs of the orchestrator beyond them it says in five flags:
-`local_norm` (normalisation layers stay on the devices), `personal` (the task settings with which each
-device trains and evaluates a model of its own), `scored` (each update scored on the
+knows no strategy by name. What a method needs of the orchestrator beyond them it says in four flags:
+`personal` (the task settings with which each device trains and evaluates a model of its own, such as
+FedBN's normalisation layers that stay on the devices), `scored` (each update scored on the
 coordinator's validation set), `distils` (a server model trained after each round, sent as teacher)
 and `buffered` (a device still training when its round closes goes on, and its update counts in a
 later round).
@@ -96,8 +96,8 @@ class Strategy(ABC):
     """Chooses each round's devices and settings and combines their updates; may keep state across rounds."""
 
     name = ""
-    local_norm = False  # FedBN: devices keep their normalisation layers; uploads hold the other arrays
-    # the task settings that have a device train and evaluate with normalisation of its own (FedBN, SiloBN)
+    # the task settings that have a device train and evaluate with normalisation of its own: FedBN's
+    # local_norm (the layers stay on the device, uploads hold the other arrays), SiloBN's local_statistics
     personal: ClassVar[Mapping[str, float]] = {}
     scored = False  # the orchestrator fills each Result's score from its validation set
     distils = False  # the orchestrator trains a server model after each round and sends it as teacher

@@ -15,5 +15,4 @@ class FedBN(FedAvg):
     """All devices, fixed epochs, the sample-weighted average of everything but normalisation layers."""
 
     name = "fedbn"
-    local_norm = True
     personal: ClassVar[Mapping[str, float]] = {"local_norm": 1.0}
