@@ -27,6 +27,7 @@ from fedspeech.protocol import messages, routes, weights
 from fedspeech.protocol.messages import (
     BlobRef,
     DeviceStatus,
+    EvaluationReport,
     ModelAnnouncement,
     ModelSpec,
     Profile,
@@ -428,6 +429,39 @@ def test_the_devices_evaluate_the_new_model(tmp_path):
     assert record.federated_accuracy == pytest.approx(14 / 16) and record.federated_loss == pytest.approx(
         4 / 16
     )
+
+
+def test_a_buffered_method_asks_a_device_still_training_to_evaluate_only_the_last_model(tmp_path):
+    class NormModel(FakeModel):  # fedbuff_silobn needs batch normalisation statistics to keep
+        def norm_names(self) -> list[str]:
+            return ["w"]
+
+    fleet = Fleet(
+        tmp_path, NormModel(), rounds=2, strategy="fedbuff_silobn", k=1, round_timeout_s=5.0,
+        eval_every=1, eval_timeout_s=5.0,
+    )  # fmt: skip
+    asked: list[tuple[str, str, int]] = []
+
+    def answer(device_id: str, task: Task) -> None:  # "slow" never finishes its training
+        asked.append((device_id, task.action, task.round))
+        if task.action == "evaluate":
+            body = messages.encode(EvaluationReport(task.task_id, task.round, [[1, 0], [0, 1]], 0.0))
+            fleet.orchestrator.receive_evaluation(task.round, device_id, body)
+        elif device_id == "fast":
+            fleet.upload(device_id, task, 1.0)
+
+    for device in ("fast", "slow"):
+        fleet.device(device, value=None)
+        fleet.link.responders[device] = lambda task, d=device: answer(d, task)
+    fleet.finish()
+    assert asked == [
+        ("fast", "train", 1), ("slow", "train", 1), ("fast", "evaluate", 1),
+        ("fast", "train", 2), ("fast", "evaluate", 2), ("slow", "evaluate", 2),
+    ]  # fmt: skip
+    assert [(r.evaluation_asked, r.evaluation_reports) for r in fleet.store.rounds()[1:]] == [(1, 1), (2, 2)]
+    tasks = {(d, t.action, t.round): t for d, t in fleet.link.published}
+    assert tasks["slow", "evaluate", 2].deadline >= tasks["slow", "train", 1].deadline, "time to finish first"
+    assert all(t.config == {"local_statistics": 1.0} for t in tasks.values())
 
 
 def test_the_round_loop_needs_no_torch_broker_or_web_framework():

@@ -323,6 +323,7 @@ def test_registry():
         "fedbuff",
         "fedstaleweight",
         "ca2fl",
+        "fedbuff_silobn",
     }
     assert all(make_strategy(name, 3, 2).name == name for name in STRATEGIES)
     hw = make_strategy("hardware", 3, 2)

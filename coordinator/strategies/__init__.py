@@ -10,6 +10,7 @@ from fedspeech.coordinator.strategies.clipped import NormClipped
 from fedspeech.coordinator.strategies.fedavg import FedAvg
 from fedspeech.coordinator.strategies.fedbn import FedBN
 from fedspeech.coordinator.strategies.fedbuff import FedBuff
+from fedspeech.coordinator.strategies.fedbuff_silobn import FedBuffSiloBN
 from fedspeech.coordinator.strategies.fedprox import FedProx
 from fedspeech.coordinator.strategies.fedstaleweight import FedStaleWeight
 from fedspeech.coordinator.strategies.grouped import GroupedSequential
@@ -40,6 +41,8 @@ STRATEGIES: dict[str, Callable[[int, int], Strategy]] = {
     "fedstaleweight": FedStaleWeight,
     # ... with every device's last change in every round's step, calibrated by the new ones
     "ca2fl": CachedCalibration,
+    # ... with each device running the model with its own clips' normalisation statistics (as silobn)
+    "fedbuff_silobn": FedBuffSiloBN,
     # robust aggregation against poisoned updates (deploy/fleets/poisoning.py emulates the attacks)
     "median": FedMedian,
     "trimmed_mean": FedTrimmedMean,

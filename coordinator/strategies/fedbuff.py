@@ -24,9 +24,9 @@ class FedBuff(Strategy):
     buffered = True
 
     def configure_round(self, round: int, pool: Mapping[str, Profile], rng: np.random.Generator) -> RoundPlan:
-        """Every device not still training for an earlier round; the round closes on k results."""
+        """Every device not still training for an earlier round, told the strategy's personal settings."""
         devices = select_all(list(pool))
-        return RoundPlan({d: Work(self.epochs) for d in devices}, needed=self.k)
+        return RoundPlan({d: Work(self.epochs, dict(self.personal)) for d in devices}, needed=self.k)
 
     def aggregate(self, round: int, results: Sequence[Result], current: Arrays) -> Arrays:
         """The average weighted by samples / sqrt(1 + staleness)."""
