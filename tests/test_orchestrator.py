@@ -460,7 +460,9 @@ def test_a_buffered_method_asks_a_device_still_training_to_evaluate_only_the_las
     ]  # fmt: skip
     assert [(r.evaluation_asked, r.evaluation_reports) for r in fleet.store.rounds()[1:]] == [(1, 1), (2, 2)]
     tasks = {(d, t.action, t.round): t for d, t in fleet.link.published}
-    assert tasks["slow", "evaluate", 2].deadline >= tasks["slow", "train", 1].deadline, "time to finish first"
+    # time to finish its training first, then the evaluation's own time
+    trained_by = tasks["slow", "train", 1].deadline
+    assert tasks["slow", "evaluate", 2].deadline == pytest.approx(trained_by + 5.0, abs=0.01)
     assert all(t.config == {"local_statistics": 1.0} for t in tasks.values())
 
 
