@@ -3,7 +3,7 @@
 import logging
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -11,6 +11,7 @@ import numpy as np
 from fedspeech.coordinator.errors import BadUpload, NotWanted
 from fedspeech.coordinator.evaluation import combine
 from fedspeech.coordinator.ports import DeviceLink
+from fedspeech.coordinator.round_config import RoundConfig
 from fedspeech.coordinator.store import Store
 from fedspeech.protocol import messages
 from fedspeech.protocol.messages import EvaluationReport, Task
@@ -29,6 +30,22 @@ def evaluators(candidates: Sequence[str], wanted: int, seed: int, round: int) ->
         return list(candidates)
     rng = np.random.default_rng([seed, round, 1])
     return sorted(rng.choice(list(candidates), wanted, replace=False).tolist())
+
+
+def evaluation_plan(
+    config: RoundConfig, round: int, online: Sequence[str], training: Mapping[str, float], now: float
+) -> tuple[list[str], float]:
+    """The devices asked to evaluate a round's model, and their deadline.
+
+    `training` maps a device still training for an earlier round to its task's deadline. Such a device
+    evaluates only the last round's model, once its training is done: waiting for it sooner would hold
+    up the rounds a buffered method runs without it.
+    """
+    last = round == config.rounds
+    candidates = [d for d in online if last or d not in training]
+    devices = evaluators(candidates, config.eval_devices, config.seed, round)
+    trained_by = max([now, *(training[d] for d in devices if d in training)])
+    return devices, min(trained_by + config.eval_timeout_s, now + messages.MAX_TASK_SECONDS)
 
 
 @dataclass

@@ -14,7 +14,7 @@ from fedspeech.coordinator import device_tasks, grouped_training, method_needs, 
 from fedspeech.coordinator.aggregate import rebased, server_momentum, without_breakers
 from fedspeech.coordinator.chains import Chain
 from fedspeech.coordinator.errors import BadUpload, NotWanted
-from fedspeech.coordinator.evaluation_phase import EvaluationPhase, evaluates, evaluators
+from fedspeech.coordinator.evaluation_phase import EvaluationPhase, evaluates, evaluation_plan
 from fedspeech.coordinator.late_updates import LateUpdates
 from fedspeech.coordinator.open_round import OpenRound
 from fedspeech.coordinator.ports import DeviceLink, ModelOps
@@ -25,7 +25,7 @@ from fedspeech.coordinator.store import RoundRecord, StateWriteError, Store
 from fedspeech.coordinator.strategies import Result, RoundPlan, make_strategy
 from fedspeech.coordinator.update_check import answered_task, check_update, reported_samples
 from fedspeech.models import depth_of
-from fedspeech.protocol import messages, weights
+from fedspeech.protocol import weights
 from fedspeech.protocol.messages import BlobRef, ModelSpec, Profile, Task
 from fedspeech.protocol.weights import Arrays, WeightsError
 
@@ -366,24 +366,15 @@ class Orchestrator:
         return {**{name: self._current[name] for name in self._local_names}, **shared}
 
     def _evaluate_on_devices(self, record: RoundRecord, stop: threading.Event) -> None:
-        """Ask online devices to evaluate the round's model on their test splits; store what they report.
-
-        A device still training for an earlier round evaluates only the last round's model, once its
-        training is done: waiting for it sooner would hold up the rounds a buffered method runs without it.
-        """
-        round, config = record.round, self.config
+        """Ask online devices to evaluate the round's model on their test splits; store what they report."""
         registered = self.store.registered()
+        online = [d for d in self.link.online() if d in registered]
         with self._lock:
             training = {d: task.deadline for d, task in self._late.carried.items()}
-        last = round == config.rounds
-        online = [d for d in self.link.online() if d in registered and (last or d not in training)]
-        devices = evaluators(online, config.eval_devices, config.seed, round)
-        now = time.time()
-        trained_by = max([now, *(training[d] for d in devices if d in training)])
-        deadline = min(trained_by + config.eval_timeout_s, now + messages.MAX_TASK_SECONDS)
-        evaluate = device_tasks.evaluation(round, self.strategy.personal)
-        tasks = self._tasks(round, deadline, dict.fromkeys(devices, evaluate))
-        self.evaluation.run(round, tasks, deadline, stop)
+        devices, deadline = evaluation_plan(self.config, record.round, online, training, time.time())
+        evaluate = device_tasks.evaluation(record.round, self.strategy.personal)
+        tasks = self._tasks(record.round, deadline, dict.fromkeys(devices, evaluate))
+        self.evaluation.run(record.round, tasks, deadline, stop)
 
     def _tasks(self, round: int, deadline: float, work: Mapping[str, Mapping[str, Any]]) -> dict[str, Task]:
         """One task per device on the latest global model, with that device's work."""

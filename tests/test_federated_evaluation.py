@@ -7,7 +7,8 @@ import pytest
 from conftest import one_round_coordinator, wait_for
 
 from fedspeech.coordinator.evaluation import combine
-from fedspeech.coordinator.evaluation_phase import evaluates, evaluators
+from fedspeech.coordinator.evaluation_phase import evaluates, evaluation_plan, evaluators
+from fedspeech.coordinator.round_config import RoundConfig
 from fedspeech.models import metrics
 from fedspeech.protocol import messages, weights
 from fedspeech.protocol.messages import Credentials, EvaluationReport, Profile, Registration
@@ -62,6 +63,15 @@ def test_which_rounds_are_evaluated_and_by_whom():
     assert len(two) == 2 and set(two) <= set(online) and two == sorted(two)
     assert two == evaluators(online, 2, seed=0, round=1), "the same draw for the same seed and round"
     assert len({tuple(evaluators(online, 2, 0, r)) for r in range(1, 20)}) > 1, "a new draw each round"
+
+
+def test_a_device_still_training_evaluates_only_the_last_round_after_its_training():
+    config = RoundConfig(rounds=5, eval_timeout_s=60.0)
+    training = {"slow": 1000.0}  # its task's deadline
+    assert evaluation_plan(config, 4, ["fast", "slow"], training, now=900.0) == (["fast"], 960.0)
+    assert evaluation_plan(config, 5, ["fast", "slow"], training, now=900.0) == (["fast", "slow"], 1060.0)
+    far = {"slow": 900.0 + messages.MAX_TASK_SECONDS}
+    assert evaluation_plan(config, 5, ["slow"], far, now=900.0)[1] == 900.0 + messages.MAX_TASK_SECONDS
 
 
 def test_bad_reports_are_rejected_and_a_good_one_is_pooled(coordinator, caplog):
