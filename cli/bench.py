@@ -268,7 +268,7 @@ def arm_rounds(cfg: BenchConfig, corpus: str, arm: Arm) -> int:
     """
     settings = {**cfg.corpus_settings.get(corpus, {}), **arm.settings}
     k = int(settings.get("K", 1))
-    if not STRATEGIES[settings.get("STRATEGY", "fedavg")](k, 1).buffered:
+    if STRATEGIES[settings.get("STRATEGY", "fedavg")](k, 1).mode != "buffered":
         return cfg.rounds
     devices = sum(len(spec.device_ids) for spec in _arm_fleet(cfg, corpus, arm)) + len(arm.attacks)
     return math.ceil(cfg.rounds * devices / min(k, devices))

@@ -63,9 +63,9 @@ ARMS: dict[str, dict[str, Any]] = {
     "fedbn": {"STRATEGY": "fedbn", "MODEL": "cnn_bn"},
     "fedavg-bn": {"STRATEGY": "fedavg", "MODEL": "cnn_bn"},  # what FedBN is measured against
     "quality": {"STRATEGY": "quality"},
-    "grouped-1": {"STRATEGY": "grouped", "GROUPS": 1},
-    "grouped-2": {"STRATEGY": "grouped", "GROUPS": 2},
-    "grouped-N": {"STRATEGY": "grouped", "GROUPS": 0},  # one group per device
+    "grouped-1": {"STRATEGY": "grouped", "STRATEGY_OPTIONS": {"groups": 1}},
+    "grouped-2": {"STRATEGY": "grouped", "STRATEGY_OPTIONS": {"groups": 2}},
+    "grouped-N": {"STRATEGY": "grouped", "STRATEGY_OPTIONS": {"groups": 0}},  # one group per device
     "class_prior": {"STRATEGY": "class_prior"},
     "mkd": {"STRATEGY": "mkd"},
 }

@@ -74,6 +74,7 @@ def run(args: argparse.Namespace) -> None:
         "FINAL_LR_FRACTION": args.final_lr_fraction,
         "SERVER_MOMENTUM": args.server_momentum,
         "STRATEGY": args.strategy,
+        "STRATEGY_OPTIONS": _strategy_options(args.strategy_opt),
         "K": args.k,
         "MODEL": args.model,
         "MODEL_DEPTH": args.depth,
@@ -81,15 +82,9 @@ def run(args: argparse.Namespace) -> None:
         "DEPTH_STAGES": args.depth_stages,
         "NEW_BLOCKS": args.new_blocks,
         "PRECISION": args.precision,
-        "GROUPS": args.groups,
         "VALIDATION_DATA": args.validation_data,
-        "QUALITY_TEMPERATURE": args.quality_temperature,
-        "QUALITY_BY_SAMPLES": args.quality_by_samples or None,
-        "PRIOR_WEIGHT": args.prior_weight,
         "SERVER_DATA": args.server_data,
         "SHARED_VALIDATION": args.shared_validation,
-        "DISTILL_WEIGHT": args.distill_weight,
-        "DISTILL_TEMPERATURE": args.distill_temperature,
     }
     options = {k: v for k, v in config.items() if v is not None}
     _check_before_start(_settings(options), args)  # one line before anything starts or logs
@@ -133,6 +128,24 @@ def _settings(options: Mapping[str, Any]) -> Mapping[str, Any]:
     return settings
 
 
+def _strategy_options(texts: list[str] | None) -> dict[str, str] | None:
+    """--strategy-opt name=value, each once, as a mapping; None when none is given."""
+    from fedspeech.coordinator.strategies.params import split_option
+
+    if not texts:
+        return None
+    options: dict[str, str] = {}
+    for text in texts:
+        try:
+            name, value = split_option(text)
+        except ValueError as exc:
+            raise SystemExit(f"fedspeech coordinator: --strategy-opt: {exc}") from None
+        if name in options:
+            raise SystemExit(f"fedspeech coordinator: --strategy-opt {name} given twice")
+        options[name] = value
+    return options
+
+
 def _check_paths(args: argparse.Namespace) -> None:
     """SystemExit with one line for a file or folder option that names nothing."""
     for option, path in (("--tls-cert", args.tls_cert), ("--tls-key", args.tls_key)):
@@ -153,17 +166,17 @@ def _check_before_start(settings: Mapping[str, Any], args: argparse.Namespace) -
 
     The user's own files and names are checked first, then the machine's ports.
     """
-    from fedspeech.coordinator.strategies import STRATEGIES
+    from fedspeech.coordinator.strategies import strategy_params
     from fedspeech.models.tasks import TaskFileError, load_task
 
     try:
         load_task(settings["TASK"])
     except TaskFileError as exc:
         raise SystemExit(f"fedspeech coordinator: {exc}") from None
-    if settings["STRATEGY"] not in STRATEGIES:
-        known = ", ".join(STRATEGIES)
-        name = settings["STRATEGY"]
-        raise SystemExit(f"fedspeech coordinator: unknown strategy {name!r}, expected one of {known}")
+    try:
+        strategy_params(settings["STRATEGY"], settings["STRATEGY_OPTIONS"])
+    except ValueError as exc:
+        raise SystemExit(f"fedspeech coordinator: {exc}") from None
     if not settings["BROKER_URL"]:
         host, broker_port = settings["EMBEDDED_BROKER_HOST"], int(settings["EMBEDDED_BROKER_PORT"])
         try:
@@ -273,10 +286,14 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         choices=PRECISIONS,
         help="of the weights devices download and upload (default float32); float16 halves the bytes",
     )
-    methods = c.add_argument_group("the methods' settings")
-    methods.add_argument(
-        "--groups", type=at_least(0), help="grouped: groups trained side by side (default 0: one per device)"
+    c.add_argument(
+        "--strategy-opt",
+        action="append",
+        metavar="NAME=VALUE",
+        help="one of the strategy's own settings, e.g. --strategy fedprox --strategy-opt mu=0.1 "
+        "(README: Strategies lists each strategy's settings); repeat for several",
     )
+    methods = c.add_argument_group("the coordinator's own clips, for the methods that use them")
     methods.add_argument(
         "--validation-data", help="quality: score each update on a folder DIR/<label>/* of clips"
     )
@@ -287,21 +304,6 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         help="quality: also take up to N clips from each device that opts in (default 0: none)",
     )
     methods.add_argument(
-        "--quality-temperature", type=float, help="quality: weights softmax(score / T) (default 0.1)"
-    )
-    methods.add_argument(
-        "--quality-by-samples", action="store_true", help="quality: weights also times samples"
-    )
-    methods.add_argument(
-        "--prior-weight", type=float, help="class_prior: the regulariser's lambda (default 1)"
-    )
-    methods.add_argument(
         "--server-data", help="mkd: the server model's clips, DIR/<label>/* or unlabelled in DIR"
-    )
-    methods.add_argument(
-        "--distill-weight", type=float, help="mkd: the devices' distillation term (default 1)"
-    )
-    methods.add_argument(
-        "--distill-temperature", type=float, help="mkd: soft labels' temperature (default 2)"
     )
     c.set_defaults(run=run)

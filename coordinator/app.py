@@ -74,7 +74,7 @@ DEFAULTS: dict[str, Any] = {
     "MODEL": None,  # an architecture in fedspeech.models.MODELS; None: the task's default
     "MODEL_DEPTH": None,  # a transformer's full-grown depth, None for models.MAX_DEPTH
     # every RoundConfig field, upper-cased: ROUNDS, MIN_DEVICES, ..., STRATEGY, K, DEPTH_SCHEDULE:
-    **{f.name.upper(): f.default for f in fields(RoundConfig)},
+    **{f.name.upper(): getattr(RoundConfig(), f.name) for f in fields(RoundConfig)},
 }
 
 

@@ -21,6 +21,7 @@ from fedspeech.coordinator.ports import DeviceLink, ModelOps
 from fedspeech.coordinator.round_config import RoundConfig
 from fedspeech.coordinator.round_storage import RoundTally
 from fedspeech.coordinator.scheduling import depth_for_round, learning_rate_for_round
+from fedspeech.coordinator.server_side import CoordinatorClips
 from fedspeech.coordinator.store import RoundRecord, StateWriteError, Store
 from fedspeech.coordinator.strategies import Result, RoundPlan, make_strategy
 from fedspeech.coordinator.update_check import answered_task, check_update, reported_samples
@@ -41,12 +42,12 @@ class Orchestrator:
     def __init__(self, config: RoundConfig, store: Store, link: DeviceLink, model: ModelOps) -> None:
         self.config, self.store, self.link, self.model = config, store, link, model
         self._lock = threading.Condition()
-        self.strategy = make_strategy(config.strategy, config.k, config.epochs, config.method_settings())
+        self.strategy = make_strategy(config.strategy, config.k, config.epochs, config.strategy_options)
         self._local_names = method_needs.local_names(self.strategy, model)  # ValueError if unmet
         self._open: OpenRound | None = None
         self._late = LateUpdates()  # a buffered method's tasks past their round, and their updates
-        self._server: Arrays | None = None  # mutual distillation's server model, once trained
-        self._teacher: BlobRef | None = None  # where devices download it
+        self._teacher: BlobRef | None = None  # where devices download a strategy's second model
+        self._clips = CoordinatorClips(model, config, self._full)
         self._velocity: Arrays | None = None  # server momentum's last step (a restart starts it again)
         self.evaluation = EvaluationPhase(store, link, model.spec.num_classes, config.eval_min_reports)
         self.settled_round = -1  # the last round whose model is stored and, where asked for, evaluated
@@ -85,7 +86,7 @@ class Orchestrator:
             raise BadUpload(str(exc)) from None
         with self._lock:
             open_, global_ = self._open, self._global
-            task = answered_task(open_, self._late, round, device_id, meta, self.strategy.buffered)
+            task = answered_task(open_, self._late, round, device_id, meta, self.strategy.mode == "buffered")
         if global_ is None:
             raise NotWanted("the coordinator has no global model yet")
         reference = self._shared(global_)
@@ -151,9 +152,9 @@ class Orchestrator:
             data = self.store.model_path(latest.round, "weights").read_bytes()
             self._global = weights.decode(data)[0]
             teacher = self.store.model_path(latest.round, "teacher")
-            if self.strategy.distils and teacher.exists():
+            if teacher.exists():
                 blob = teacher.read_bytes()
-                self._server = weights.decode(blob)[0]
+                self.strategy.restore(weights.decode(blob)[0])
                 self._teacher = round_storage.teacher_address(latest.round, blob)
             log.info("resuming after round %d", latest.round)
             self.link.announce(round_storage.announcement(self.store, self.model, latest, self._global))
@@ -194,7 +195,9 @@ class Orchestrator:
             )  # fmt: skip
             self.strategy.on_round_end(round, plan, on_time, missed, [])
             return None
-        results = self._scored(round, sorted(results, key=lambda r: r.device_id))
+        results = self.strategy.before_aggregate(
+            round, sorted(results, key=lambda r: r.device_id), self._clips
+        )
         aggregated = self._aggregate(round, results)
         if aggregated is None:
             self.strategy.on_round_end(round, plan, on_time, missed, [])
@@ -211,7 +214,7 @@ class Orchestrator:
         records = sorted(
             (r for _, r in open_.updates.values() if r.device_id in kept_ids), key=lambda r: r.device_id
         )
-        teacher = self._distil(round, new)
+        teacher = self.strategy.after_aggregate(round, new, self._clips)
         missing, online = set(open_.tasks) - set(open_.updates), set(self.link.online())
         tally = RoundTally(
             started, devices=len(plan.work), updates=records, bytes_up=open_.bytes_up,
@@ -244,7 +247,7 @@ class Orchestrator:
             while not stop.is_set() and time.time() < deadline and not self._all_in(self._open):
                 self._lock.wait(timeout=0.25)
             open_, self._open = self._open, None
-            if self.strategy.buffered:  # who has not answered trains on; its update counts later
+            if self.strategy.mode == "buffered":  # who has not answered trains on; its update counts later
                 self._late.carry(open_)
             done = (open_.tasks.keys() | open_.updates.keys()) - self._late.carried.keys()
         for device in sorted(done):
@@ -313,31 +316,6 @@ class Orchestrator:
         with self._lock:
             grouped_training.count_relay_download(self._open, round, step, device_id)
         return self.store.relay_path(round, step)
-
-    def _scored(self, round: int, results: list[Result]) -> list[Result]:
-        """The results with their validation scores, where the strategy weighs by them."""
-        if not self.strategy.scored:
-            return results
-        scored = [replace(r, score=self.model.score(self._full(r.arrays))) for r in results]
-        scores = ", ".join(f"{r.device_id} {r.score:.4f}" for r in scored if r.score is not None)
-        log.info("round %d: validation scores %s", round, scores)
-        return scored
-
-    def _distil(self, round: int, new: Arrays) -> Arrays | None:
-        """Mutual distillation's server model, trained on the server's data taught by the new global model."""
-        if not self.strategy.distils:
-            return None
-        student = self._server if self._server is not None and self._server.keys() == new.keys() else new
-        self._server = self.model.distil(
-            student,
-            new,
-            epochs=self.config.epochs,
-            batch_size=self.config.batch_size,
-            learning_rate=self._learning_rate(round),
-            temperature=self.config.distill_temperature,
-            seed=self.config.seed * 100_003 + round,
-        )
-        return self._server
 
     def _aggregate(self, round: int, results: Sequence[Result]) -> tuple[Arrays, list[Result]] | None:
         """The strategy's new global weights and the results in them; None if no result can be aggregated.
@@ -409,7 +387,7 @@ class Orchestrator:
         while not stop.is_set():
             registered = self.store.registered()
             ready = [d for d in self.link.online() if d in registered]
-            if len(ready) >= self.config.min_devices:
+            if len(ready) >= max(self.config.min_devices, self.strategy.needs.min_devices):
                 return ready
             stop.wait(0.25)
         return []
@@ -426,7 +404,7 @@ class Orchestrator:
         return record
 
     def _learning_rate(self, round: int) -> float:
-        """The devices' learning rate in a round, on the schedule from LEARNING_RATE."""
+        """The devices' learning rate in a round, on the configured schedule."""
         c = self.config
         return learning_rate_for_round(round, c.rounds, c.learning_rate, c.final_lr_fraction)
 

@@ -1,8 +1,10 @@
 """How rounds run: the coordinator's settings for its round loop, each bounded as a task is."""
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
 
-from fedspeech.coordinator.strategies import MethodSettings
+from fedspeech.coordinator.strategies import strategy_params
 from fedspeech.models.architectures import NEW_BLOCKS
 from fedspeech.protocol import messages
 from fedspeech.protocol.weights import PRECISIONS, Precision
@@ -40,13 +42,8 @@ class RoundConfig:
     eval_min_reports: int = 1  # fewer reports than this give no federated scores
     # an update counts for at most the samples its device reported, and at most this many
     max_device_samples: int = 100_000
-    # the methods' settings (strategies.MethodSettings): grouped, quality, class_prior and mkd
-    groups: int = 0
-    quality_temperature: float = 0.1
-    quality_by_samples: bool = False
-    prior_weight: float = 1.0
-    distill_weight: float = 1.0
-    distill_temperature: float = 2.0
+    # the strategy's own settings, name -> value (text or number), checked against its Params
+    strategy_options: Mapping[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         bounds = [
@@ -68,15 +65,4 @@ class RoundConfig:
             raise ValueError(f"precision must be one of {', '.join(PRECISIONS)}, got {self.precision!r}")
         if self.new_blocks not in NEW_BLOCKS:
             raise ValueError(f"new_blocks must be one of {', '.join(NEW_BLOCKS)}, got {self.new_blocks!r}")
-        self.method_settings()  # refuses settings out of range
-
-    def method_settings(self) -> MethodSettings:
-        """The settings the strategies read."""
-        return MethodSettings(
-            self.groups,
-            self.quality_temperature,
-            self.quality_by_samples,
-            self.prior_weight,
-            self.distill_weight,
-            self.distill_temperature,
-        )
+        strategy_params(self.strategy, self.strategy_options)  # refuses a bad name or setting

@@ -127,7 +127,7 @@ def test_arms_get_their_folders_and_fedbn_its_personal_evaluation(tmp_path):
     assert "EVAL_CORPUS" not in arm_for("fedbn", within).settings, "the global model is scored as well"
     assert arm_for("fedbn", within).settings["EVAL_EVERY"] == 1
     assert arm_for("fedbn", held).settings == {"STRATEGY": "fedbn", "MODEL": "cnn_bn"}
-    assert arm_for("grouped-N", held).settings == {"STRATEGY": "grouped", "GROUPS": 0}
+    assert arm_for("grouped-N", held).settings == {"STRATEGY": "grouped", "STRATEGY_OPTIONS": {"groups": 0}}
 
 
 def test_unknown_arms_and_unregistered_strategies_fail_at_config_time(monkeypatch, tmp_path):

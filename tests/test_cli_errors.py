@@ -224,6 +224,21 @@ def _cases(tmp: Path, busy: int, broker: str, nothing: str) -> dict[str, tuple[l
             "coordinator",
             ["'fedbest'", "fedavg"],
         ),
+        "coordinator setting out of bounds": (
+            [*coordinator, "--strategy", "fedprox", "--strategy-opt", "mu=-1"],
+            "coordinator",
+            ["strategy fedprox", "mu must be between 0 and 100"],
+        ),
+        "coordinator setting the strategy lacks": (
+            [*coordinator, "--strategy", "trimmed_mean", "--strategy-opt", "mu=1"],
+            "coordinator",
+            ["strategy trimmed_mean", "unknown setting 'mu'", "its settings: trim"],
+        ),
+        "coordinator setting that is no name=value": (
+            [*coordinator, "--strategy", "fedprox", "--strategy-opt", "mu"],
+            "coordinator",
+            ["--strategy-opt", "name=value"],
+        ),
         "coordinator HTTP port taken": (
             [*coordinator[:-1], str(busy)],
             "coordinator",

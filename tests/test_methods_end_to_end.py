@@ -103,7 +103,7 @@ def test_quality_on_clips_devices_chose_to_share(tmp_path, processes, mosquitto_
 
 @pytest.mark.parametrize("groups", [1])
 def test_grouped_sequential_relays_the_model(tmp_path, processes, mosquitto_url, topic_root, caplog, groups):
-    config = {"STRATEGY": "grouped", "GROUPS": groups}
+    config = {"STRATEGY": "grouped", "STRATEGY_OPTIONS": {"groups": groups}}
     _run(tmp_path, processes, mosquitto_url, topic_root, config, caplog)
     assert caplog.text.count("trains from the update of") == ROUNDS, "the second device of each round"
 

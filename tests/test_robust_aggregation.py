@@ -126,7 +126,7 @@ def test_bad_trim_is_refused(trim):
     with pytest.raises(ValueError):
         trimmed_mean(HONEST, trim)
     with pytest.raises(ValueError):
-        FedTrimmedMean(2, 1, trim=trim)
+        FedTrimmedMean.Params(trim=trim)
 
 
 def test_bad_arguments_are_refused():

@@ -1,6 +1,8 @@
 """Strategies and their maths (selection, scheduling, aggregation) on hand-computed cases, no network."""
 
+import dataclasses
 from dataclasses import replace
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -15,7 +17,15 @@ from fedspeech.coordinator.selection import (
     select_top_k,
     update_penalties,
 )
-from fedspeech.coordinator.strategies import STRATEGIES, Result, RoundPlan, Strategy, Work, make_strategy
+from fedspeech.coordinator.strategies import (
+    STRATEGIES,
+    Result,
+    RoundPlan,
+    Strategy,
+    Work,
+    make_strategy,
+    strategy_class,
+)
 from fedspeech.coordinator.strategies.ca2fl import CACHE_ROUNDS
 from fedspeech.protocol.messages import Profile
 
@@ -327,7 +337,7 @@ def test_registry():
     }
     assert all(make_strategy(name, 3, 2).name == name for name in STRATEGIES)
     hw = make_strategy("hardware", 3, 2)
-    assert (hw.top_k, hw.adaptive, hw.weighted, hw.max_staleness) == (True, True, True, 5)
+    assert (hw.top_k, hw.adaptive, hw.weighted, hw.params.max_staleness) == (True, True, True, 5)
     assert isinstance(hw, Strategy)
     with pytest.raises(ValueError, match="unknown strategy 'best'"):
         make_strategy("best", 3, 2)
@@ -347,9 +357,12 @@ ALL = ["d0", "d1", "d2", "d3", "d4"]
 
 
 def strategy(name: str, k: int = 2, **changes) -> Strategy:
-    made = make_strategy(name, k, 4)
+    """A strategy with its settings (Params fields) and any other attribute changed."""
+    settings = {f.name for f in dataclasses.fields(strategy_class(name).Params)}
+    made = make_strategy(name, k, 4, {key: v for key, v in changes.items() if key in settings})
     for key, value in changes.items():
-        setattr(made, key, value)
+        if key not in settings:
+            setattr(made, key, value)
     return made
 
 
@@ -427,13 +440,13 @@ def test_plan_refuses_bad_arguments():
         plan("fedavg", k=0)
     with pytest.raises(ValueError):
         make_strategy("fedavg", 2, 0)
-    with pytest.raises(ValueError):
-        STRATEGIES["hardware"](2, 4, explore=1.5)
+    with pytest.raises(ValueError, match="explore must be between 0 and 1"):
+        make_strategy("hardware", 2, 4, {"explore": 1.5})
 
 
 def test_stale_devices_are_required_on_top_of_the_first_k():
     hardware = strategy("hardware", explore=0.0)
-    assert hardware.max_staleness == 5
+    assert hardware.params.max_staleness == 5
 
     def stale_plan(staleness: dict[str, int], round: int = 20) -> RoundPlan:
         hardware.last_aggregated = {d: round - staleness.get(d, 0) for d in POOL}
@@ -445,6 +458,20 @@ def test_stale_devices_are_required_on_top_of_the_first_k():
     # d3 (5 rounds) is waited for; d1, stale too, is among the best K anyway; d4 (4 rounds) is not asked
     assert stale.selected == ["d0", "d1", "d2", "d3"] and stale.required == ["d3"] and stale.needed == 2
     assert stale.work["d3"].epochs == 1  # 4 * .2875 / 1.0 = 1.15
-    hardware.max_staleness = 0
+    hardware.params = replace(hardware.params, max_staleness=0)
     off = stale_plan({"d4": 99})
     assert off.required == [] and "d4" not in off.selected
+
+
+def test_every_setting_is_bounded_and_documented():
+    """Each strategy's Params field has bounds or is a yes/no, and the README's settings table gives it."""
+    readme = (Path(__file__).parents[1] / "README.md").read_text()
+    rows = [line for line in readme.splitlines() if line.startswith("| `")]
+    for name in STRATEGIES:
+        params = strategy_class(name).Params
+        for f in dataclasses.fields(params):
+            assert f.type in (bool, "bool") or {"low", "high"} <= f.metadata.keys(), (name, f.name)
+            row = [r for r in rows if f"`{name}`" in r.split("|")[1] and f"`{f.name}=" in r]
+            assert row, f"README: no settings row gives {name}'s {f.name}"
+            default = str(f.default).lower() if isinstance(f.default, bool) else f"{f.default:g}"
+            assert f"`{f.name}={default}`" in row[0], (name, f.name, default)

@@ -1,9 +1,10 @@
 """Strategies, one file each behind the round hooks of `base.Strategy`, and the registry that names them."""
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from functools import partial
+from typing import Any
 
-from fedspeech.coordinator.strategies.base import MethodSettings, Result, RoundPlan, Strategy, Work
+from fedspeech.coordinator.strategies.base import Needs, Result, RoundPlan, ServerSide, Strategy, Work
 from fedspeech.coordinator.strategies.ca2fl import CachedCalibration
 from fedspeech.coordinator.strategies.class_prior import ClassPrior
 from fedspeech.coordinator.strategies.clipped import NormClipped
@@ -17,15 +18,17 @@ from fedspeech.coordinator.strategies.grouped import GroupedSequential
 from fedspeech.coordinator.strategies.hardware import HardwareAware
 from fedspeech.coordinator.strategies.median import FedMedian
 from fedspeech.coordinator.strategies.mkd import MutualDistillation
+from fedspeech.coordinator.strategies.params import StrategyParams, parse
 from fedspeech.coordinator.strategies.quality import QualityWeighted
 from fedspeech.coordinator.strategies.random_k import RandomK
 from fedspeech.coordinator.strategies.silobn import SiloBN
 from fedspeech.coordinator.strategies.time_budget import TimeBudget
 from fedspeech.coordinator.strategies.trimmed_mean import FedTrimmedMean
 
-# name -> a factory taking (k, epochs): k devices aggregated per round where a strategy selects,
-# epochs the local epochs of a round (the most capable device's, where epochs adapt)
-STRATEGIES: dict[str, Callable[[int, int], Strategy]] = {
+# name -> a strategy class, or one with some of its constructor's arguments fixed; it is called with
+# (k, epochs, params): k devices aggregated per round where a strategy selects, epochs the local epochs of
+# a round (the most capable device's, where epochs adapt), params its Params
+STRATEGIES: dict[str, Callable[..., Strategy]] = {
     "fedavg": FedAvg,
     "fedprox": FedProx,
     "random_k": RandomK,
@@ -59,13 +62,39 @@ STRATEGIES: dict[str, Callable[[int, int], Strategy]] = {
 }
 
 
-def make_strategy(name: str, k: int, epochs: int, settings: MethodSettings | None = None) -> Strategy:
-    """A fresh strategy by name with the methods' settings; ValueError naming the known ones for any other."""
+def strategy_class(name: str) -> type[Strategy]:
+    """The class behind a registered name; ValueError naming the known ones for any other."""
     if name not in STRATEGIES:
         raise ValueError(f"unknown strategy {name!r}, expected one of {', '.join(STRATEGIES)}")
-    strategy = STRATEGIES[name](k, epochs)
-    strategy.settings = settings or MethodSettings()
-    return strategy
+    factory = STRATEGIES[name]
+    return factory.func if isinstance(factory, partial) else factory  # type: ignore[return-value]
 
 
-__all__ = ["STRATEGIES", "MethodSettings", "Result", "RoundPlan", "Strategy", "Work", "make_strategy"]
+def strategy_params(name: str, options: Mapping[str, Any] | None = None) -> StrategyParams:
+    """A strategy's Params from name=value options; ValueError with one line naming the strategy."""
+    cls = strategy_class(name)
+    try:
+        return parse(cls.Params, options or {})
+    except ValueError as exc:
+        raise ValueError(f"strategy {name}: {exc}") from None
+
+
+def make_strategy(name: str, k: int, epochs: int, options: Mapping[str, Any] | None = None) -> Strategy:
+    """A fresh strategy by name with its settings from options; ValueError for a bad name or setting."""
+    params = strategy_params(name, options)  # first: it refuses an unknown name
+    return STRATEGIES[name](k, epochs, params)
+
+
+__all__ = [
+    "STRATEGIES",
+    "Needs",
+    "Result",
+    "RoundPlan",
+    "ServerSide",
+    "Strategy",
+    "StrategyParams",
+    "Work",
+    "make_strategy",
+    "strategy_class",
+    "strategy_params",
+]

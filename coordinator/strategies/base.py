@@ -1,24 +1,28 @@
 """The round hooks every strategy implements, and what passes through them.
 
-A strategy decides who trains each round and with what settings (`configure_round`), combines the
-accepted updates and the global model they started from into the new global model (`aggregate`) and
-keeps whatever it needs across rounds (`on_round_end`). The orchestrator calls only these hooks and
-knows no strategy by name. What a method needs of the orchestrator beyond them it says in four flags:
-`personal` (the task settings with which each device trains and evaluates a model of its own, such as
-FedBN's normalisation layers that stay on the devices), `scored` (each update scored on the
-coordinator's validation set), `distils` (a server model trained after each round, sent as teacher)
-and `buffered` (a device still training when its round closes goes on, and its update counts in a
-later round).
+A strategy decides who trains each round and with what settings (`configure_round`), may prepare the
+accepted updates (`before_aggregate`: scored on the coordinator's validation set), combines them and the
+global model they started from into the new global model (`aggregate`), may train a model of its own
+from it (`after_aggregate`: a teacher sent with the next tasks) and keeps whatever it needs across rounds
+(`on_round_end`). The orchestrator calls only these hooks and knows no strategy by name.
+
+Beside its hooks a strategy declares its settings (`Params`, a frozen dataclass with bounds), what it
+`needs` (batch normalisation, a validation set, server data, a minimum of results) and its round `mode`:
+parallel (every selected device trains from the global model), buffered (a device still training when
+its round closes goes on, and its update counts in a later round) or chained (groups of devices train one
+after another). `personal` holds the task settings with which each device trains and evaluates a model of
+its own (FedBN's normalisation layers that stay on the devices, SiloBN's statistics).
 """
 
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence, Set
 from dataclasses import dataclass, field
-from typing import ClassVar
+from typing import ClassVar, Literal, Protocol
 
 import numpy as np
 
 from fedspeech.coordinator.aggregate import fedavg
+from fedspeech.coordinator.strategies.params import StrategyParams
 from fedspeech.protocol.messages import Profile
 from fedspeech.protocol.weights import Arrays
 
@@ -66,56 +70,66 @@ class Result:
     staleness: int = 0
 
 
+Mode = Literal["parallel", "buffered", "chained"]
+
+
 @dataclass(frozen=True)
-class MethodSettings:
-    """The settings of the methods that have some; each strategy reads its own."""
+class Needs:
+    """What a strategy needs beyond devices that train: checked before a run starts."""
 
-    groups: int = 0  # grouped sequential training: groups of a round; 0: one per device (FedAvg)
-    quality_temperature: float = 0.1  # quality-weighted aggregation: softmax(score / temperature)
-    quality_by_samples: bool = False  # ... times each update's samples
-    prior_weight: float = 1.0  # the class-distribution regulariser's lambda
-    distill_weight: float = 1.0  # mutual knowledge distillation: the distillation term's weight
-    distill_temperature: float = 2.0  # ... and its temperature
+    batch_norm: bool = False  # a model with batch normalisation (FedBN, SiloBN)
+    validation: bool = False  # a validation set on the coordinator, to score each update
+    server_data: bool = False  # clips of the coordinator's own, to train a server model on
+    min_devices: int = 1  # results a round must have for the aggregation to mean anything
 
-    def __post_init__(self) -> None:
-        if self.groups < 0:
-            raise ValueError("groups must not be negative")
-        positive = (
-            ("quality_temperature", self.quality_temperature),
-            ("distill_temperature", self.distill_temperature),
-        )
-        for name, value in positive:
-            if not 0.01 <= value <= 100:
-                raise ValueError(f"{name} must be between 0.01 and 100, got {value}")
-        for name, value in ("prior_weight", self.prior_weight), ("distill_weight", self.distill_weight):
-            if not 0 <= value <= 100:
-                raise ValueError(f"{name} must be between 0 and 100, got {value}")
+
+class ServerSide(Protocol):
+    """What the coordinator's own data does for a strategy that asks for it (see Needs)."""
+
+    def score(self, arrays: Arrays) -> float | None:
+        """An update's accuracy on the validation set; None while there are no clips."""
+
+    def distil(self, student: Arrays, teacher: Arrays, temperature: float, round: int) -> Arrays:
+        """The student trained on the server's clips towards the teacher's soft labels."""
 
 
 class Strategy(ABC):
     """Chooses each round's devices and settings and combines their updates; may keep state across rounds."""
 
     name = ""
+    Params: type[StrategyParams] = StrategyParams  # a strategy with settings declares its own
+    needs = Needs()
+    mode: Mode = "parallel"  # buffered: devices that miss a round train on and count later; chained: groups
     # the task settings that have a device train and evaluate with normalisation of its own: FedBN's
     # local_norm (the layers stay on the device, uploads hold the other arrays), SiloBN's local_statistics
     personal: ClassVar[Mapping[str, float]] = {}
-    scored = False  # the orchestrator fills each Result's score from its validation set
-    distils = False  # the orchestrator trains a server model after each round and sends it as teacher
-    buffered = False  # devices that miss a round train on, and their updates count in a later round
 
-    def __init__(self, k: int, epochs: int) -> None:
+    def __init__(self, k: int, epochs: int, params: StrategyParams | None = None) -> None:
         if k < 1 or epochs < 1:
             raise ValueError("k and epochs must be at least 1")
         self.k, self.epochs = k, epochs
-        self.settings = MethodSettings()  # make_strategy gives the configured ones
+        self.params = params if params is not None else self.Params()
+        if not isinstance(self.params, self.Params):
+            raise TypeError(f"{self.name} takes {self.Params.__qualname__}, got {type(self.params).__name__}")
 
     @abstractmethod
     def configure_round(self, round: int, pool: Mapping[str, Profile], rng: np.random.Generator) -> RoundPlan:
         """The plan of a round, given the devices available with their measured profiles."""
 
+    def before_aggregate(self, round: int, results: list[Result], server: ServerSide) -> list[Result]:
+        """The results as aggregate should see them, e.g. scored on the validation set: as they are."""
+        return results
+
     def aggregate(self, round: int, results: Sequence[Result], current: Arrays) -> Arrays:
         """The new global weights from the results and current, the model they started from: FedAvg."""
         return fedavg([r.arrays for r in results], [r.num_samples for r in results])
+
+    def after_aggregate(self, round: int, new: Arrays, server: ServerSide) -> Arrays | None:
+        """A model the devices download beside the global one (a teacher), or None: none."""
+        return None
+
+    def restore(self, teacher: Arrays) -> None:  # noqa: B027 - a hook: only a strategy with a teacher has state
+        """Take back the model after_aggregate last returned, after a restart."""
 
     def on_round_end(  # noqa: B027 - a hook: most strategies keep nothing across rounds
         self, round: int, plan: RoundPlan, on_time: Set[str], deadline_missed: bool, aggregated: Sequence[str]

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from fedspeech.coordinator.aggregate import cache_calibrated, change, stepped
 from fedspeech.coordinator.strategies.base import Result, RoundPlan
 from fedspeech.coordinator.strategies.fedbuff import FedBuff
+from fedspeech.coordinator.strategies.params import StrategyParams
 from fedspeech.protocol.weights import Arrays
 
 # a device silent this long stops moving the model (it may have left the fleet); several times the
@@ -36,8 +37,8 @@ class CachedCalibration(FedBuff):
 
     name = "ca2fl"
 
-    def __init__(self, k: int, epochs: int) -> None:
-        super().__init__(k, epochs)
+    def __init__(self, k: int, epochs: int, params: StrategyParams | None = None) -> None:
+        super().__init__(k, epochs, params)
         self.cache: dict[str, Cached] = {}
         self._offered: dict[str, Cached] = {}  # the changes of the open round's results
 

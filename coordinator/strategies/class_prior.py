@@ -8,12 +8,14 @@ which pulls a device that lacks some labels away from predicting only its own.
 """
 
 from collections.abc import Mapping, Sequence, Set
+from dataclasses import dataclass
 
 import numpy as np
 
 from fedspeech.coordinator.aggregate import population_distribution
 from fedspeech.coordinator.strategies.base import Result, RoundPlan, Work
 from fedspeech.coordinator.strategies.fedavg import FedAvg
+from fedspeech.coordinator.strategies.params import StrategyParams, setting
 from fedspeech.protocol.messages import Profile
 from fedspeech.protocol.weights import Arrays
 
@@ -23,15 +25,23 @@ class ClassPrior(FedAvg):
 
     name = "class_prior"
 
-    def __init__(self, k: int, epochs: int) -> None:
-        super().__init__(k, epochs)
+    @dataclass(frozen=True)
+    class Params(StrategyParams):
+        """The class-distribution regulariser's settings."""
+
+        weight: float = setting(1.0, 0.0, 100.0, "the regulariser's lambda")
+
+    params: Params
+
+    def __init__(self, k: int, epochs: int, params: StrategyParams | None = None) -> None:
+        super().__init__(k, epochs, params)
         self.prior: list[float] | None = None  # p, once devices have reported
         self._reports: dict[str, tuple[tuple[int, ...], int]] = {}  # this round's counts and samples
 
     def configure_round(self, round: int, pool: Mapping[str, Profile], rng: np.random.Generator) -> RoundPlan:
         """FedAvg's plan with lambda, and p once known, in every device's settings."""
         plan = super().configure_round(round, pool, rng)
-        config: dict[str, float | list[float]] = {"prior_weight": self.settings.prior_weight}
+        config: dict[str, float | list[float]] = {"prior_weight": self.params.weight}
         if self.prior is not None:
             config["class_prior"] = self.prior
         self._reports = {}

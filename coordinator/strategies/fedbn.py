@@ -8,6 +8,7 @@ microphone and room shift the features' statistics; local normalisation absorbs 
 from collections.abc import Mapping
 from typing import ClassVar
 
+from fedspeech.coordinator.strategies.base import Needs
 from fedspeech.coordinator.strategies.fedavg import FedAvg
 
 
@@ -15,4 +16,5 @@ class FedBN(FedAvg):
     """All devices, fixed epochs, the sample-weighted average of everything but normalisation layers."""
 
     name = "fedbn"
+    needs = Needs(batch_norm=True)
     personal: ClassVar[Mapping[str, float]] = {"local_norm": 1.0}

@@ -21,7 +21,7 @@ class FedBuff(Strategy):
     """Every idle device trains; a round closes on k results, the late ones among them discounted."""
 
     name = "fedbuff"
-    buffered = True
+    mode = "buffered"
 
     def configure_round(self, round: int, pool: Mapping[str, Profile], rng: np.random.Generator) -> RoundPlan:
         """Every device not still training for an earlier round, told the strategy's personal settings."""

@@ -9,6 +9,7 @@ which statistics a device runs with.
 from collections.abc import Mapping
 from typing import ClassVar
 
+from fedspeech.coordinator.strategies.base import Needs
 from fedspeech.coordinator.strategies.fedbuff import FedBuff
 
 
@@ -16,4 +17,5 @@ class FedBuffSiloBN(FedBuff):
     """Every idle device trains, a round closes on k results; each device runs with its own statistics."""
 
     name = "fedbuff_silobn"
+    needs = Needs(batch_norm=True)
     personal: ClassVar[Mapping[str, float]] = {"local_statistics": 1.0}

@@ -11,6 +11,7 @@ from collections.abc import Sequence, Set
 from fedspeech.coordinator.aggregate import staleness_fair
 from fedspeech.coordinator.strategies.base import Result, RoundPlan
 from fedspeech.coordinator.strategies.fedbuff import FedBuff
+from fedspeech.coordinator.strategies.params import StrategyParams
 from fedspeech.protocol.weights import Arrays
 
 
@@ -19,8 +20,8 @@ class FedStaleWeight(FedBuff):
 
     name = "fedstaleweight"
 
-    def __init__(self, k: int, epochs: int) -> None:
-        super().__init__(k, epochs)
+    def __init__(self, k: int, epochs: int, params: StrategyParams | None = None) -> None:
+        super().__init__(k, epochs, params)
         self.staleness_sum: dict[str, int] = {}  # over each device's updates that counted
         self.counted: dict[str, int] = {}
         self._offered: dict[str, int] = {}  # the staleness of the updates offered in the open round

@@ -8,11 +8,13 @@ skipped, and its group goes on from the last good model.
 """
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 
 import numpy as np
 
 from fedspeech.coordinator.strategies.base import RoundPlan
 from fedspeech.coordinator.strategies.fedavg import FedAvg
+from fedspeech.coordinator.strategies.params import StrategyParams, setting
 from fedspeech.protocol.messages import Profile
 
 
@@ -29,9 +31,18 @@ class GroupedSequential(FedAvg):
     """All devices, fixed epochs, trained in groups one after another; the groups' models averaged."""
 
     name = "grouped"
+    mode = "chained"
+
+    @dataclass(frozen=True)
+    class Params(StrategyParams):
+        """Grouped training's settings."""
+
+        groups: int = setting(0, 0, 10_000, "groups trained side by side (0: one per device, FedAvg)")
+
+    params: Params
 
     def configure_round(self, round: int, pool: Mapping[str, Profile], rng: np.random.Generator) -> RoundPlan:
         """FedAvg's devices dealt into groups, a new deal every round; one result per group is aggregated."""
         plan = super().configure_round(round, pool, rng)
-        groups = deal_groups(plan.selected, self.settings.groups, rng)
+        groups = deal_groups(plan.selected, self.params.groups, rng)
         return RoundPlan(plan.work, needed=len(groups), groups=groups)

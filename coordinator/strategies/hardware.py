@@ -8,6 +8,7 @@ aggregated for max_staleness rounds is asked and waited for, however slow.
 """
 
 from collections.abc import Mapping, Sequence, Set
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -22,6 +23,7 @@ from fedspeech.coordinator.selection import (
     update_penalties,
 )
 from fedspeech.coordinator.strategies.base import Result, RoundPlan, Strategy, Work
+from fedspeech.coordinator.strategies.params import StrategyParams, setting
 from fedspeech.protocol.messages import Profile
 from fedspeech.protocol.weights import Arrays
 
@@ -29,25 +31,34 @@ from fedspeech.protocol.weights import Arrays
 class HardwareAware(Strategy):
     """Top-K by hardware score, epochs scaled by score, aggregation by samples times score."""
 
+    @dataclass(frozen=True)
+    class Params(StrategyParams):
+        """The hardware-aware method's settings."""
+
+        over_select: float = setting(
+            1.3, 1.0, 10.0, "devices asked per result needed, so stragglers can be cut"
+        )
+        explore: float = setting(0.1, 0.0, 1.0, "chance that a slot goes to a random device")
+        max_staleness: int = setting(
+            5, 0, 1000, "rounds without an aggregated update before a device is waited for (0: never)"
+        )
+
+    params: Params
+
     def __init__(
         self,
         k: int,
         epochs: int,
+        params: StrategyParams | None = None,
         *,
         name: str = "hardware",
         top_k: bool = True,
         adaptive: bool = True,
         weighted: bool = True,
-        over_select: float = 1.3,  # devices asked per result needed, so stragglers can be cut
-        explore: float = 0.1,  # chance that a slot goes to a random device instead of the next best
-        max_staleness: int = 5,  # with top_k: rounds without an aggregated update before it is waited for
         weights: ScoreWeights = DEFAULT_WEIGHTS,
     ) -> None:
-        super().__init__(k, epochs)
-        if over_select < 1 or not 0 <= explore <= 1 or max_staleness < 0:
-            raise ValueError("need over_select >= 1, 0 <= explore <= 1 and max_staleness >= 0")
+        super().__init__(k, epochs, params)
         self.name, self.top_k, self.adaptive, self.weighted = name, top_k, adaptive, weighted
-        self.over_select, self.explore, self.max_staleness = over_select, explore, max_staleness
         self.weights = weights
         self.scores: dict[str, float] = {}  # S_i of the pool the last plan was made from
         self.penalties: dict[str, float] = {}  # deadline misses score a device down
@@ -64,11 +75,13 @@ class HardwareAware(Strategy):
         else:
             k = min(self.k, len(devices))
             selected = select_top_k(
-                self.scores, k, over_select=self.over_select, explore=self.explore, rng=rng
+                self.scores, k, over_select=self.params.over_select, explore=self.params.explore, rng=rng
             )
             needed = min(k, len(selected))
-            if self.max_staleness:
-                stale = [d for d in devices if round - self.last_aggregated.get(d, 0) >= self.max_staleness]
+            if self.params.max_staleness:
+                stale = [
+                    d for d in devices if round - self.last_aggregated.get(d, 0) >= self.params.max_staleness
+                ]
                 required = [d for d in stale if d not in selected[:needed]]
                 selected = [d for d in selected if d not in required] + required
                 needed = min(needed, len(selected) - len(required))

@@ -10,6 +10,7 @@ the exported global model is FedAvg's and runs on a device without clips of its 
 from collections.abc import Mapping
 from typing import ClassVar
 
+from fedspeech.coordinator.strategies.base import Needs
 from fedspeech.coordinator.strategies.fedavg import FedAvg
 
 
@@ -17,4 +18,5 @@ class SiloBN(FedAvg):
     """All devices, fixed epochs, FedAvg of everything; each device keeps and runs with its own statistics."""
 
     name = "silobn"
+    needs = Needs(batch_norm=True)
     personal: ClassVar[Mapping[str, float]] = {"local_statistics": 1.0}

@@ -14,6 +14,7 @@ import numpy as np
 from fedspeech.coordinator.aggregate import fedavg, fednova
 from fedspeech.coordinator.selection import select_all
 from fedspeech.coordinator.strategies.base import Result, RoundPlan, Strategy, Work
+from fedspeech.coordinator.strategies.params import StrategyParams
 from fedspeech.protocol.messages import Profile
 from fedspeech.protocol.weights import Arrays
 
@@ -33,8 +34,8 @@ class TimeBudget(Strategy):
 
     name = "time_budget"
 
-    def __init__(self, k: int, epochs: int) -> None:
-        super().__init__(k, epochs)
+    def __init__(self, k: int, epochs: int, params: StrategyParams | None = None) -> None:
+        super().__init__(k, epochs, params)
         self.samples: dict[str, int] = {}  # what each device's last accepted update counted
 
     def configure_round(self, round: int, pool: Mapping[str, Profile], rng: np.random.Generator) -> RoundPlan:

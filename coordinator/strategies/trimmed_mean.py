@@ -11,10 +11,12 @@ trimmed away coordinate by coordinate, and what is left of an attack is trimmed.
 """
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from fedspeech.coordinator.aggregate import clip_updates, median_norm, trimmed_mean
 from fedspeech.coordinator.strategies.base import Result
 from fedspeech.coordinator.strategies.fedavg import FedAvg
+from fedspeech.coordinator.strategies.params import StrategyParams, setting
 from fedspeech.protocol.weights import Arrays
 
 
@@ -23,18 +25,26 @@ class FedTrimmedMean(FedAvg):
 
     name = "trimmed_mean"
 
-    def __init__(self, k: int, epochs: int, trim: float = 0.2, *, clip: bool = False) -> None:
-        super().__init__(k, epochs)
+    @dataclass(frozen=True)
+    class Params(StrategyParams):
+        """The trimmed mean's settings."""
+
+        # 0.2 of 6 devices drops 1 high and 1 low value of each weight
+        trim: float = setting(0.2, 0.0, 0.49, "the fraction of values cut at each end")
+
+    params: Params
+
+    def __init__(
+        self, k: int, epochs: int, params: StrategyParams | None = None, *, clip: bool = False
+    ) -> None:
+        super().__init__(k, epochs, params)
         self.clip = clip
         if clip:
             self.name = "clipped_trimmed_mean"
-        if not 0 <= trim < 0.5:
-            raise ValueError("trim must be at least 0 and below 0.5")
-        self.trim = trim  # the fraction cut at each end: 0.2 of 6 devices drops 1 high and 1 low
 
     def aggregate(self, round: int, results: Sequence[Result], current: Arrays) -> Arrays:
         """The trimmed mean of each weight across the (clipped) updates; sample counts do not weigh in."""
         updates = [r.arrays for r in results]
         if self.clip:
             updates = clip_updates(current, updates, median_norm(current, updates))
-        return trimmed_mean(updates, self.trim)
+        return trimmed_mean(updates, self.params.trim)
