@@ -16,6 +16,7 @@ from fedspeech.coordinator.strategies.fedprox import FedProx
 from fedspeech.coordinator.strategies.fedstaleweight import FedStaleWeight
 from fedspeech.coordinator.strategies.grouped import GroupedSequential
 from fedspeech.coordinator.strategies.hardware import HardwareAware
+from fedspeech.coordinator.strategies.krum import Krum
 from fedspeech.coordinator.strategies.median import FedMedian
 from fedspeech.coordinator.strategies.mkd import MutualDistillation
 from fedspeech.coordinator.strategies.params import StrategyParams, parse
@@ -51,6 +52,7 @@ STRATEGIES: dict[str, Callable[..., Strategy]] = {
     "trimmed_mean": FedTrimmedMean,
     "clipped": NormClipped,
     "clipped_trimmed_mean": partial(FedTrimmedMean, clip=True),
+    "krum": Krum,  # Multi-Krum with m > 1
     # the methods of FedCSR ("Cuing Without Sharing") and FedVMR, and FedBN, FedCSR's baseline
     "fedbn": FedBN,
     # FedAvg, each device running the model with the normalisation statistics of its own clips
