@@ -14,6 +14,7 @@ from pathlib import Path
 
 from fedspeech.edge_client.coordinator_http import CoordinatorClient, Dropped
 from fedspeech.edge_client.local_norm import LocalNorm
+from fedspeech.edge_client.runtime.announcements import Standing, standing_of
 from fedspeech.protocol import messages, weights
 from fedspeech.protocol.files import write_atomically
 from fedspeech.protocol.messages import ModelAnnouncement
@@ -43,11 +44,11 @@ class ModelKeeper:
             log.info("round %d has no ONNX model to keep", announcement.round)
             return
         with self._lock:
-            newest = max(self.kept_round, self._wanted.round if self._wanted else -1)
-            if announcement.round == newest:
+            standing, newest = standing_of(announcement, self.kept_round, self._wanted)
+            if standing is Standing.SAME:
                 log.info("the model of round %d is kept already or on its way", newest)
                 return
-            if announcement.round < newest:
+            if standing is Standing.OLDER:
                 log.warning(
                     "ignoring the announcement of round %d: round %d is newer (an old one replayed?)",
                     announcement.round,
