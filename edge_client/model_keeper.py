@@ -1,8 +1,9 @@
 """Keeps the latest global model in a folder as model.onnx, for `fedspeech listen` on the same device.
 
-Rounds only move forward: an announcement of the round kept or an older one (a replay) is ignored, and
-a model that cannot be downloaded leaves the kept one in place, to be tried again RETRY_S later. A device
-that keeps its own normalisation layers (FedBN) or statistics (SiloBN) keeps the global model with those
+Rounds only move forward (runtime.announcements, the rule `fedspeech listen`'s follower keeps too): an
+announcement of the round kept or an older one (a replay) is ignored, and a model that cannot be
+downloaded leaves the kept one in place, to be tried again RETRY_S later. A device that keeps its own
+normalisation layers (FedBN) or statistics (SiloBN) keeps the global model with those
 laid over it: its personalised model.
 """
 
