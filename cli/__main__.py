@@ -95,7 +95,7 @@ def _host_device_id() -> str:
 
 def _record(args: argparse.Namespace) -> None:
     from fedspeech.edge_client.recording import RecordConfig, RecordError, run_record
-    from fedspeech.models.tasks import TaskFileError, load_task
+    from fedspeech.models.clips.tasks import TaskFileError, load_task
 
     signal.signal(signal.SIGTERM, signal.default_int_handler)  # stop as on Ctrl-C, keeping what is saved
     try:
@@ -146,7 +146,7 @@ def _demo(args: argparse.Namespace) -> None:
 
 
 def _listen(args: argparse.Namespace) -> None:
-    from fedspeech.edge_client.streaming import DetectorConfig
+    from fedspeech.edge_client.runtime.streaming import DetectorConfig
     from fedspeech.listen import ListenConfig, ListenError, list_devices, run_listen
 
     signal.signal(signal.SIGTERM, signal.default_int_handler)  # stop as on Ctrl-C, cleanly

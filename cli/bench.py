@@ -117,7 +117,7 @@ def growing_config(out: Path, data_dir: Path | None = None, hosts: int = 6, **kw
     process at a Pi 4's 0.25 core each; every round samples 30 of them at random, as the dynamic
     transformer's paper does.
     """
-    from fedspeech.models.datasets import client_clips, load_corpus, speakers
+    from fedspeech.models.clips.datasets import client_clips, load_corpus, speakers
 
     fleets = {"fsdd": load_fleet(FLEETS_DIR / "pi4-wifi.toml")}
     if data_dir is not None:

@@ -10,7 +10,7 @@ import numpy as np
 from fedspeech.progress import Progress
 
 if TYPE_CHECKING:
-    from fedspeech.models.datasets import Clip, Corpus
+    from fedspeech.models.clips.datasets import Clip, Corpus
 
 
 @dataclass(frozen=True)
@@ -29,7 +29,7 @@ class CentralRun:
 
 def central_split(corpus: "Corpus", left_out: str | None = None) -> tuple[list["Clip"], list["Clip"]]:
     """(training, test) clips: the within-speaker split, or left_out's clips against the others' training."""
-    from fedspeech.models.datasets import leave_one_speaker_out, server_test_clips
+    from fedspeech.models.clips.datasets import leave_one_speaker_out, server_test_clips
 
     if left_out is None:
         return [c for c in corpus.clips if not c.test], server_test_clips(corpus)
@@ -57,7 +57,7 @@ def central_run(
 
     from fedspeech.coordinator.round_config import RoundConfig
     from fedspeech.models import build_model
-    from fedspeech.models.datasets import default_spec, load_corpus, load_waveforms
+    from fedspeech.models.clips.datasets import default_spec, load_corpus, load_waveforms
     from fedspeech.models.train import evaluate, train_local
 
     torch.set_num_threads(threads)

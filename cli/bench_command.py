@@ -99,7 +99,7 @@ def _bench_inference(args: argparse.Namespace) -> None:
 
 def check_corpus(command: str, corpus: str, data_dir: Path | None, speaker: str | None = None) -> None:
     """SystemExit with one line unless the corpus is there to be listed (and has the speaker named)."""
-    from fedspeech.models.datasets import load_corpus, speakers
+    from fedspeech.models.clips.datasets import load_corpus, speakers
 
     try:
         data = load_corpus(corpus, data_dir)

@@ -24,7 +24,7 @@ import numpy as np
 import onnx
 import soundfile
 
-from fedspeech.edge_client.onnx_model import ModelError, OnnxModel, load_model
+from fedspeech.edge_client.runtime.session import ModelError, OnnxModel, load_model
 from fedspeech.export.graph import initializers
 from fedspeech.export.quantize import quantize
 from fedspeech.protocol.messages import ModelSpec
@@ -134,7 +134,7 @@ def _matmul_gflops(seconds: float = 0.5, size: int = 256) -> float:
 
 def _speech_file(clips: list, sample_rate: int, path: Path) -> float:
     """Write the clips, each followed by GAP_S of silence, as one mono WAV; return its seconds."""
-    from fedspeech.edge_client.audio_file import read_audio
+    from fedspeech.edge_client.runtime.audio_file import read_audio
 
     gap = np.zeros(int(GAP_S * sample_rate), np.float32)
     audio = np.concatenate(
@@ -214,7 +214,7 @@ def run_inference_bench(
 
     from fedspeech.export.onnx_export import PREFIX
     from fedspeech.models import build_model
-    from fedspeech.models.datasets import (
+    from fedspeech.models.clips.datasets import (
         client_clips,
         load_corpus,
         load_waveforms,

@@ -36,8 +36,8 @@ from typing import Any
 import numpy as np
 import soundfile
 
-from fedspeech.edge_client.onnx_model import ModelError, load_model
-from fedspeech.edge_client.streaming import Detection
+from fedspeech.edge_client.runtime.session import ModelError, load_model
+from fedspeech.edge_client.runtime.streaming import Detection
 from fedspeech.listen import ListenConfig, ListenError, run_listen
 from fedspeech.listen_streams import (
     Stream,
@@ -49,8 +49,8 @@ from fedspeech.listen_streams import (
     white_noise,
     with_noise,
 )
-from fedspeech.models.datasets import AudioError, bundled_data_dir, load_corpus, server_test_clips
-from fedspeech.models.tasks import BACKGROUND_NOISE
+from fedspeech.models.clips.datasets import AudioError, bundled_data_dir, load_corpus, server_test_clips
+from fedspeech.models.clips.tasks import BACKGROUND_NOISE
 from fedspeech.progress import Progress
 from fedspeech.protocol.labels import is_word
 from fedspeech.word_alignment import Alignment, align

@@ -103,7 +103,7 @@ def check_config(cfg: SeedsConfig) -> None:
 
 def check_data(splits: Sequence[str], data_dir: Path | None) -> None:
     """ValueError unless every split's corpus is in data_dir (FSDD: or bundled, when data_dir is None)."""
-    from fedspeech.models.datasets import CORPORA
+    from fedspeech.models.clips.datasets import CORPORA
 
     needs = sorted({SPLIT_CORPUS[s] for s in splits} - {"fsdd"})
     if needs and data_dir is None:
@@ -173,8 +173,8 @@ def central_reference(deal: SkewedDeal, seed: int, epochs: int, threads: int = 2
 
     from fedspeech.coordinator.round_config import RoundConfig
     from fedspeech.models import build_model
-    from fedspeech.models.datasets import load_waveforms
-    from fedspeech.models.tasks import BUILTIN_TASKS, spec_for
+    from fedspeech.models.clips.datasets import load_waveforms
+    from fedspeech.models.clips.tasks import BUILTIN_TASKS, spec_for
     from fedspeech.models.train import evaluate, train_local
 
     torch.set_num_threads(threads)
@@ -205,7 +205,7 @@ def central_reference(deal: SkewedDeal, seed: int, epochs: int, threads: int = 2
 def build_settings(cfg: SeedsConfig) -> tuple[dict[str, list[Setting]], SkewedDeal | None]:
     """Every split's settings (folds for LOSO), with their data folders written under OUT/data."""
     from fedspeech.fleets.fleet_files import DEFAULT_FLEETS, load_fleet
-    from fedspeech.models.datasets import load_corpus
+    from fedspeech.models.clips.datasets import load_corpus
 
     settings: dict[str, list[Setting]] = {}
     deal = None

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # the command line is built without the benchmark's heavy imports
     from fedspeech.fleets.fleet_files import DeviceSpec
-    from fedspeech.models.datasets import Clip, Corpus
+    from fedspeech.models.clips.datasets import Clip, Corpus
 
 SPLITS = ("fsdd-within", "emodb-within", "emodb-loso", "speech-commands-skewed")
 SPLIT_CORPUS = {
@@ -84,7 +84,7 @@ def validation_clips(
 
 def speaker_train_clips(corpus: Corpus, fleet: Sequence[DeviceSpec]) -> dict[str, list[Clip]]:
     """Each speaker device's training clips, by device name."""
-    from fedspeech.models.datasets import client_clips
+    from fedspeech.models.clips.datasets import client_clips
 
     return {spec.name: client_clips(corpus, spec.speaker)[0] for spec in fleet}
 
@@ -100,7 +100,7 @@ def loso_settings(
     corpus: Corpus, fleet: list[DeviceSpec], out: Path, folds: int | None = None
 ) -> list[Setting]:
     """A fold per speaker in sorted order (the first `folds`): its device out, all its clips the test set."""
-    from fedspeech.models.datasets import leave_one_speaker_out, speakers
+    from fedspeech.models.clips.datasets import leave_one_speaker_out, speakers
 
     settings = []
     for speaker in speakers(corpus)[:folds]:
@@ -138,7 +138,7 @@ def skewed_deal(corpus: Corpus, devices: int = SKEWED_DEVICES, every: int = SKEW
     of the devices each lack a block of labels, in label order: with 12 labels and 6 devices, device 4
     lacks yes, no, up, down; device 5 left, right, on, off; device 6 stop, go, _unknown_, _silence_.
     """
-    from fedspeech.models.datasets import SILENCE_SPEAKER
+    from fedspeech.models.clips.datasets import SILENCE_SPEAKER
 
     ids = sorted({clip.speaker for clip in corpus.clips} - {SILENCE_SPEAKER})
     evaluation_speakers = ids[every - 1 :: every]
@@ -171,7 +171,7 @@ def skewed_deal(corpus: Corpus, devices: int = SKEWED_DEVICES, every: int = SKEW
 
 def folder_train_clips(clips: Iterable[Clip], labels: Sequence[str]) -> list[Clip]:
     """The clips a device trains on when they sit in its folder: its per-file split, models.folders."""
-    from fedspeech.models.folders import is_test
+    from fedspeech.models.clips.folders import is_test
 
     return [c for c in clips if not is_test(f"{labels[c.label]}/{c.path.name}")]
 

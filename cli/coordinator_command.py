@@ -32,7 +32,7 @@ STRATEGY_NAMES = "a strategy's name (README: Strategies)"
 def run(args: argparse.Namespace) -> None:
     """`fedspeech coordinator`: the service from its options, until SIGTERM or SIGINT."""
     from fedspeech.coordinator.app import create_app, serve
-    from fedspeech.models.tasks import TaskFileError
+    from fedspeech.models.clips.tasks import TaskFileError
 
     if args.broker is not None:
         broker_settings(args, args.broker, "coordinator")  # one line for options that cannot work
@@ -167,7 +167,7 @@ def _check_before_start(settings: Mapping[str, Any], args: argparse.Namespace) -
     The user's own files and names are checked first, then the machine's ports.
     """
     from fedspeech.coordinator.strategies import strategy_params
-    from fedspeech.models.tasks import TaskFileError, load_task
+    from fedspeech.models.clips.tasks import TaskFileError, load_task
 
     try:
         load_task(settings["TASK"])

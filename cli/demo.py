@@ -11,7 +11,7 @@ from pathlib import Path
 from fedspeech.coordinator.store import RoundRecord
 from fedspeech.fleet_run import fleet_run
 from fedspeech.fleets.fleet_files import DEFAULT_FLEETS, DeviceSpec, check_fleet, load_fleet
-from fedspeech.models.datasets import load_corpus, speakers
+from fedspeech.models.clips.datasets import load_corpus, speakers
 from fedspeech.progress import duration_text, eta_s
 
 log = logging.getLogger(__name__)

@@ -1,7 +1,7 @@
 """`fedspeech listen`: run the global model on a microphone or an audio file and print what it hears.
 
-Torch-free. This module only wires the command's options to the device's runtime in `edge_client`
-(`onnx_model`, `streaming`, `audio_file`, `microphone`, `model_follower`, `listener`) and turns what goes
+Torch-free. This module only wires the command's options to the device's runtime in `edge_client.runtime`
+(`session`, `streaming`, `audio_file`, `microphone`, `model_follower`, `listener`) and turns what goes
 wrong into one line for the user. Audio goes through the streaming detector frame by frame, whatever its
 source:
 
@@ -23,13 +23,13 @@ from typing import TextIO
 
 import numpy as np
 
-from fedspeech.edge_client import microphone
-from fedspeech.edge_client.audio_file import file_frames, read_audio
-from fedspeech.edge_client.listener import listen
-from fedspeech.edge_client.microphone import MicrophoneError, microphone_frames
-from fedspeech.edge_client.model_follower import ModelFollower
-from fedspeech.edge_client.onnx_model import ModelError, OnnxModel, load_model
-from fedspeech.edge_client.streaming import Detection, DetectorConfig, StreamingDetector
+from fedspeech.edge_client.runtime import microphone
+from fedspeech.edge_client.runtime.audio_file import file_frames, read_audio
+from fedspeech.edge_client.runtime.listener import listen
+from fedspeech.edge_client.runtime.microphone import MicrophoneError, microphone_frames
+from fedspeech.edge_client.runtime.model_follower import ModelFollower
+from fedspeech.edge_client.runtime.session import ModelError, OnnxModel, load_model
+from fedspeech.edge_client.runtime.streaming import Detection, DetectorConfig, StreamingDetector
 from fedspeech.protocol.mqtt import BrokerSettings
 from fedspeech.protocol.topics import DEFAULT_ROOT
 
@@ -125,7 +125,7 @@ def _open_source(
     """The frames of the input file or microphone, and a name for it."""
     rate, size = detector.sample_rate, detector.frame_size
     if config.input is not None:
-        from fedspeech.models.datasets import AudioError
+        from fedspeech.models.clips.datasets import AudioError
 
         try:
             audio = read_audio(config.input, rate)

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import numpy as np
 
-from fedspeech.edge_client.audio_file import read_audio
-from fedspeech.models.datasets import Clip
+from fedspeech.edge_client.runtime.audio_file import read_audio
+from fedspeech.models.clips.datasets import Clip
 
 WORD_RMS = 0.05  # every word's level in the streams, -26 dBFS
 QUIET_NOISE_RMS = 1e-3  # real noise clips under -60 dBFS are left out

@@ -124,7 +124,7 @@ def _round_config(config: Mapping[str, Any]) -> RoundConfig:
 
 
 def _global_model(config: Mapping[str, Any]) -> GlobalModel:
-    from fedspeech.models.tasks import load_task, spec_for
+    from fedspeech.models.clips.tasks import load_task, spec_for
 
     definition = load_task(config["TASK"])
     spec = spec_for(definition, config["MODEL"], config["MODEL_DEPTH"])
@@ -147,7 +147,7 @@ def _load(
     clips: list[Any], skipped: list[Any], definition: TaskDefinition, purpose: str, source: str
 ) -> tuple[list[Any], np.ndarray]:
     """The clips that load, with their waveforms; each skip logged; ValueError if none is usable."""
-    from fedspeech.models.folders import ClipCache
+    from fedspeech.models.clips.folders import ClipCache
 
     kept, waveforms, bad = ClipCache().load(clips, definition.sample_rate, definition.num_samples)
     for skip in skipped + bad:
@@ -160,7 +160,7 @@ def _load(
 
 def _folder_clips(folder: str, definition: TaskDefinition, purpose: str) -> tuple[np.ndarray, np.ndarray]:
     """The waveforms and labels of a folder DIR/<label>/*."""
-    from fedspeech.models.folders import list_folder
+    from fedspeech.models.clips.folders import list_folder
 
     clips, skipped = list_folder(Path(folder), definition.labels)
     kept, waveforms = _load(clips, skipped, definition, purpose, folder)
@@ -169,8 +169,8 @@ def _folder_clips(folder: str, definition: TaskDefinition, purpose: str) -> tupl
 
 def _server_data(folder: Path, definition: TaskDefinition) -> tuple[np.ndarray, np.ndarray | None]:
     """Mutual distillation's server clips: labelled from DIR/<label>/*, else every file in DIR unlabelled."""
-    from fedspeech.models.datasets import Clip
-    from fedspeech.models.folders import MAX_FILES, list_folder
+    from fedspeech.models.clips.datasets import Clip
+    from fedspeech.models.clips.folders import MAX_FILES, list_folder
 
     clips, skipped = list_folder(folder, definition.labels)
     if clips:
@@ -185,8 +185,8 @@ def _server_data(folder: Path, definition: TaskDefinition) -> tuple[np.ndarray, 
 
 def _central_heldout(config: Mapping[str, Any], definition: TaskDefinition) -> tuple[Any, Any] | None:
     """The coordinator's own held-out waveforms and labels, if the operator gave any; else None."""
-    from fedspeech.models.datasets import Clip, load_corpus, server_test_clips
-    from fedspeech.models.folders import list_folder
+    from fedspeech.models.clips.datasets import Clip, load_corpus, server_test_clips
+    from fedspeech.models.clips.folders import list_folder
 
     if config["EVAL_DATA"] and config["EVAL_CORPUS"]:
         raise ValueError("central evaluation takes EVAL_DATA or EVAL_CORPUS, not both")

@@ -4,7 +4,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from fedspeech.models import metrics
+from fedspeech.models import scores as metrics
 
 
 @dataclass(frozen=True)

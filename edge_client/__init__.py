@@ -1,8 +1,7 @@
 """The device: learns the task, trains and evaluates on its own clips, records them, runs the global model.
 
 Importing the package loads nothing else: a device that only listens imports the torch-free runtime
-(`onnx_model`, `speech_gate`, `streaming`, `audio_file`, `microphone`, `model_follower`, `listener`)
-without the daemon.
+(the subpackage `runtime`) without the daemon.
 The daemon's names below are imported on first use.
 """
 

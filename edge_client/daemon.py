@@ -15,12 +15,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from fedspeech.edge_client.broker_link import BrokerLink
 from fedspeech.edge_client.coordinator_http import CoordinatorClient, Dropped, https_context
 from fedspeech.edge_client.credentials import DeviceCredentials, Refused
 from fedspeech.edge_client.local_data import DataSource, LocalData
 from fedspeech.edge_client.local_norm import LocalNorm
 from fedspeech.edge_client.model_keeper import ModelKeeper
-from fedspeech.edge_client.mqtt_link import DeviceLink
 from fedspeech.edge_client.profile import measure_profile, measure_rtt_ms
 from fedspeech.edge_client.trainer import Trainer, TrainingStopped, UnknownSetting, training_settings
 from fedspeech.edge_client.validation_share import share_validation_clips
@@ -90,7 +90,7 @@ class _Device:
     http: CoordinatorClient
     data: LocalData
     trainer: Trainer
-    link: DeviceLink
+    link: BrokerLink
     profile: Profile
 
 
@@ -189,7 +189,7 @@ def _run(config: ClientConfig, stop: threading.Event) -> None:
         share_validation_clips(http, data.train, config.share_validation, info.definition.labels, register)
     assert credentials.key is not None  # pinned by the registration
     keeper = ModelKeeper(config.model_dir, local_norm) if config.model_dir is not None else None
-    link = DeviceLink(
+    link = BrokerLink(
         config.broker,
         Topics(config.topic_root),
         config.device_id,

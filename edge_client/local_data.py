@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from fedspeech.models.datasets import (
+from fedspeech.models.clips.datasets import (
     Clip,
     Corpus,
     bundled_data_dir,
@@ -24,7 +24,7 @@ from fedspeech.models.datasets import (
     load_windows,
     speakers,
 )
-from fedspeech.models.folders import ClipCache, Skipped, list_folder, list_negative
+from fedspeech.models.clips.folders import ClipCache, Skipped, list_folder, list_negative
 from fedspeech.protocol.labels import none_class
 from fedspeech.protocol.messages import TaskDefinition
 

@@ -1,8 +1,9 @@
 """Keeps the latest global model in a folder as model.onnx, for `fedspeech listen` on the same device.
 
-Rounds only move forward: an announcement of the round kept or an older one (a replay) is ignored, and
-a model that cannot be downloaded leaves the kept one in place, to be tried again RETRY_S later. A device
-that keeps its own normalisation layers (FedBN) or statistics (SiloBN) keeps the global model with those
+Rounds only move forward (runtime.announcements, the rule `fedspeech listen`'s follower keeps too): an
+announcement of the round kept or an older one (a replay) is ignored, and a model that cannot be
+downloaded leaves the kept one in place, to be tried again RETRY_S later. A device that keeps its own
+normalisation layers (FedBN) or statistics (SiloBN) keeps the global model with those
 laid over it: its personalised model.
 """
 
@@ -14,6 +15,7 @@ from pathlib import Path
 
 from fedspeech.edge_client.coordinator_http import CoordinatorClient, Dropped
 from fedspeech.edge_client.local_norm import LocalNorm
+from fedspeech.edge_client.runtime.announcements import Standing, standing_of
 from fedspeech.protocol import messages, weights
 from fedspeech.protocol.files import write_atomically
 from fedspeech.protocol.messages import ModelAnnouncement
@@ -43,11 +45,11 @@ class ModelKeeper:
             log.info("round %d has no ONNX model to keep", announcement.round)
             return
         with self._lock:
-            newest = max(self.kept_round, self._wanted.round if self._wanted else -1)
-            if announcement.round == newest:
+            standing, newest = standing_of(announcement, self.kept_round, self._wanted)
+            if standing is Standing.SAME:
                 log.info("the model of round %d is kept already or on its way", newest)
                 return
-            if announcement.round < newest:
+            if standing is Standing.OLDER:
                 log.warning(
                     "ignoring the announcement of round %d: round %d is newer (an old one replayed?)",
                     announcement.round,

@@ -22,7 +22,7 @@ from typing import TextIO
 import numpy as np
 import soundfile
 
-from fedspeech.edge_client.microphone import MicrophoneError, microphone_frames
+from fedspeech.edge_client.runtime.microphone import MicrophoneError, microphone_frames
 from fedspeech.protocol.messages import TaskDefinition
 
 FRAME_S = 0.01

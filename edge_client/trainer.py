@@ -272,7 +272,7 @@ class Trainer:
         Under local_statistics the normalisation statistics are taken again on the training split's clips
         at the task's weights, and kept: the device's model is the global one measured on its own voice.
         """
-        from fedspeech.models.metrics import confusion_matrix
+        from fedspeech.models.scores import confusion_matrix
         from fedspeech.models.train import predict
 
         local_norm, local_statistics = _local_norm(task.config), _local_statistics(task.config)

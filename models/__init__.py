@@ -1,4 +1,8 @@
-"""PyTorch side of fedspeech: architectures, audio front-end, datasets and the local training step."""
+"""PyTorch side of fedspeech: architectures, audio front-end and the local training step.
+
+The torch-free code of the clips trained on (tasks, corpora, folders, augmentation) is in the subpackage
+`clips`; scores and threshold calibration are numpy only too.
+"""
 
 import re
 from collections.abc import Iterable

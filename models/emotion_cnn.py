@@ -3,7 +3,7 @@
 import torch
 from torch import Tensor, nn
 
-from fedspeech.models.augment import Augmentation
+from fedspeech.models.clips.augment import Augmentation
 from fedspeech.models.frontend import LogMel
 
 

@@ -10,8 +10,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from fedspeech.models import losses, metrics
-from fedspeech.models.augment import DEFAULT_AUGMENTATION, Augmentation, augment_batch
+from fedspeech.models import losses, scores
+from fedspeech.models.clips.augment import DEFAULT_AUGMENTATION, Augmentation, augment_batch
 from fedspeech.models.norm import refresh_statistics
 
 
@@ -132,7 +132,7 @@ def train_local(
 ) -> TrainResult:
     """Train in place: Adam, cosine-decayed lr, shuffled augmented minibatches; deterministic per seed.
 
-    Each batch is augmented (models.augment): clips placed anywhere in the window and mixed with white
+    Each batch is augmented (models.clips.augment): clips placed anywhere in the window and mixed with white
     noise or windows of noise (the background pool, (N, num_samples)) at random SNRs; with labels and a
     none_class, background windows labelled none_class are added to it. augmentation None takes the
     model's own `augmentation` attribute where it has one, else the default.
@@ -242,10 +242,10 @@ def evaluate(
     labels = np.asarray(labels, dtype=np.int64)
     predictions, losses = predict(model, waveforms, labels, batch_size)
     num_classes = int(max(labels.max(), predictions.max())) + 1
-    confusion = metrics.confusion_matrix(labels, predictions, num_classes)
+    confusion = scores.confusion_matrix(labels, predictions, num_classes)
     return EvalResult(
-        accuracy=metrics.accuracy(confusion),
-        macro_f1=metrics.macro_f1(confusion),
+        accuracy=scores.accuracy(confusion),
+        macro_f1=scores.macro_f1(confusion),
         loss=float(losses.mean()),
         predictions=predictions,
     )

@@ -283,7 +283,7 @@ def fsdd_model(tmp_path_factory) -> TrainedModel:
     from fedspeech.export.onnx_export import export_onnx
     from fedspeech.models import build_model
     from fedspeech.models.calibration import calibrate_threshold
-    from fedspeech.models.datasets import (
+    from fedspeech.models.clips.datasets import (
         bundled_data_dir,
         default_spec,
         load_corpus,

@@ -15,7 +15,7 @@ import torch
 from fedspeech.edge_client import local_data
 from fedspeech.edge_client.local_data import MAX_WINDOWS_PER_FILE, DataSource, LocalData
 from fedspeech.models import build_model
-from fedspeech.models.augment import (
+from fedspeech.models.clips.augment import (
     DEFAULT_AUGMENTATION,
     Augmentation,
     add_noise,
@@ -25,7 +25,7 @@ from fedspeech.models.augment import (
     place_anywhere,
     spoken_extents,
 )
-from fedspeech.models.datasets import (
+from fedspeech.models.clips.datasets import (
     bundled_data_dir,
     default_spec,
     load_corpus,
@@ -33,7 +33,7 @@ from fedspeech.models.datasets import (
     load_windows,
     server_test_clips,
 )
-from fedspeech.models.tasks import BUILTIN_TASKS, TaskFileError, load_task
+from fedspeech.models.clips.tasks import BUILTIN_TASKS, TaskFileError, load_task
 from fedspeech.protocol import messages
 from fedspeech.protocol.labels import NONE_LABEL
 from fedspeech.protocol.messages import ModelSpec, ProtocolError, TaskDefinition, TaskInfo, check_definition

@@ -98,7 +98,7 @@ def test_a_buffered_strategy_runs_as_many_rounds_as_aggregate_as_many_results(tm
 
 def test_central_with_a_speaker_left_out_scores_on_all_of_that_speakers_clips():
     from fedspeech.bench_central import central_split
-    from fedspeech.models.datasets import load_corpus, server_test_clips
+    from fedspeech.models.clips.datasets import load_corpus, server_test_clips
 
     fsdd = load_corpus("fsdd")
     train, test = central_split(fsdd, "george")

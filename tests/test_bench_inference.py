@@ -3,7 +3,7 @@
 import json
 
 from fedspeech.bench_inference import run_inference_bench, spec_of
-from fedspeech.edge_client.onnx_model import OnnxModel
+from fedspeech.edge_client.runtime.session import OnnxModel
 
 
 def test_inference_bench_measures_every_engine_and_the_listener(fsdd_model, tmp_path):

@@ -17,8 +17,8 @@ from fedspeech.listen_streams import (
     white_noise,
     with_noise,
 )
-from fedspeech.models.datasets import bundled_data_dir, load_corpus, server_test_clips
-from fedspeech.models.tasks import BACKGROUND_NOISE
+from fedspeech.models.clips.datasets import bundled_data_dir, load_corpus, server_test_clips
+from fedspeech.models.clips.tasks import BACKGROUND_NOISE
 from fedspeech.word_alignment import Alignment, align
 
 RATE = 8000

@@ -24,8 +24,8 @@ from fedspeech.bench_splits import (
     within_setting,
 )
 from fedspeech.fleets.fleet_files import DEFAULT_FLEETS, DeviceSpec, load_fleet
-from fedspeech.models.datasets import SILENCE_SPEAKER, load_corpus
-from fedspeech.models.folders import list_folder
+from fedspeech.models.clips.datasets import SILENCE_SPEAKER, load_corpus
+from fedspeech.models.clips.folders import list_folder
 
 
 def _linked(folder: Path) -> dict[Path, str]:

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from fedspeech.coordinator.global_model import GlobalModel
-from fedspeech.edge_client.onnx_model import OnnxModel
+from fedspeech.edge_client.runtime.session import OnnxModel
 from fedspeech.export.onnx_export import export_onnx, update_onnx_weights
 from fedspeech.models.calibration import HIGHEST, LOWEST, calibrate_threshold
 from fedspeech.models.train import get_arrays

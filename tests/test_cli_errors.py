@@ -167,7 +167,7 @@ def test_bench_inference_keeps_onnxruntime_quantisation_advice_to_itself(tmp_pat
 
     from fedspeech.export.onnx_export import export_onnx
     from fedspeech.models import build_model
-    from fedspeech.models.datasets import default_spec, load_corpus
+    from fedspeech.models.clips.datasets import default_spec, load_corpus
 
     corpus = load_corpus("fsdd")
     spec = default_spec(corpus)

@@ -5,7 +5,7 @@ import pytest
 import soundfile
 from conftest import SHARED_DATA, needs_shared
 
-from fedspeech.models.datasets import (
+from fedspeech.models.clips.datasets import (
     AudioError,
     bundled_data_dir,
     client_clips,

@@ -38,7 +38,7 @@ from test_edge_client import (
 
 from fedspeech.edge_client import Refused, run_client
 from fedspeech.edge_client.coordinator_http import fetch_blob, request
-from fedspeech.edge_client.model_follower import ModelFollower
+from fedspeech.edge_client.runtime.model_follower import ModelFollower
 from fedspeech.protocol import messages, signing, weights
 from fedspeech.protocol.messages import BlobRef, DeviceStatus
 from fedspeech.protocol.mqtt import BrokerSettings

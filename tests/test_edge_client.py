@@ -27,8 +27,8 @@ from conftest import free_port
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from fedspeech.edge_client import ClientConfig, DataSource, run_client
-from fedspeech.models.datasets import bundled_data_dir
-from fedspeech.models.tasks import BUILTIN_TASKS
+from fedspeech.models.clips.datasets import bundled_data_dir
+from fedspeech.models.clips.tasks import BUILTIN_TASKS
 from fedspeech.protocol import messages, signing, weights
 from fedspeech.protocol.messages import (
     BlobRef,

@@ -12,7 +12,7 @@ from conftest import free_port, get_json, start_clients, wait_for
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
 from fedspeech.coordinator.app import create_app, serve
-from fedspeech.models.datasets import client_clips, load_corpus
+from fedspeech.models.clips.datasets import client_clips, load_corpus
 from fedspeech.protocol import messages, signing, weights
 from fedspeech.protocol.messages import ModelAnnouncement
 from fedspeech.protocol.topics import Topics, parse_broker_url

@@ -12,12 +12,12 @@ import pytest
 import torch
 from onnx import numpy_helper
 
-from fedspeech.edge_client.onnx_model import OnnxModel
+from fedspeech.edge_client.runtime.session import OnnxModel
 from fedspeech.export.onnx_export import export_onnx, parity, update_onnx_weights
 from fedspeech.export.onnx_weights import PREFIX
 from fedspeech.export.quantize import quantize
 from fedspeech.models import build_model
-from fedspeech.models.datasets import (
+from fedspeech.models.clips.datasets import (
     client_clips,
     default_spec,
     load_corpus,
@@ -128,7 +128,7 @@ def test_runtime_never_imports_torch(exported):
     code = (
         "import sys, numpy as np\n"
         "import fedspeech.export\n"
-        "from fedspeech.edge_client.onnx_model import OnnxModel\n"
+        "from fedspeech.edge_client.runtime.session import OnnxModel\n"
         f"model = OnnxModel({str(path)!r})\n"
         "assert model.predict(np.zeros((2, model.num_samples), np.float32)).shape == (2, 11)\n"
         "assert 'torch' not in sys.modules, 'torch was imported'\n"

@@ -9,7 +9,7 @@ from conftest import one_round_coordinator, wait_for
 from fedspeech.coordinator.evaluation import combine
 from fedspeech.coordinator.evaluation_phase import evaluates, evaluation_plan, evaluators
 from fedspeech.coordinator.round_config import RoundConfig
-from fedspeech.models import metrics
+from fedspeech.models import scores
 from fedspeech.protocol import messages, weights
 from fedspeech.protocol.messages import Credentials, EvaluationReport, Profile, Registration
 
@@ -20,7 +20,7 @@ def test_pooled_counts_score_like_the_union_of_the_test_sets():
     predictions = [np.where(rng.random(len(y)) < 0.7, y, rng.integers(0, 4, size=len(y))) for y in labels]
     losses = [rng.random(len(y)) for y in labels]
     reports = {
-        f"d{i}": (metrics.confusion_matrix(y, p, 4), float(loss.sum()))
+        f"d{i}": (scores.confusion_matrix(y, p, 4), float(loss.sum()))
         for i, (y, p, loss) in enumerate(zip(labels, predictions, losses, strict=True))
     }
     pooled = combine(reports, min_reports=1)

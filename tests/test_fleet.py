@@ -21,8 +21,8 @@ from fedspeech.fleets.cpu_limits import ONE_THREAD, run_limited
 from fedspeech.fleets.fleet_files import DeviceSpec, check_fleet, hosted_fleet, load_fleet, machine_cores
 from fedspeech.fleets.launch import launch_fleet, stop_fleet
 from fedspeech.fleets.network_proxy import DelayProxy
-from fedspeech.models.datasets import load_corpus, speakers
-from fedspeech.models.tasks import BUILTIN_TASKS, spec_for
+from fedspeech.models.clips.datasets import load_corpus, speakers
+from fedspeech.models.clips.tasks import BUILTIN_TASKS, spec_for
 from fedspeech.protocol import messages
 from fedspeech.protocol.messages import TaskInfo
 from fedspeech.protocol.topics import parse_broker_url

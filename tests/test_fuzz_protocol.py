@@ -28,7 +28,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from fedspeech.models.tasks import TaskFileError, load_task
+from fedspeech.models.clips.tasks import TaskFileError, load_task
 from fedspeech.protocol import messages, routes, signing, weights
 from fedspeech.protocol.messages import (
     BlobRef,
@@ -632,7 +632,7 @@ def device_checked(root: str, topic: str) -> None:
 
 
 def task_file_checked(path: Path, document: str | bytes) -> None:
-    """models.tasks.load_task on a file holding document: a definition in bounds, or TaskFileError."""
+    """models.clips.tasks.load_task on a file holding document: a definition in bounds, or TaskFileError."""
     if isinstance(document, bytes):
         path.write_bytes(document)
     else:

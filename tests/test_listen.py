@@ -21,8 +21,8 @@ import soxr
 from conftest import free_port, wait_for, with_metadata
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from fedspeech.edge_client.onnx_model import OnnxModel
-from fedspeech.edge_client.streaming import StreamingDetector
+from fedspeech.edge_client.runtime.session import OnnxModel
+from fedspeech.edge_client.runtime.streaming import StreamingDetector
 from fedspeech.protocol import messages, signing, weights
 from fedspeech.protocol.labels import is_word
 from fedspeech.protocol.messages import BlobRef, ModelAnnouncement, ModelSpec

@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 from fedspeech.models import build_model
-from fedspeech.models.augment import DEFAULT_AUGMENTATION, NO_AUGMENTATION, augment_batch
+from fedspeech.models.clips.augment import DEFAULT_AUGMENTATION, NO_AUGMENTATION, augment_batch
 from fedspeech.models.losses import class_distribution_kl, distillation_loss, predicted_counts
 from fedspeech.models.norm import refresh_statistics
 from fedspeech.models.train import get_arrays, set_arrays, train_local

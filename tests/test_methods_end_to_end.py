@@ -8,7 +8,7 @@ import pytest
 from conftest import start_clients
 from test_end_to_end import running_coordinator, wait_until_finished
 
-from fedspeech.models.datasets import client_clips, load_corpus
+from fedspeech.models.clips.datasets import client_clips, load_corpus
 from fedspeech.protocol import weights
 
 SPEAKERS = ["jackson", "nicolas"]

@@ -8,7 +8,7 @@ import torch
 from torch import nn
 
 from fedspeech.models import build_model
-from fedspeech.models.datasets import client_clips, default_spec, load_corpus, load_waveforms
+from fedspeech.models.clips.datasets import client_clips, default_spec, load_corpus, load_waveforms
 from fedspeech.models.frontend import LogMel
 from fedspeech.models.norm import norm_names, refresh_statistics
 from fedspeech.models.train import evaluate, get_arrays, set_arrays, train_local

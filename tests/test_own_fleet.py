@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 from conftest import free_port, get_json, wait_for
 
-from fedspeech.models.datasets import load_corpus
-from fedspeech.models.tasks import SPEECH_COMMANDS_LABELS
+from fedspeech.models.clips.datasets import load_corpus
+from fedspeech.models.clips.tasks import SPEECH_COMMANDS_LABELS
 
 SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
 ROUNDS = 4

@@ -29,7 +29,7 @@ MEASURE_DEVICE = textwrap.dedent(
     import torch
     from fedspeech.edge_client.profile import measure_cpu_gflops
     from fedspeech.models import build_model
-    from fedspeech.models.datasets import client_clips, default_spec, load_corpus, load_waveforms
+    from fedspeech.models.clips.datasets import client_clips, default_spec, load_corpus, load_waveforms
     from fedspeech.models.train import train_local
 
     torch.set_num_threads(1)

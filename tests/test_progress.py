@@ -14,8 +14,8 @@ from fedspeech.bench_splits import Setting
 from fedspeech.coordinator.store import RoundRecord
 from fedspeech.demo import round_printer
 from fedspeech.listen_streams import Stream, Word
-from fedspeech.models.datasets import bundled_data_dir
-from fedspeech.models.tasks import BACKGROUND_NOISE
+from fedspeech.models.clips.datasets import bundled_data_dir
+from fedspeech.models.clips.tasks import BACKGROUND_NOISE
 from fedspeech.progress import CLEAR_LINE, Progress, duration_text, eta_s, progress_line
 
 

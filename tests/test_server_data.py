@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from fedspeech.coordinator.app import create_app
-from fedspeech.models.datasets import client_clips, load_corpus
+from fedspeech.models.clips.datasets import client_clips, load_corpus
 
 
 def _app(tmp_path, server):

@@ -7,9 +7,9 @@ import pytest
 import soundfile
 from conftest import with_metadata
 
-from fedspeech.edge_client.onnx_model import OnnxModel
-from fedspeech.edge_client.speech_gate import FLOOR_BLOCK_S, GateConfig, SpeechGate
-from fedspeech.edge_client.streaming import (
+from fedspeech.edge_client.runtime.session import OnnxModel
+from fedspeech.edge_client.runtime.speech_gate import FLOOR_BLOCK_S, GateConfig, SpeechGate
+from fedspeech.edge_client.runtime.streaming import (
     DEFAULT_THRESHOLD,
     Detection,
     DetectorConfig,

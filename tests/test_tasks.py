@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 import soundfile
 
-from fedspeech.models.datasets import bundled_data_dir
-from fedspeech.models.folders import ClipCache, is_test, list_folder
-from fedspeech.models.tasks import BUILTIN_TASKS, TaskFileError, load_task, spec_for
+from fedspeech.models.clips.datasets import bundled_data_dir
+from fedspeech.models.clips.folders import ClipCache, is_test, list_folder
+from fedspeech.models.clips.tasks import BUILTIN_TASKS, TaskFileError, load_task, spec_for
 
 RECORDINGS = bundled_data_dir() / "fsdd" / "recordings"
 GOOD = 'name = "commands"\nlabels = ["yes", "no", "up"]\nsample_rate = 16000\nclip_seconds = 1.5\n'

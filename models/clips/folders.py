@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import soundfile
 
-from fedspeech.models.datasets import TEST_FRACTION, AudioError, Clip, load_audio
+from fedspeech.models.clips.datasets import TEST_FRACTION, AudioError, Clip, load_audio
 
 Reader = Callable[[Path, int, int], np.ndarray]  # (path, sample_rate, num_samples) -> audio
 

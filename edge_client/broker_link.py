@@ -24,7 +24,7 @@ MAX_REMEMBERED_TASKS = 1000  # task ids kept to ignore re-deliveries
 MAX_QUEUED_TASKS = 16  # tasks waiting for the device; more are dropped
 
 
-class DeviceLink:
+class BrokerLink:
     """One paho client per device; its callbacks only fill the queue and call on_announcement.
 
     on_announcement, if given, is called on the MQTT thread with each verified model announcement.

@@ -26,7 +26,8 @@ from fedspeech.edge_client.coordinator_http import (
     https_context,
     request,
 )
-from fedspeech.edge_client.onnx_model import ModelError, OnnxModel, load_model
+from fedspeech.edge_client.runtime.announcements import Standing, standing_of
+from fedspeech.edge_client.runtime.session import ModelError, OnnxModel, load_model
 from fedspeech.protocol import messages, routes, signing
 from fedspeech.protocol.messages import ModelAnnouncement
 from fedspeech.protocol.mqtt import BrokerSettings, connect, make_client, route
@@ -154,11 +155,11 @@ class ModelFollower:
             log.warning("round %d: ignoring it, it has no ONNX model", announcement.round)
             return
         with self._lock:
-            newest = max(self._round, self._wanted.round if self._wanted else -1)
-            if announcement.round == newest:
+            standing, newest = standing_of(announcement, self._round, self._wanted)
+            if standing is Standing.SAME:
                 log.info("round %d: its model is loaded already or on its way", newest)
                 return
-            if announcement.round < newest:
+            if standing is Standing.OLDER:
                 log.warning(
                     "round %d: ignoring it, round %d is newer (an old announcement replayed?)",
                     announcement.round,

@@ -12,12 +12,12 @@ MAX_INPUT_SECONDS = 600.0  # a file to listen to is read whole: ten minutes, at 
 def read_audio(path: Path, sample_rate: int) -> np.ndarray:
     """A whole audio file as float32 mono at sample_rate (channels mixed down, other rates resampled).
 
-    AudioError (models.datasets) says in one line why a file cannot be used, a file over
+    AudioError (models.clips.datasets) says in one line why a file cannot be used, a file over
     MAX_INPUT_SECONDS among them.
     """
-    # Decoding stays in models.datasets (torch-free), not here: the coordinator decodes clips the same way
-    # and must not import edge_client.
-    from fedspeech.models.datasets import load_recording
+    # Decoding stays in models.clips.datasets (torch-free), not here: the coordinator decodes clips the same
+    # way and must not import edge_client.
+    from fedspeech.models.clips.datasets import load_recording
 
     return load_recording(path, sample_rate, MAX_INPUT_SECONDS)
 

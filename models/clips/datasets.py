@@ -11,7 +11,7 @@ import numpy as np
 import soundfile
 import soxr
 
-from fedspeech.models.tasks import (
+from fedspeech.models.clips.tasks import (
     BUILTIN_TASKS,
     EMODB_LABELS,
     FSDD_LABELS,

@@ -43,8 +43,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from fedspeech.edge_client.onnx_model import OnnxModel
-from fedspeech.edge_client.speech_gate import GateConfig, SpeechGate
+from fedspeech.edge_client.runtime.session import OnnxModel
+from fedspeech.edge_client.runtime.speech_gate import GateConfig, SpeechGate
 from fedspeech.protocol import onnx_metadata as meta
 from fedspeech.protocol.labels import is_word
 
