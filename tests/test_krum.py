@@ -9,7 +9,9 @@ from fedspeech.coordinator.strategies import Result, make_strategy
 from fedspeech.coordinator.strategies.krum import krum_scores, multi_krum
 
 RNG = np.random.default_rng(0)
-HONEST = [{"w": RNG.normal(1.0, 0.1, (4, 3)).astype(np.float32), "b": RNG.normal(0, 0.1, 3)} for _ in range(5)]
+HONEST = [
+    {"w": RNG.normal(1.0, 0.1, (4, 3)).astype(np.float32), "b": RNG.normal(0, 0.1, 3)} for _ in range(5)
+]
 POISONED = {"w": -3 * HONEST[0]["w"], "b": -3 * HONEST[0]["b"]}  # a sign-flipped, boosted update
 
 
