@@ -50,9 +50,7 @@ class Krum(FedAvg):
     class Params(StrategyParams):
         """Krum's settings."""
 
-        f: int = setting(
-            1, 0, 1000, "Byzantine devices tolerated; a round needs more than 2f + 2 results"
-        )
+        f: int = setting(1, 0, 1000, "Byzantine devices tolerated; a round needs more than 2f + 2 results")
         m: int = setting(1, 0, 10_000, "updates averaged: 1 is Krum, more is Multi-Krum, 0 takes n - f")
 
     params: Params
