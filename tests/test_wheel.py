@@ -145,7 +145,7 @@ def expected_files(source: Path) -> set[str]:
     setuptools = tomllib.loads((source / "pyproject.toml").read_text())["tool"]["setuptools"]
     files = set()
     for package, folder in setuptools["package-dir"].items():
-        data_folder = package in ("fedspeech.data", "fedspeech.fleets")
+        data_folder = package in ("fedspeech.data", "fedspeech_bench.fleets")
         for path in (source / folder).rglob("*"):
             relative = path.relative_to(source / folder)
             if path.is_dir() or "__pycache__" in relative.parts or relative.name.startswith("."):
@@ -218,7 +218,7 @@ def test_demo_and_device_commands_run_from_the_wheel_with_extras(wheel, tmp_path
     for name in ("index.html", "dashboard.js", "dashboard.css"):
         assert (web / name).is_file(), f"the wheel lacks the dashboard's {name}"
     modules = report(demo)["modules"]
-    assert "fedspeech.demo" in modules
+    assert "fedspeech_bench.demo" in modules
     for name, path in modules.items():
         venv.assert_inside(path, name)
 
