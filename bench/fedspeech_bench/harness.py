@@ -1,7 +1,9 @@
-"""Benchmarks that train for real: `fedspeech bench strategies` and `fedspeech bench growing`.
+"""The harness of the benchmarks that train for real: arms run on an emulated fleet, seed by seed.
 
-Each compares arms (coordinator settings: a strategy, a model and its depth schedule) on the same
-emulated fleet, data split and seeds, and reports them against a baseline arm.
+`fedspeech bench strategies`, `growing` and `poisoning` are configurations of it (BenchConfig): each
+compares arms (coordinator settings: a strategy, a model and its depth schedule, attackers) on the same
+emulated fleet, data split and seeds, and reports them against a baseline arm. `bench seeds` runs each
+of its arms through run_once as well.
 """
 
 import logging

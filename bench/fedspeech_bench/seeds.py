@@ -139,7 +139,7 @@ def check_arms(names: Sequence[str]) -> None:
 
 
 def arm_for(name: str, setting: Setting) -> Arm:
-    """The bench.Arm of an arm name on a setting: its settings, the shared folder, FedBN's evaluation."""
+    """The harness.Arm of an arm name on a setting: its settings, the shared folder, FedBN's evaluation."""
     from fedspeech_bench.harness import Arm
 
     settings = dict(ARMS[name])
@@ -220,7 +220,7 @@ def completed_run(cfg: SeedsConfig, setting: Setting, arm: str, seed: int) -> Ru
 def train_run(
     cfg: SeedsConfig, setting: Setting, arm: str, seed: int, on_round: Callable[[int], None] = lambda n: None
 ) -> Run:
-    """Train one arm once on a setting and keep the run in OUT/completed; on_round as bench.run_once's."""
+    """Train one arm once on a setting and keep the run in OUT/completed; on_round as harness.run_once's."""
     from fedspeech_bench.harness import BenchConfig, run_once
 
     bench = BenchConfig(

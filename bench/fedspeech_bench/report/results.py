@@ -27,7 +27,7 @@ if TYPE_CHECKING:
     from fedspeech_bench.seeds import Results, SeedsConfig
     from fedspeech_bench.splits import Setting, SkewedDeal
 
-# Targets for rounds and time to target. The within-speaker splits use bench.DEFAULT_TARGETS; LOSO uses
+# Targets for rounds and time to target. The within-speaker splits use harness.DEFAULT_TARGETS; LOSO uses
 # EmoDB's (the same task, the same bar); the skewed fleet the 0.82 FedAvg needed 21 rounds for in the
 # issue that asked for this bench.
 LOSO_TARGET = 0.5

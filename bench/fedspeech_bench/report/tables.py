@@ -105,7 +105,7 @@ def loso_table(runs: Sequence[Run], baseline: str = BASELINE) -> str:
     """Speaker x arm final accuracy (mean over seeds), the mean row, and p and d against the baseline.
 
     p and d compare each arm's per-seed mean over the speakers with the baseline's (Welch's t-test,
-    Cohen's d), as bench_report.summarize does for final accuracy.
+    Cohen's d), as summaries.summarize does for final accuracy.
     """
     arms = list(dict.fromkeys(run.arm for run in runs))
     folds = sorted({loso_speaker(run) for run in runs})
