@@ -11,15 +11,24 @@ import numpy as np
 from fedspeech_bench.report.summaries import Summary, loso_speaker, mean_curve, mean_of
 
 if TYPE_CHECKING:
+    from types import ModuleType
+
     from fedspeech_bench.runs import Run
 
 
-def write_plots(corpus: str, runs: Sequence[Run], rows: list[Summary], out: Path) -> list[Path]:
-    """Accuracy against wall time (one line per run) and bytes per arm, as PNGs."""
+def _pyplot() -> ModuleType:
+    """matplotlib.pyplot drawing into files (Agg), imported only when a benchmark plots."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+
+    return plt
+
+
+def write_plots(corpus: str, runs: Sequence[Run], rows: list[Summary], out: Path) -> list[Path]:
+    """Accuracy against wall time (one line per run) and bytes per arm, as PNGs."""
+    plt = _pyplot()
 
     arms = [r.arm for r in rows]
     colors = {s: plt.cm.tab10(i) for i, s in enumerate(arms)}
@@ -50,10 +59,7 @@ def write_plots(corpus: str, runs: Sequence[Run], rows: list[Summary], out: Path
 
 def plot_rounds(split: str, runs: Sequence[Run], out: Path) -> Path:
     """Accuracy over rounds, one line per arm (mean over seeds and folds)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = _pyplot()
     from matplotlib.ticker import MaxNLocator
 
     fig, ax = plt.subplots(figsize=(8, 5))
@@ -72,10 +78,7 @@ def plot_rounds(split: str, runs: Sequence[Run], out: Path) -> Path:
 
 def plot_loso(runs: Sequence[Run], out: Path) -> Path:
     """Bars of each held-out speaker's accuracy, one per arm (mean over seeds)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = _pyplot()
 
     arms = list(dict.fromkeys(run.arm for run in runs))
     folds = sorted({loso_speaker(run) for run in runs})
