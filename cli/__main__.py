@@ -6,26 +6,20 @@ import signal
 from pathlib import Path
 from typing import NoReturn
 
-from fedspeech.bench_command import add_parser as add_bench_parser
 from fedspeech.connection_options import (
     add_broker_options,
     add_coordinator_trust_options,
     at_least,
     broker_settings,
-    cannot_serve,
-    check_free,
     coordinator_key,
     coordinator_url,
-    listen_port,
     read_secret,
-    results_folder,
     seconds,
-    unreachable,
 )
-from fedspeech.coordinator_command import STRATEGY_NAMES
 from fedspeech.coordinator_command import add_parser as add_coordinator_parser
 from fedspeech.devices import add_parser as add_devices_parser
-from fedspeech.protocol.topics import DEFAULT_ROOT, parse_broker_url
+from fedspeech.installed_commands import add_installed_commands, missing_command
+from fedspeech.protocol.topics import DEFAULT_ROOT
 from fedspeech.status import add_parser as add_status_parser
 
 
@@ -112,39 +106,6 @@ def _record(args: argparse.Namespace) -> None:
         raise SystemExit(f"fedspeech record: {exc}") from None
 
 
-def _demo(args: argparse.Namespace) -> None:
-    from fedspeech.coordinator.strategies import STRATEGIES
-    from fedspeech.demo import DemoConfig, run_demo
-
-    if args.strategy is not None and args.strategy not in STRATEGIES:
-        known = ", ".join(STRATEGIES)
-        raise SystemExit(f"fedspeech demo: unknown strategy {args.strategy!r}, expected one of {known}")
-    if args.fleet is not None and not args.fleet.is_file():
-        raise SystemExit(f"fedspeech demo: --fleet {args.fleet}: no such file (deploy/fleets/ has examples)")
-    if args.port != 0:
-        try:
-            check_free("127.0.0.1", args.port)
-        except OSError as exc:
-            raise SystemExit(f"fedspeech demo: {cannot_serve('127.0.0.1', args.port, exc)}") from None
-    if args.broker is not None:
-        _check_broker("demo", args.broker)
-    results_folder("demo", args.out)
-
-    run_demo(
-        DemoConfig(
-            out=args.out,
-            fleet=None if args.full_speed else args.fleet or DemoConfig.fleet,
-            strategy=args.strategy or DemoConfig.strategy,
-            rounds=args.rounds,
-            epochs=args.epochs,
-            broker_url=args.broker,
-            port=args.port,
-            max_samples=args.max_samples,
-            eval_every=args.eval_every if args.eval_every is not None else DemoConfig.eval_every,
-        )
-    )
-
-
 def _listen(args: argparse.Namespace) -> None:
     from fedspeech.edge_client.runtime.streaming import DetectorConfig
     from fedspeech.listen import ListenConfig, ListenError, list_devices, run_listen
@@ -173,18 +134,6 @@ def _listen(args: argparse.Namespace) -> None:
             run_listen(config)
     except ListenError as exc:
         raise SystemExit(f"fedspeech listen: {exc}") from None
-
-
-def _check_broker(command: str, url: str) -> None:
-    """SystemExit with one line if the broker URL is not one, or nothing answers there."""
-    try:
-        why = unreachable(*parse_broker_url(url))
-    except ValueError as exc:
-        raise SystemExit(f"fedspeech {command}: {exc}") from None
-    if why is not None:
-        raise SystemExit(
-            f"fedspeech {command}: nothing answers at {url} ({why}): start that broker, or leave out --broker"
-        )
 
 
 class _Parser(argparse.ArgumentParser):
@@ -250,22 +199,7 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--take-seconds", type=float, help="listening time per take (default: clip + 2 s)")
     r.set_defaults(run=_record)
 
-    m = sub.add_parser("demo", help="one coordinator and one device per FSDD speaker, end to end")
-    m.add_argument("--out", type=Path, default=Path("fedspeech-demo"), help="where results go")
-    m.add_argument("--fleet", type=Path, help="emulated fleet file (default deploy/fleets/pi-mix.toml)")
-    m.add_argument("--full-speed", action="store_true", help="one unthrottled device per speaker instead")
-    m.add_argument("--strategy", help=f"{STRATEGY_NAMES} (default epochs_only)")
-    m.add_argument("--rounds", type=at_least(1), default=30)
-    m.add_argument("--epochs", type=at_least(1), help="local epochs per round (default 2)")
-    m.add_argument("--broker", help="mqtt:// or mqtts:// (TLS) URL of an existing broker (default: embedded)")
-    m.add_argument("--port", type=listen_port, default=0, help="coordinator HTTP port (default: a free one)")
-    m.add_argument("--max-samples", type=at_least(1), help="train on at most this many clips per device")
-    m.add_argument(
-        "--eval-every", type=at_least(0), help="devices evaluate every N rounds' model (default 5)"
-    )
-    m.set_defaults(run=_demo)
-
-    add_bench_parser(sub)
+    add_installed_commands(sub)
 
     li = sub.add_parser("listen", help="run the global model on a microphone or an audio file (no torch)")
     source = li.add_mutually_exclusive_group()
@@ -305,6 +239,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> None:
     """Entry point of the `fedspeech` command."""
     args, unknown = build_parser().parse_known_args(argv)
+    missing_command(args)  # `fedspeech demo` without the benchmarks installed: one line, before its options
     if unknown:  # named here, after the subcommand, rather than by the top-level parser
         command = " ".join(filter(None, ("fedspeech", args.command, getattr(args, "bench", None))))
         raise SystemExit(f"{command}: unrecognized arguments: {' '.join(unknown)}; see `{command} --help`")

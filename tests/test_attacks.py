@@ -17,12 +17,14 @@ from pathlib import Path
 
 import paho.mqtt.client as mqtt
 import pytest
-from conftest import ScriptedDevice, free_port, get_json, wait_for
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from fedspeech.protocol import messages, signing, weights
 from fedspeech.protocol.messages import BlobRef, ModelAnnouncement, Registration, Task
 from fedspeech.protocol.topics import Topics, parse_broker_url
+from tests.helpers.devices import ScriptedDevice
+from tests.helpers.ports import free_port
+from tests.helpers.waiting import get_json, wait_for
 
 ROUNDS = 5
 DEVICES = ["jackson", "george"]

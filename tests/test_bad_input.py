@@ -5,10 +5,11 @@ from dataclasses import replace
 
 import numpy as np
 import pytest
-from conftest import one_round_coordinator, wait_for
 
 from fedspeech.protocol import messages, weights
 from fedspeech.protocol.messages import Credentials, DeviceStatus, Profile, Registration, Task
+from tests.helpers.devices import one_round_coordinator
+from tests.helpers.waiting import wait_for
 
 DEVICE = "bench-device"
 

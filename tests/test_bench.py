@@ -3,11 +3,14 @@
 import math
 
 import pytest
-from conftest import made_up_run
 from scipy import stats
 
-from fedspeech.bench import Run, arm_rounds, strategies_config
-from fedspeech.bench_report import markdown_table, summarize, welch, write_plots
+from fedspeech_bench.harness import arm_rounds, strategies_config
+from fedspeech_bench.report.plots import write_plots
+from fedspeech_bench.report.summaries import summarize, welch
+from fedspeech_bench.report.tables import markdown_table
+from fedspeech_bench.runs import Run
+from tests.helpers.bench_runs import made_up_run
 
 
 def _run(arm: str, seed: int, accuracies: list[float], round_s: float, mb_per_round: float) -> Run:
@@ -97,8 +100,8 @@ def test_a_buffered_strategy_runs_as_many_rounds_as_aggregate_as_many_results(tm
 
 
 def test_central_with_a_speaker_left_out_scores_on_all_of_that_speakers_clips():
-    from fedspeech.bench_central import central_split
     from fedspeech.models.clips.datasets import load_corpus, server_test_clips
+    from fedspeech_bench.central import central_split
 
     fsdd = load_corpus("fsdd")
     train, test = central_split(fsdd, "george")

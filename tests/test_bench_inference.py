@@ -2,8 +2,8 @@
 
 import json
 
-from fedspeech.bench_inference import run_inference_bench, spec_of
 from fedspeech.edge_client.runtime.session import OnnxModel
+from fedspeech_bench.inference import run_inference_bench, spec_of
 
 
 def test_inference_bench_measures_every_engine_and_the_listener(fsdd_model, tmp_path):

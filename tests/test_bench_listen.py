@@ -5,10 +5,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import SHARED_DATA, needs_shared
 
-from fedspeech.bench_listen import ListenBenchConfig, check_config, parse_models, run_listen_bench
-from fedspeech.listen_streams import (
+from fedspeech.models.clips.datasets import bundled_data_dir, load_corpus, server_test_clips
+from fedspeech.models.clips.tasks import BACKGROUND_NOISE
+from fedspeech_bench.listen import ListenBenchConfig, check_config, parse_models, run_listen_bench
+from fedspeech_bench.listen_streams import (
     Stream,
     build_stream,
     real_noise,
@@ -17,9 +18,8 @@ from fedspeech.listen_streams import (
     white_noise,
     with_noise,
 )
-from fedspeech.models.clips.datasets import bundled_data_dir, load_corpus, server_test_clips
-from fedspeech.models.clips.tasks import BACKGROUND_NOISE
-from fedspeech.word_alignment import Alignment, align
+from fedspeech_bench.word_alignment import Alignment, align
+from tests.helpers.shared_data import SHARED_DATA, needs_shared
 
 RATE = 8000
 

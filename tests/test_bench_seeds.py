@@ -6,15 +6,17 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from conftest import SHARED_DATA, made_up_run, needs_shared
 from scipy import stats
 
-from fedspeech import bench_seeds
-from fedspeech.bench import Run
-from fedspeech.bench_report import summarize
-from fedspeech.bench_seeds import SeedsConfig, add_parser, arm_for, check_arms, check_config
-from fedspeech.bench_seeds_report import loso_goal, loso_table, personalised_line, skewed_goal, table2
-from fedspeech.bench_splits import (
+from fedspeech.models.clips.datasets import SILENCE_SPEAKER, load_corpus
+from fedspeech.models.clips.folders import list_folder
+from fedspeech_bench import seeds as bench_seeds
+from fedspeech_bench.fleets.fleet_files import DEFAULT_FLEETS, DeviceSpec, load_fleet
+from fedspeech_bench.report.summaries import summarize
+from fedspeech_bench.report.tables import loso_goal, loso_table, personalised_line, skewed_goal, table2
+from fedspeech_bench.runs import Run
+from fedspeech_bench.seeds import SeedsConfig, add_parser, arm_for, check_arms, check_config
+from fedspeech_bench.splits import (
     Setting,
     folder_train_clips,
     loso_settings,
@@ -23,9 +25,8 @@ from fedspeech.bench_splits import (
     validation_clips,
     within_setting,
 )
-from fedspeech.fleets.fleet_files import DEFAULT_FLEETS, DeviceSpec, load_fleet
-from fedspeech.models.clips.datasets import SILENCE_SPEAKER, load_corpus
-from fedspeech.models.clips.folders import list_folder
+from tests.helpers.bench_runs import made_up_run
+from tests.helpers.shared_data import SHARED_DATA, needs_shared
 
 
 def _linked(folder: Path) -> dict[Path, str]:
@@ -222,7 +223,7 @@ def test_skewed_goal_uses_the_seed_mean_curve():
 
 
 def test_launch_gives_a_folder_device_its_data(monkeypatch, tmp_path):
-    from fedspeech.fleets import launch
+    from fedspeech_bench.fleets import launch
 
     started = []
     monkeypatch.setattr(launch, "start_device", lambda spec, args, *a, **k: started.append(args))

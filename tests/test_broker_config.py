@@ -21,12 +21,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from conftest import Processes, free_port, wait_for
 
 from fedspeech.protocol import messages, signing
 from fedspeech.protocol.messages import MAX_MESSAGE_BYTES, ModelAnnouncement
 from fedspeech.protocol.mqtt import BrokerSettings, LastWill, connect, make_client
 from fedspeech.protocol.topics import Topics
+from tests.helpers.devices import Processes
+from tests.helpers.ports import free_port
+from tests.helpers.waiting import wait_for
 
 DEPLOY = Path(__file__).resolve().parent.parent / "deploy"
 TOPICS = Topics("fedspeech/v1")  # the root the ACL names

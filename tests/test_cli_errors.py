@@ -17,9 +17,11 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
-from conftest import SHARED_DATA, free_port, get_json, needs_shared, wait_for
 
 from fedspeech.coordinator.broker import EmbeddedBroker
+from tests.helpers.ports import free_port
+from tests.helpers.shared_data import SHARED_DATA, needs_shared
+from tests.helpers.waiting import get_json, wait_for
 
 CLIENT_LOG = "fedspeech.edge_client.coordinator_http"
 FSDD_CLIP = Path(__file__).resolve().parents[1] / "data" / "fsdd" / "recordings" / "0_george_0.flac"

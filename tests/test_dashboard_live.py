@@ -11,13 +11,14 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from conftest import Processes, get_json, start_clients, wait_for
 from prometheus_client.parser import text_string_to_metric_families
 
-from fedspeech.bench_dashboard import chromium, shown_round
 from fedspeech.coordinator.app import create_app, serve
 from fedspeech.protocol import messages
 from fedspeech.protocol.messages import Profile, Registration
+from fedspeech_bench.dashboard import chromium, shown_round
+from tests.helpers.devices import Processes, start_clients
+from tests.helpers.waiting import get_json, wait_for
 
 SPEAKERS = ["george", "jackson", "theo"]
 ROUNDS = 2

@@ -3,7 +3,6 @@
 import numpy as np
 import pytest
 import soundfile
-from conftest import SHARED_DATA, needs_shared
 
 from fedspeech.models.clips.datasets import (
     AudioError,
@@ -17,6 +16,7 @@ from fedspeech.models.clips.datasets import (
     server_test_clips,
     speakers,
 )
+from tests.helpers.shared_data import SHARED_DATA, needs_shared
 
 
 @pytest.fixture(scope="module")

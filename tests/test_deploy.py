@@ -19,11 +19,13 @@ from pathlib import Path
 import pytest
 import test_wheel
 import yaml  # PyYAML: amqtt, of the coordinator extra, depends on it
-from conftest import Processes, free_port, wait_for
 from test_wheel import CLIP, DETECTION
 
 from fedspeech.__main__ import build_parser
 from fedspeech.coordinator.metrics import METRIC_NAMES
+from tests.helpers.devices import Processes
+from tests.helpers.ports import free_port
+from tests.helpers.waiting import wait_for
 
 wheel = test_wheel.wheel  # the fixture: the wheel built from a copy of the tree, once per module
 

@@ -23,7 +23,6 @@ from pathlib import Path
 import numpy as np
 import paho.mqtt.client as mqtt
 import pytest
-from conftest import free_port
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from fedspeech.edge_client import ClientConfig, DataSource, run_client
@@ -43,6 +42,7 @@ from fedspeech.protocol.messages import (
 )
 from fedspeech.protocol.mqtt import BrokerSettings
 from fedspeech.protocol.topics import Topics
+from tests.helpers.ports import free_port
 
 BROKER_URL = "mqtt://127.0.0.1:1883"
 SPEAKER = "jackson"

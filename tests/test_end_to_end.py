@@ -8,7 +8,6 @@ from contextlib import contextmanager
 
 import paho.mqtt.client as mqtt
 import pytest
-from conftest import free_port, get_json, start_clients, wait_for
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
 from fedspeech.coordinator.app import create_app, serve
@@ -16,6 +15,9 @@ from fedspeech.models.clips.datasets import client_clips, load_corpus
 from fedspeech.protocol import messages, signing, weights
 from fedspeech.protocol.messages import ModelAnnouncement
 from fedspeech.protocol.topics import Topics, parse_broker_url
+from tests.helpers.devices import start_clients
+from tests.helpers.ports import free_port
+from tests.helpers.waiting import get_json, wait_for
 
 SPEAKERS = ["jackson", "nicolas", "theo"]
 ROUNDS = 2

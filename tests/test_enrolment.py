@@ -5,7 +5,6 @@ import time
 
 import paho.mqtt.client as mqtt
 import pytest
-from conftest import one_round_coordinator, wait_for
 
 from fedspeech.coordinator.app import create_app
 from fedspeech.coordinator.enrolment import add_device, revoke_device
@@ -21,6 +20,8 @@ from fedspeech.protocol.messages import (
 )
 from fedspeech.protocol.mqtt import BrokerSettings
 from fedspeech.protocol.topics import Topics, parse_broker_url
+from tests.helpers.devices import one_round_coordinator
+from tests.helpers.waiting import wait_for
 
 
 @pytest.fixture

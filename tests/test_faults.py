@@ -19,11 +19,13 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import Processes, ScriptedDevice, free_port, get_json, start_clients, wait_for
 
 from fedspeech.protocol import messages, signing, weights
 from fedspeech.protocol.messages import Task
 from fedspeech.protocol.topics import Topics
+from tests.helpers.devices import Processes, ScriptedDevice, start_clients
+from tests.helpers.ports import free_port
+from tests.helpers.waiting import get_json, wait_for
 
 SAMPLES = 40
 

@@ -4,7 +4,6 @@ import logging
 
 import numpy as np
 import pytest
-from conftest import one_round_coordinator, wait_for
 
 from fedspeech.coordinator.evaluation import combine
 from fedspeech.coordinator.evaluation_phase import evaluates, evaluation_plan, evaluators
@@ -12,6 +11,8 @@ from fedspeech.coordinator.round_config import RoundConfig
 from fedspeech.models import scores
 from fedspeech.protocol import messages, weights
 from fedspeech.protocol.messages import Credentials, EvaluationReport, Profile, Registration
+from tests.helpers.devices import one_round_coordinator
+from tests.helpers.waiting import wait_for
 
 
 def test_pooled_counts_score_like_the_union_of_the_test_sets():

@@ -17,17 +17,23 @@ from pathlib import Path
 import paho.mqtt.client as mqtt
 import pytest
 
-from fedspeech.fleets.cpu_limits import ONE_THREAD, run_limited
-from fedspeech.fleets.fleet_files import DeviceSpec, check_fleet, hosted_fleet, load_fleet, machine_cores
-from fedspeech.fleets.launch import launch_fleet, stop_fleet
-from fedspeech.fleets.network_proxy import DelayProxy
 from fedspeech.models.clips.datasets import load_corpus, speakers
 from fedspeech.models.clips.tasks import BUILTIN_TASKS, spec_for
 from fedspeech.protocol import messages
 from fedspeech.protocol.messages import TaskInfo
 from fedspeech.protocol.topics import parse_broker_url
+from fedspeech_bench.fleets.cpu_limits import ONE_THREAD, run_limited
+from fedspeech_bench.fleets.fleet_files import (
+    DeviceSpec,
+    check_fleet,
+    hosted_fleet,
+    load_fleet,
+    machine_cores,
+)
+from fedspeech_bench.fleets.launch import launch_fleet, stop_fleet
+from fedspeech_bench.fleets.network_proxy import DelayProxy
 
-FLEETS = Path(__file__).resolve().parents[1] / "deploy" / "fleets"
+FLEETS = Path(__file__).resolve().parents[1] / "bench" / "fedspeech_bench" / "fleets"
 EMODB_SPEAKERS = {"03", "08", "09", "10", "11", "12", "13", "14", "15", "16"}
 
 

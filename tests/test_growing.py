@@ -4,7 +4,6 @@ import numpy as np
 import onnx
 import pytest
 import torch
-from conftest import free_port, start_clients
 from test_end_to_end import running_coordinator, wait_until_finished
 
 from fedspeech.coordinator.scheduling import depth_for_round
@@ -15,6 +14,8 @@ from fedspeech.models.train import get_arrays, set_arrays
 from fedspeech.models.transformer import ScaledLinear
 from fedspeech.protocol import weights
 from fedspeech.protocol.messages import ModelSpec
+from tests.helpers.devices import start_clients
+from tests.helpers.ports import free_port
 
 
 def spec(depth: int, name: str = "transformer") -> ModelSpec:

@@ -16,7 +16,6 @@ from pathlib import Path
 
 import psutil
 import pytest
-from conftest import free_port, get_json, one_round_coordinator, wait_for
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
@@ -26,6 +25,9 @@ from fedspeech.coordinator.api import MAX_UPDATE_BYTES
 from fedspeech.coordinator.app import create_app, serve
 from fedspeech.protocol import messages, weights
 from fedspeech.protocol.messages import Credentials, Profile, Registration
+from tests.helpers.devices import one_round_coordinator
+from tests.helpers.ports import free_port
+from tests.helpers.waiting import get_json, wait_for
 
 HTTP_TIMEOUT_S = 2.0
 MiB = 1024 * 1024

@@ -18,7 +18,6 @@ import paho.mqtt.client as mqtt
 import pytest
 import soundfile
 import soxr
-from conftest import free_port, wait_for, with_metadata
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from fedspeech.edge_client.runtime.session import OnnxModel
@@ -27,6 +26,9 @@ from fedspeech.protocol import messages, signing, weights
 from fedspeech.protocol.labels import is_word
 from fedspeech.protocol.messages import BlobRef, ModelAnnouncement, ModelSpec
 from fedspeech.protocol.topics import Topics, parse_broker_url
+from tests.helpers.onnx_files import with_metadata
+from tests.helpers.ports import free_port
+from tests.helpers.waiting import wait_for
 
 RECORDINGS = Path(__file__).resolve().parent.parent / "data" / "fsdd" / "recordings"
 SPEAKER, TAKE = "lucas", 1  # a held-out take: FSDD's recordings 0-4 are its test split, never trained on

@@ -5,11 +5,11 @@ import shutil
 from pathlib import Path
 
 import pytest
-from conftest import start_clients
 from test_end_to_end import running_coordinator, wait_until_finished
 
 from fedspeech.models.clips.datasets import client_clips, load_corpus
 from fedspeech.protocol import weights
+from tests.helpers.devices import start_clients
 
 SPEAKERS = ["jackson", "nicolas"]
 ROUNDS = 2

@@ -9,10 +9,11 @@ from collections import defaultdict
 from pathlib import Path
 
 import pytest
-from conftest import free_port, get_json, wait_for
 
 from fedspeech.models.clips.datasets import load_corpus
 from fedspeech.models.clips.tasks import SPEECH_COMMANDS_LABELS
+from tests.helpers.ports import free_port
+from tests.helpers.waiting import get_json, wait_for
 
 SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
 ROUNDS = 4

@@ -24,8 +24,11 @@ from pathlib import Path
 
 import pytest
 import test_wheel
-from conftest import Processes, free_port, get_json, wait_for
 from test_wheel import CLIP, DETECTION, run
+
+from tests.helpers.devices import Processes
+from tests.helpers.ports import free_port
+from tests.helpers.waiting import get_json, wait_for
 
 wheel = test_wheel.wheel  # the fixture: the wheel built from a copy of the tree, once per module
 

@@ -16,9 +16,9 @@ import psutil
 import pytest
 
 from fedspeech.edge_client.profile import cgroup_dirs, measure_cpu_gflops, measure_profile, measure_rtt_ms
-from fedspeech.fleets.cpu_limits import ONE_THREAD, run_limited
-from fedspeech.fleets.fleet_files import DeviceSpec
-from fedspeech.fleets.launch import proxied_urls
+from fedspeech_bench.fleets.cpu_limits import ONE_THREAD, run_limited
+from fedspeech_bench.fleets.fleet_files import DeviceSpec
+from fedspeech_bench.fleets.launch import proxied_urls
 
 # What a device measures, run as its own process: CPU_i from the fixed benchmark, then T_i from a
 # short real local training of the CNN on 40 FSDD clips with one torch thread (after a warm-up step,

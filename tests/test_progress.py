@@ -6,17 +6,18 @@ from dataclasses import asdict
 
 import numpy as np
 import pytest
-from conftest import made_up_run
 
-from fedspeech import bench, bench_seeds
-from fedspeech.bench_listen import ListenBenchConfig, condition_count, conditions
-from fedspeech.bench_splits import Setting
 from fedspeech.coordinator.store import RoundRecord
-from fedspeech.demo import round_printer
-from fedspeech.listen_streams import Stream, Word
 from fedspeech.models.clips.datasets import bundled_data_dir
 from fedspeech.models.clips.tasks import BACKGROUND_NOISE
-from fedspeech.progress import CLEAR_LINE, Progress, duration_text, eta_s, progress_line
+from fedspeech_bench import harness as bench
+from fedspeech_bench import seeds as bench_seeds
+from fedspeech_bench.demo import round_printer
+from fedspeech_bench.listen import ListenBenchConfig, condition_count, conditions
+from fedspeech_bench.listen_streams import Stream, Word
+from fedspeech_bench.progress import CLEAR_LINE, Progress, duration_text, eta_s, progress_line
+from fedspeech_bench.splits import Setting
+from tests.helpers.bench_runs import made_up_run
 
 
 class Clock:

@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 import soundfile
 import soxr
-from conftest import wait_for
 
 from fedspeech.edge_client.recording import TakeRefused, trim_take
+from tests.helpers.waiting import wait_for
 
 RECORDINGS = Path(__file__).resolve().parent.parent / "data" / "fsdd" / "recordings"
 RATE = 8000  # FSDD's

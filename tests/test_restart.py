@@ -3,9 +3,10 @@
 import signal
 import time
 
-from conftest import ScriptedDevice, free_port, get_json, start_clients, wait_for
-
 from fedspeech.protocol.topics import Topics
+from tests.helpers.devices import ScriptedDevice, start_clients
+from tests.helpers.ports import free_port
+from tests.helpers.waiting import get_json, wait_for
 
 SPEAKERS = ["george", "lucas"]
 ROUNDS = 4

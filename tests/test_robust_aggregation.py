@@ -14,10 +14,10 @@ from fedspeech.coordinator.aggregate import (
 from fedspeech.coordinator.strategies import STRATEGIES, Result, make_strategy
 from fedspeech.coordinator.strategies.trimmed_mean import FedTrimmedMean
 from fedspeech.edge_client.trainer import Trainer
-from fedspeech.fleets.poisoning import AttackingTrainer, attacking_trainer, tamper
 from fedspeech.protocol import weights
 from fedspeech.protocol.messages import Profile
 from fedspeech.protocol.weights import Arrays
+from fedspeech_bench.fleets.poisoning import AttackingTrainer, attacking_trainer, tamper
 
 RNG = np.random.default_rng(0)
 START = {

@@ -5,7 +5,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 import soundfile
-from conftest import with_metadata
 
 from fedspeech.edge_client.runtime.session import OnnxModel
 from fedspeech.edge_client.runtime.speech_gate import FLOOR_BLOCK_S, GateConfig, SpeechGate
@@ -16,6 +15,7 @@ from fedspeech.edge_client.runtime.streaming import (
     StreamingDetector,
     segment_score,
 )
+from tests.helpers.onnx_files import with_metadata
 
 RECORDINGS = Path(__file__).resolve().parent.parent / "data" / "fsdd" / "recordings"
 RATE, FRAME = 8000, 80  # FSDD's rate; 10 ms frames

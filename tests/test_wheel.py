@@ -1,5 +1,8 @@
 """The wheel: built from the source tree, installed into fresh venvs outside it, run from there.
 
+The fedspeech wheel carries no benchmark nor emulated fleet: those are fedspeech-bench's (bench/), whose
+wheel the demo's venv installs beside it.
+
 Slow (a few minutes: one build, two installs, a short demo), so it is marked `slow`; it still runs by
 default, as in CI. Every command's output goes into the failure message.
 """
@@ -50,7 +53,7 @@ from fedspeech.__main__ import main
 try:
     main(sys.argv[1:])
 finally:
-    ours = [name for name in sys.modules if name.split(".")[0] == "fedspeech"]
+    ours = [name for name in sys.modules if name.split(".")[0] in ("fedspeech", "fedspeech_bench")]
     modules = {name: getattr(sys.modules[name], "__file__", None) for name in ours}
     report = {"torch_tried": TorchWatch.tried, "onnxruntime": "onnxruntime" in sys.modules}
     print(MARK + json.dumps(report | {"modules": modules}), flush=True)
@@ -89,8 +92,8 @@ def report(result: subprocess.CompletedProcess) -> dict:
 class Venv:
     """A fresh venv with the wheel installed, and commands run from it, outside the checkout."""
 
-    def __init__(self, folder: Path, requirement: str) -> None:
-        """Create the venv in folder and pip-install requirement into it."""
+    def __init__(self, folder: Path, *requirements: str) -> None:
+        """Create the venv in folder and pip-install the requirements into it."""
         assert not folder.resolve().is_relative_to(ROOT), f"{folder} is inside the checkout"
         self.folder, self.cwd = folder, folder.parent
         self.bin = folder / "bin"
@@ -102,7 +105,7 @@ class Venv:
         self.env |= {"PYTHONNOUSERSITE": "1", "PYTHONUNBUFFERED": "1"}
         run([sys.executable, "-m", "venv", folder], self.cwd, 300)
         # --no-compile: pip would byte-compile all of torch, most of which the test never imports
-        pip = [self.python, "-m", "pip", "install", "--no-input", "--no-compile", requirement]
+        pip = [self.python, "-m", "pip", "install", "--no-input", "--no-compile", *requirements]
         run(pip, self.cwd, 900, self.env)
 
     def run(self, *args: str | Path, timeout: float = 300) -> subprocess.CompletedProcess:
@@ -136,16 +139,25 @@ def wheel(tmp_path_factory) -> Path:
     junk += ["fedspeech-demo", "fedspeech-state"]  # the demo's output, where someone ran it in the checkout
     shutil.copytree(ROOT, source, ignore=shutil.ignore_patterns(*junk))
     run([sys.executable, "-m", "build", "--wheel", "--outdir", work / "dist", source], work, 600)
-    (path,) = (work / "dist").glob("fedspeech-*.whl")
+    (path,) = (work / "dist").glob("fedspeech-0*.whl")
+    return path
+
+
+@pytest.fixture(scope="module")
+def bench_wheel(wheel) -> Path:
+    """fedspeech-bench's wheel, built from bench/ of the same copy of the source tree."""
+    source = wheel.parents[1] / "source" / "bench"
+    run([sys.executable, "-m", "build", "--wheel", "--outdir", wheel.parent, source], wheel.parents[1], 600)
+    (path,) = wheel.parent.glob("fedspeech_bench-*.whl")
     return path
 
 
 def expected_files(source: Path) -> set[str]:
-    """What a wheel of source must hold besides its metadata: every module, the data, fleets and dashboard."""
+    """What a wheel of source must hold besides its metadata: every module, the data and the dashboard."""
     setuptools = tomllib.loads((source / "pyproject.toml").read_text())["tool"]["setuptools"]
     files = set()
     for package, folder in setuptools["package-dir"].items():
-        data_folder = package in ("fedspeech.data", "fedspeech.fleets")
+        data_folder = package == "fedspeech.data"
         for path in (source / folder).rglob("*"):
             relative = path.relative_to(source / folder)
             if path.is_dir() or "__pycache__" in relative.parts or relative.name.startswith("."):
@@ -156,7 +168,7 @@ def expected_files(source: Path) -> set[str]:
     return files
 
 
-def test_wheel_holds_the_code_the_data_and_the_fleets(wheel):
+def test_wheel_holds_the_code_and_the_data_and_no_benchmark(wheel):
     with zipfile.ZipFile(wheel) as archive:
         names = archive.namelist()
         (entry_points,) = [n for n in names if n.endswith(".dist-info/entry_points.txt")]
@@ -166,13 +178,16 @@ def test_wheel_holds_the_code_the_data_and_the_fleets(wheel):
     assert len(recordings) == 3000
     assert {"fedspeech/data/fsdd/LICENSE", "fedspeech/data/fsdd/SOURCE.md"} <= files
     source = wheel.parents[1] / "source"  # the copy it was built from
-    fleets = {f"fedspeech/fleets/{path.name}" for path in (source / "deploy" / "fleets").glob("*.toml")}
-    assert fleets and fleets <= files
+    # the benchmarks, the demo and the emulated fleet are fedspeech-bench's, not the devices'
+    bench = [n for n in files if n.startswith(("fedspeech/fleets/", "fedspeech_bench/"))]
+    bench += [n for n in files if re.match(r"fedspeech/(bench|demo|fleet_run|progress)\w*\.py$", n)]
+    assert not bench, f"benchmark or fleet code in the wheel: {sorted(bench)}"
     assert not [n for n in names if n.startswith("tests/") or "/tests/" in n or n.endswith(".pyc")]
     expected = expected_files(source)
     assert not expected - files, f"missing from the wheel: {sorted(expected - files)}"
     assert not files - expected, f"not expected in the wheel: {sorted(files - expected)}"
     assert "fedspeech = fedspeech.__main__:main" in entry_points
+    assert "fedspeech.commands" not in entry_points
 
 
 def test_listen_runs_from_the_wheel_without_torch(wheel, fsdd_model, tmp_path):
@@ -194,6 +209,14 @@ def test_listen_runs_from_the_wheel_without_torch(wheel, fsdd_model, tmp_path):
     assert labels, f"no detection\n{_output(listened.stdout, listened.stderr)}"
     assert set(labels) == {"1"}, f"heard {labels} in {CLIP}"
 
+    # without fedspeech-bench, the demo is one line saying how to install it
+    demo = subprocess.run(
+        [venv.bin / "fedspeech", "demo"], capture_output=True, text=True, env=venv.env, timeout=120
+    )
+    assert demo.returncode != 0 and demo.stderr.strip().splitlines() == [
+        "fedspeech demo: install the benchmarks from a checkout: pip install -e ./bench"
+    ], _output(demo.stdout, demo.stderr)
+
     # the same command in-process, watched: torch is never even looked for
     watched = report(venv.fedspeech("listen", "--model", fsdd_model.onnx_path, "--input", clip))
     assert watched["torch_tried"] == []
@@ -203,8 +226,8 @@ def test_listen_runs_from_the_wheel_without_torch(wheel, fsdd_model, tmp_path):
     venv.remove()
 
 
-def test_demo_and_device_commands_run_from_the_wheel_with_extras(wheel, tmp_path):
-    venv = Venv(tmp_path / "venv", f"{wheel}[train,coordinator]")
+def test_demo_and_device_commands_run_from_the_wheel_with_extras(wheel, bench_wheel, tmp_path):
+    venv = Venv(tmp_path / "venv", f"{wheel}[train,coordinator]", str(bench_wheel))
     out = tmp_path / "demo"
     argv = ["demo", "--rounds", "2", "--full-speed", "--max-samples", "60", "--out", out]
     demo = venv.fedspeech(*argv, timeout=900)
@@ -218,7 +241,7 @@ def test_demo_and_device_commands_run_from_the_wheel_with_extras(wheel, tmp_path
     for name in ("index.html", "dashboard.js", "dashboard.css"):
         assert (web / name).is_file(), f"the wheel lacks the dashboard's {name}"
     modules = report(demo)["modules"]
-    assert "fedspeech.demo" in modules
+    assert "fedspeech_bench.demo" in modules
     for name, path in modules.items():
         venv.assert_inside(path, name)
 

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import IO
 
 from fedspeech.edge_client.profile import cgroup_dirs
-from fedspeech.fleets.network_proxy import DelayProxy
+from fedspeech_bench.fleets.network_proxy import DelayProxy
 
 log = logging.getLogger(__name__)
 

@@ -9,10 +9,10 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from fedspeech.coordinator.store import RoundRecord
-from fedspeech.fleet_run import fleet_run
-from fedspeech.fleets.fleet_files import DEFAULT_FLEETS, DeviceSpec, check_fleet, load_fleet
 from fedspeech.models.clips.datasets import load_corpus, speakers
-from fedspeech.progress import duration_text, eta_s
+from fedspeech_bench.fleet_run import fleet_run
+from fedspeech_bench.fleets.fleet_files import DEFAULT_FLEETS, DeviceSpec, check_fleet, load_fleet
+from fedspeech_bench.progress import duration_text, eta_s
 
 log = logging.getLogger(__name__)
 

@@ -19,8 +19,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # the command line is built without the benchmark's heavy imports
-    from fedspeech.fleets.fleet_files import DeviceSpec
     from fedspeech.models.clips.datasets import Clip, Corpus
+    from fedspeech_bench.fleets.fleet_files import DeviceSpec
 
 SPLITS = ("fsdd-within", "emodb-within", "emodb-loso", "speech-commands-skewed")
 SPLIT_CORPUS = {
@@ -178,7 +178,7 @@ def folder_train_clips(clips: Iterable[Clip], labels: Sequence[str]) -> list[Cli
 
 def skewed_setting(corpus: Corpus, out: Path) -> tuple[Setting, SkewedDeal]:
     """The skewed fleet: a folder of links per device (`fedspeech client --data`), and its evaluation set."""
-    from fedspeech.fleets.fleet_files import DeviceSpec
+    from fedspeech_bench.fleets.fleet_files import DeviceSpec
 
     deal = skewed_deal(corpus)
     root = out / "data" / "speech-commands-skewed"

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-FLEETS_DIR = Path(str(importlib.resources.files("fedspeech.fleets")))
+FLEETS_DIR = Path(str(importlib.resources.files("fedspeech_bench.fleets")))
 DEFAULT_FLEETS = {"fsdd": FLEETS_DIR / "pi-mix.toml", "emodb": FLEETS_DIR / "pi-mix-10.toml"}
 
 

@@ -1,16 +1,18 @@
-"""`fedspeech bench central`: the model trained on every device's clips pooled, for comparison."""
+"""Centralised training, the reference every benchmark compares with, and `fedspeech bench central`."""
 
 import json
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
 
-from fedspeech.progress import Progress
+from fedspeech_bench.progress import Progress
 
 if TYPE_CHECKING:
     from fedspeech.models.clips.datasets import Clip, Corpus
+    from fedspeech.protocol.messages import ModelSpec
 
 
 @dataclass(frozen=True)
@@ -36,6 +38,57 @@ def central_split(corpus: "Corpus", left_out: str | None = None) -> tuple[list["
     return leave_one_speaker_out(corpus, left_out)
 
 
+@dataclass(frozen=True)
+class CentralScore:
+    """What one centralised training scored on its test clips, and the seconds it took."""
+
+    accuracy: float
+    macro_f1: float
+    seconds: float
+
+
+def train_central(
+    spec: "ModelSpec",
+    train_clips: Sequence["Clip"],
+    test_clips: Sequence["Clip"],
+    seed: int,
+    epochs: int,
+    threads: int = 2,
+) -> CentralScore:
+    """Train the spec's model on the clips pooled in one place, as the federated runs train; score it.
+
+    The same model, batch size and learning rate as a federated device's round (RoundConfig's); the
+    seconds count training and scoring, not loading the clips.
+    """
+    import time
+
+    import torch
+
+    from fedspeech.coordinator.round_config import RoundConfig
+    from fedspeech.models import build_model
+    from fedspeech.models.clips.datasets import load_waveforms
+    from fedspeech.models.train import evaluate, train_local
+
+    torch.set_num_threads(threads)
+    torch.manual_seed(seed)
+    train_x, train_y = load_waveforms(list(train_clips), spec.sample_rate, spec.num_samples)
+    test_x, test_y = load_waveforms(list(test_clips), spec.sample_rate, spec.num_samples)
+    net = build_model(spec)
+    defaults = RoundConfig()
+    start = time.perf_counter()
+    train_local(
+        net,
+        train_x,
+        train_y,
+        epochs=epochs,
+        batch_size=defaults.batch_size,
+        learning_rate=defaults.learning_rate,
+        seed=seed,
+    )
+    result = evaluate(net, test_x, test_y)
+    return CentralScore(result.accuracy, result.macro_f1, time.perf_counter() - start)
+
+
 def central_run(
     corpus: str,
     seed: int,
@@ -51,37 +104,14 @@ def central_run(
     is the price of keeping the clips on the devices. With left_out, the other speakers' training splits
     train and all of that speaker's clips score, as the federated leave-one-speaker-out split does.
     """
-    import time
+    from fedspeech.models.clips.datasets import default_spec, load_corpus
 
-    import torch
-
-    from fedspeech.coordinator.round_config import RoundConfig
-    from fedspeech.models import build_model
-    from fedspeech.models.clips.datasets import default_spec, load_corpus, load_waveforms
-    from fedspeech.models.train import evaluate, train_local
-
-    torch.set_num_threads(threads)
-    torch.manual_seed(seed)
     data = load_corpus(corpus, data_dir)
     spec = default_spec(data, name=model)
     train_clips, test_clips = central_split(data, left_out)
-    train = load_waveforms(train_clips, spec.sample_rate, spec.num_samples)
-    test = load_waveforms(test_clips, spec.sample_rate, spec.num_samples)
-    net = build_model(spec)
-    start = time.perf_counter()
-    defaults = RoundConfig()
-    train_local(
-        net,
-        *train,
-        epochs=epochs,
-        batch_size=defaults.batch_size,
-        learning_rate=defaults.learning_rate,
-        seed=seed,
-    )
-    result = evaluate(net, *test)
-    seconds = time.perf_counter() - start
+    score = train_central(spec, train_clips, test_clips, seed, epochs, threads)
     return CentralRun(
-        corpus, seed, epochs, result.accuracy, result.macro_f1, seconds, len(test_clips), left_out
+        corpus, seed, epochs, score.accuracy, score.macro_f1, score.seconds, len(test_clips), left_out
     )
 
 

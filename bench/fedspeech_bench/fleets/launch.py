@@ -4,9 +4,9 @@ import sys
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
-from fedspeech.fleets.cpu_limits import ONE_THREAD, DeviceProcess, run_limited
-from fedspeech.fleets.fleet_files import DeviceSpec
-from fedspeech.fleets.network_proxy import DelayProxy
+from fedspeech_bench.fleets.cpu_limits import ONE_THREAD, DeviceProcess, run_limited
+from fedspeech_bench.fleets.fleet_files import DeviceSpec
+from fedspeech_bench.fleets.network_proxy import DelayProxy
 
 
 def _proxy_url(url: str, proxy: DelayProxy) -> str:

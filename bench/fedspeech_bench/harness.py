@@ -1,23 +1,22 @@
-"""Benchmarks that train for real: `fedspeech bench strategies` and `fedspeech bench growing`.
+"""The harness of the benchmarks that train for real: arms run on an emulated fleet, seed by seed.
 
-Each compares arms (coordinator settings: a strategy, a model and its depth schedule) on the same
-emulated fleet, data split and seeds, and reports them against a baseline arm.
+`fedspeech bench strategies`, `growing` and `poisoning` are configurations of it (BenchConfig): each
+compares arms (coordinator settings: a strategy, a model and its depth schedule, attackers) on the same
+emulated fleet, data split and seeds, and reports them against a baseline arm. `bench seeds` runs each
+of its arms through run_once as well.
 """
 
-import json
 import logging
 import math
 import shutil
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from fedspeech.bench_report import markdown_table, summarize, write_plots
-from fedspeech.coordinator.store import RoundRecord
 from fedspeech.coordinator.strategies import STRATEGIES
-from fedspeech.fleet_run import attacking_devices, fleet_run
-from fedspeech.fleets.fleet_files import (
+from fedspeech_bench.fleet_run import attacking_devices, fleet_run
+from fedspeech_bench.fleets.fleet_files import (
     DEFAULT_FLEETS,
     FLEETS_DIR,
     DeviceSpec,
@@ -25,7 +24,9 @@ from fedspeech.fleets.fleet_files import (
     hosted_fleet,
     load_fleet,
 )
-from fedspeech.progress import Progress
+from fedspeech_bench.progress import Progress
+from fedspeech_bench.report.results import write_results
+from fedspeech_bench.runs import Run
 
 log = logging.getLogger(__name__)
 
@@ -157,71 +158,6 @@ def poisoning_config(out: Path, strategies: Sequence[str] = ROBUST_STRATEGIES, *
     return BenchConfig(out, arms, "clean-fedavg", title, corpora=["fsdd"], fleets=fleets, **kw)
 
 
-@dataclass(frozen=True)
-class Run:
-    """One training run: its rounds as stored, times counted from t0, the start of its first round."""
-
-    corpus: str
-    arm: str
-    seed: int
-    rounds: list[RoundRecord]
-    t0: float
-
-    @property
-    def accuracies(self) -> list[float]:
-        """Each round's accuracy: pooled over the devices where they evaluated, else the coordinator's."""
-        return [_accuracy(r) for r in self.rounds]
-
-    @property
-    def final_accuracy(self) -> float:
-        """Accuracy of the last global model."""
-        return self.accuracies[-1]
-
-    @property
-    def wall_s(self) -> float:
-        """Seconds from start to the last round's end."""
-        return self.rounds[-1].finished_at - self.t0
-
-    @property
-    def bytes_total(self) -> int:
-        """Bytes up plus bytes down over all rounds."""
-        return sum(r.bytes_up + r.bytes_down for r in self.rounds)
-
-    def time_to(self, target: float) -> float | None:
-        """Seconds until the global model first reached the target accuracy, or None."""
-        return next((r.finished_at - self.t0 for r in self.rounds if _accuracy(r) >= target), None)
-
-    def bytes_to(self, target: float) -> int | None:
-        """Bytes up and down until the global model first reached the target accuracy, or None."""
-        moved = 0
-        for r in self.rounds:
-            moved += r.bytes_up + r.bytes_down
-            if _accuracy(r) >= target:
-                return moved
-        return None
-
-    def rounds_to(self, target: float) -> int | None:
-        """The first round whose global model reached the target accuracy, or None."""
-        return next((r.round for r in self.rounds if _accuracy(r) >= target), None)
-
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> "Run":
-        """A run back from its dataclasses.asdict form (as results.json holds it)."""
-        rounds = [RoundRecord(**record) for record in data["rounds"]]
-        return cls(data["corpus"], data["arm"], int(data["seed"]), rounds, float(data["t0"]))
-
-
-def _accuracy(record: RoundRecord) -> float:
-    """A round's accuracy pooled over the devices' test clips where they evaluated, else centrally.
-
-    Devices evaluate only where an arm asks them to: FedBN's personalised models exist only there.
-    """
-    accuracy = record.federated_accuracy if record.federated_accuracy is not None else record.accuracy
-    if accuracy is None:
-        raise ValueError(f"round {record.round} has no accuracy: give the run a held-out set")
-    return accuracy
-
-
 def run_once(
     cfg: BenchConfig, corpus: str, arm: Arm, seed: int, on_round: Callable[[int], None] = lambda n: None
 ) -> Run:
@@ -297,18 +233,4 @@ def run_bench(cfg: BenchConfig) -> Path:
     for corpus in cfg.corpora:  # timings only mean something if devices never slow each other down
         check_fleet(cfg.fleet(corpus))
     cfg.out.mkdir(parents=True, exist_ok=True)
-    report = [f"# {cfg.title}", ""]
-    results = {}
-    for corpus, runs in run_all(cfg).items():
-        target = cfg.targets[corpus]
-        rows = summarize(runs, target, cfg.baseline)
-        results[corpus] = {"summaries": [asdict(r) for r in rows], "runs": [asdict(r) for r in runs]}
-        fleet = cfg.fleet(corpus)
-        fleet_name = f"{len(fleet)} processes, {sum(len(d.device_ids) for d in fleet)} devices"
-        report.append(markdown_table(corpus, rows, target, fleet_name, cfg.baseline))
-        report += [f"![{p.stem}]({p.name})" for p in write_plots(corpus, runs, rows, cfg.out)] + [""]
-    (cfg.out / "results.json").write_text(json.dumps(results, indent=2))
-    path = cfg.out / "results.md"
-    path.write_text("\n".join(report))
-    print(f"wrote {path}, {cfg.out / 'results.json'} and the plots beside them")
-    return path
+    return write_results(cfg, run_all(cfg))

@@ -11,9 +11,9 @@ from typing import Any
 
 from fedspeech.coordinator.app import Service, create_app, serve
 from fedspeech.coordinator.store import RoundRecord
-from fedspeech.fleets.cpu_limits import DeviceProcess
-from fedspeech.fleets.fleet_files import DeviceSpec
-from fedspeech.fleets.launch import launch_fleet, stop_fleet
+from fedspeech_bench.fleets.cpu_limits import DeviceProcess
+from fedspeech_bench.fleets.fleet_files import DeviceSpec
+from fedspeech_bench.fleets.launch import launch_fleet, stop_fleet
 
 
 def free_port() -> int:
@@ -104,12 +104,12 @@ def attacking_devices(
     """Devices of corpus speakers (speaker -> attack) that train honestly and upload poisoned updates.
 
     For the poisoning benchmark only: they run as threads of this process, unthrottled, each a device
-    daemon whose trainer tampers with its update (fedspeech.fleets.poisoning).
+    daemon whose trainer tampers with its update (fedspeech_bench.fleets.poisoning).
     """
     from fedspeech.edge_client.daemon import ClientConfig, run_client
     from fedspeech.edge_client.local_data import DataSource
-    from fedspeech.fleets.poisoning import attacking_trainer
     from fedspeech.protocol.mqtt import BrokerSettings
+    from fedspeech_bench.fleets.poisoning import attacking_trainer
 
     stop = threading.Event()
     threads = [

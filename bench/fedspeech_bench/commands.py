@@ -1,17 +1,29 @@
-"""`fedspeech bench ...`: the benchmarks' options, and their checks before a benchmark starts."""
+"""`fedspeech bench ...` and `fedspeech demo`: their options, and their checks before they start.
+
+fedspeech finds these parsers by this distribution's entry points (fedspeech.commands); the benchmarks'
+heavy imports wait inside the functions that run them.
+"""
 
 import argparse
 from pathlib import Path
 
-from fedspeech.bench_dashboard import add_parser as add_dashboard_bench_parser
-from fedspeech.bench_listen import add_parser as add_listen_bench_parser
-from fedspeech.bench_seeds import add_parser as add_seeds_parser
-from fedspeech.connection_options import at_least, results_folder
+from fedspeech.connection_options import (
+    at_least,
+    cannot_serve,
+    check_free,
+    listen_port,
+    results_folder,
+    unreachable,
+)
 from fedspeech.coordinator_command import STRATEGY_NAMES
+from fedspeech.protocol.topics import parse_broker_url
+from fedspeech_bench.dashboard import add_parser as add_dashboard_bench_parser
+from fedspeech_bench.listen import add_parser as add_listen_bench_parser
+from fedspeech_bench.seeds import add_parser as add_seeds_parser
 
 
 def _bench_strategies(args: argparse.Namespace) -> None:
-    from fedspeech.bench import run_bench, strategies_config
+    from fedspeech_bench.harness import run_bench, strategies_config
 
     corpora = args.corpus or (["fsdd", "emodb"] if args.data_dir else ["fsdd"])
     for corpus in corpora:
@@ -32,7 +44,7 @@ def _bench_strategies(args: argparse.Namespace) -> None:
 def _bench_growing(args: argparse.Namespace) -> None:
     from dataclasses import replace
 
-    from fedspeech.bench import DEFAULT_TARGETS, GROWING_ARMS, growing_config, run_bench
+    from fedspeech_bench.harness import DEFAULT_TARGETS, GROWING_ARMS, growing_config, run_bench
 
     names = [arm.name for arm in GROWING_ARMS]
     unknown = sorted(set(args.arm or ()) - set(names))
@@ -63,7 +75,7 @@ def _target(text: str) -> tuple[str, float]:
 
 
 def _bench_poisoning(args: argparse.Namespace) -> None:
-    from fedspeech.bench import ROBUST_STRATEGIES, poisoning_config, run_bench
+    from fedspeech_bench.harness import ROBUST_STRATEGIES, poisoning_config, run_bench
 
     results_folder("bench poisoning", args.out)
     try:
@@ -76,7 +88,7 @@ def _bench_poisoning(args: argparse.Namespace) -> None:
 
 
 def _bench_central(args: argparse.Namespace) -> None:
-    from fedspeech.bench_central import run_central
+    from fedspeech_bench.central import run_central
 
     check_corpus("bench central", args.corpus, args.data_dir, args.leave_out)
     results_folder("bench central", args.out)
@@ -84,7 +96,7 @@ def _bench_central(args: argparse.Namespace) -> None:
 
 
 def _bench_inference(args: argparse.Namespace) -> None:
-    from fedspeech.bench_inference import BenchError, run_inference_bench
+    from fedspeech_bench.inference import BenchError, run_inference_bench
 
     if not args.model.is_file():
         raise SystemExit(
@@ -111,7 +123,7 @@ def check_corpus(command: str, corpus: str, data_dir: Path | None, speaker: str 
         )
 
 
-def add_parser(subparsers: argparse._SubParsersAction) -> None:
+def add_bench_parser(subparsers: argparse._SubParsersAction) -> None:
     """Add `bench` and its benchmarks to the command line."""
     b = subparsers.add_parser("bench", help="benchmarks").add_subparsers(dest="bench", required=True)
     bs = b.add_parser("strategies", help="every strategy on the same emulated Pi fleet, data and seeds")
@@ -176,3 +188,70 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     add_seeds_parser(b)
     add_listen_bench_parser(b)
     add_dashboard_bench_parser(b)
+
+
+def _demo(args: argparse.Namespace) -> None:
+    from fedspeech.coordinator.strategies import STRATEGIES
+    from fedspeech_bench.demo import DemoConfig, run_demo
+
+    if args.strategy is not None and args.strategy not in STRATEGIES:
+        known = ", ".join(STRATEGIES)
+        raise SystemExit(f"fedspeech demo: unknown strategy {args.strategy!r}, expected one of {known}")
+    if args.fleet is not None and not args.fleet.is_file():
+        raise SystemExit(
+            f"fedspeech demo: --fleet {args.fleet}: no such file (bench/fedspeech_bench/fleets/ has examples)"
+        )
+    if args.port != 0:
+        try:
+            check_free("127.0.0.1", args.port)
+        except OSError as exc:
+            raise SystemExit(f"fedspeech demo: {cannot_serve('127.0.0.1', args.port, exc)}") from None
+    if args.broker is not None:
+        _check_broker("demo", args.broker)
+    results_folder("demo", args.out)
+
+    run_demo(
+        DemoConfig(
+            out=args.out,
+            fleet=None if args.full_speed else args.fleet or DemoConfig.fleet,
+            strategy=args.strategy or DemoConfig.strategy,
+            rounds=args.rounds,
+            epochs=args.epochs,
+            broker_url=args.broker,
+            port=args.port,
+            max_samples=args.max_samples,
+            eval_every=args.eval_every if args.eval_every is not None else DemoConfig.eval_every,
+        )
+    )
+
+
+def _check_broker(command: str, url: str) -> None:
+    """SystemExit with one line if the broker URL is not one, or nothing answers there."""
+    try:
+        why = unreachable(*parse_broker_url(url))
+    except ValueError as exc:
+        raise SystemExit(f"fedspeech {command}: {exc}") from None
+    if why is not None:
+        raise SystemExit(
+            f"fedspeech {command}: nothing answers at {url} ({why}): start that broker, or leave out --broker"
+        )
+
+
+def add_demo_parser(subparsers: argparse._SubParsersAction) -> None:
+    """Add `demo` and its options to the command line."""
+    m = subparsers.add_parser("demo", help="one coordinator and one device per FSDD speaker, end to end")
+    m.add_argument("--out", type=Path, default=Path("fedspeech-demo"), help="where results go")
+    m.add_argument(
+        "--fleet", type=Path, help="emulated fleet file (default bench/fedspeech_bench/fleets/pi-mix.toml)"
+    )
+    m.add_argument("--full-speed", action="store_true", help="one unthrottled device per speaker instead")
+    m.add_argument("--strategy", help=f"{STRATEGY_NAMES} (default epochs_only)")
+    m.add_argument("--rounds", type=at_least(1), default=30)
+    m.add_argument("--epochs", type=at_least(1), help="local epochs per round (default 2)")
+    m.add_argument("--broker", help="mqtt:// or mqtts:// (TLS) URL of an existing broker (default: embedded)")
+    m.add_argument("--port", type=listen_port, default=0, help="coordinator HTTP port (default: a free one)")
+    m.add_argument("--max-samples", type=at_least(1), help="train on at most this many clips per device")
+    m.add_argument(
+        "--eval-every", type=at_least(0), help="devices evaluate every N rounds' model (default 5)"
+    )
+    m.set_defaults(run=_demo)

@@ -1,6 +1,6 @@
 """`fedspeech bench seeds`: the seed papers' methods against FedAvg on the same splits, fleets and seeds.
 
-Splits, each a corpus, a fleet and how the coordinator scores the global model (fedspeech.bench_splits
+Splits, each a corpus, a fleet and how the coordinator scores the global model (fedspeech_bench.splits
 holds the rules that make them):
 - fsdd-within: FSDD on pi-mix.toml (a device per speaker), scored on the union of the speakers' test splits.
 - emodb-within: EmoDB's 3 s task on pi-mix-10.toml (a device per speaker), scored likewise.
@@ -39,8 +39,10 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from fedspeech.bench_seeds_report import BASELINE, write_report
-from fedspeech.bench_splits import (
+from fedspeech_bench.progress import Progress
+from fedspeech_bench.report.results import write_seeds_results
+from fedspeech_bench.report.tables import BASELINE
+from fedspeech_bench.splits import (
     SPLIT_CORPUS,
     SPLITS,
     Setting,
@@ -51,10 +53,10 @@ from fedspeech.bench_splits import (
     skewed_setting,
     within_setting,
 )
-from fedspeech.progress import Progress
 
 if TYPE_CHECKING:  # the command line is built without the benchmark's heavy imports
-    from fedspeech.bench import Arm, Run
+    from fedspeech_bench.harness import Arm
+    from fedspeech_bench.runs import Run
 
 # arm -> coordinator settings; quality and mkd also get the split's shared folder (ARM_FOLDERS)
 ARMS: dict[str, dict[str, Any]] = {
@@ -137,8 +139,8 @@ def check_arms(names: Sequence[str]) -> None:
 
 
 def arm_for(name: str, setting: Setting) -> Arm:
-    """The bench.Arm of an arm name on a setting: its settings, the shared folder, FedBN's evaluation."""
-    from fedspeech.bench import Arm
+    """The harness.Arm of an arm name on a setting: its settings, the shared folder, FedBN's evaluation."""
+    from fedspeech_bench.harness import Arm
 
     settings = dict(ARMS[name])
     if name in ARM_FOLDERS:
@@ -167,36 +169,13 @@ def central_reference(deal: SkewedDeal, seed: int, epochs: int, threads: int = 2
     The same clips, model, batch size and learning rate as the federated arms; epochs should be their
     budget, rounds x local epochs.
     """
-    import time
-
-    import torch
-
-    from fedspeech.coordinator.round_config import RoundConfig
-    from fedspeech.models import build_model
-    from fedspeech.models.clips.datasets import load_waveforms
     from fedspeech.models.clips.tasks import BUILTIN_TASKS, spec_for
-    from fedspeech.models.train import evaluate, train_local
+    from fedspeech_bench.central import train_central
 
-    torch.set_num_threads(threads)
-    torch.manual_seed(seed)
     spec = spec_for(BUILTIN_TASKS["speech_commands"])
     train = [c for clips in deal.devices for c in folder_train_clips(clips, deal.labels)]
-    train_x, train_y = load_waveforms(train, spec.sample_rate, spec.num_samples)
-    test_x, test_y = load_waveforms(deal.evaluation, spec.sample_rate, spec.num_samples)
-    net = build_model(spec)
-    defaults = RoundConfig()
-    start = time.perf_counter()
-    train_local(
-        net,
-        train_x,
-        train_y,
-        epochs=epochs,
-        batch_size=defaults.batch_size,
-        learning_rate=defaults.learning_rate,
-        seed=seed,
-    )
-    accuracy = evaluate(net, test_x, test_y).accuracy
-    return CentralResult(seed, epochs, accuracy, time.perf_counter() - start)
+    score = train_central(spec, train, deal.evaluation, seed, epochs, threads)
+    return CentralResult(seed, epochs, score.accuracy, score.seconds)
 
 
 # --- running ---------------------------------------------------------------------------------------
@@ -204,8 +183,8 @@ def central_reference(deal: SkewedDeal, seed: int, epochs: int, threads: int = 2
 
 def build_settings(cfg: SeedsConfig) -> tuple[dict[str, list[Setting]], SkewedDeal | None]:
     """Every split's settings (folds for LOSO), with their data folders written under OUT/data."""
-    from fedspeech.fleets.fleet_files import DEFAULT_FLEETS, load_fleet
     from fedspeech.models.clips.datasets import load_corpus
+    from fedspeech_bench.fleets.fleet_files import DEFAULT_FLEETS, load_fleet
 
     settings: dict[str, list[Setting]] = {}
     deal = None
@@ -229,7 +208,7 @@ def _completed_path(cfg: SeedsConfig, setting: Setting, arm: str, seed: int) -> 
 
 def completed_run(cfg: SeedsConfig, setting: Setting, arm: str, seed: int) -> Run | None:
     """The run as OUT/completed holds it from an earlier bench with as many rounds, or None."""
-    from fedspeech.bench import Run
+    from fedspeech_bench.runs import Run
 
     done = _completed_path(cfg, setting, arm, seed)
     if not done.exists():
@@ -241,8 +220,8 @@ def completed_run(cfg: SeedsConfig, setting: Setting, arm: str, seed: int) -> Ru
 def train_run(
     cfg: SeedsConfig, setting: Setting, arm: str, seed: int, on_round: Callable[[int], None] = lambda n: None
 ) -> Run:
-    """Train one arm once on a setting and keep the run in OUT/completed; on_round as bench.run_once's."""
-    from fedspeech.bench import BenchConfig, run_once
+    """Train one arm once on a setting and keep the run in OUT/completed; on_round as harness.run_once's."""
+    from fedspeech_bench.harness import BenchConfig, run_once
 
     bench = BenchConfig(
         cfg.out,
@@ -274,7 +253,7 @@ class Results:
 
 def run_seeds(cfg: SeedsConfig) -> Path:
     """Run every split, fold, seed and arm; write results.md, results.json and plots under cfg.out."""
-    from fedspeech.fleets.fleet_files import check_fleet
+    from fedspeech_bench.fleets.fleet_files import check_fleet
 
     check_config(cfg)
     cfg = replace(cfg, out=cfg.out.resolve())  # the devices and coordinator read its folders by path
@@ -303,7 +282,7 @@ def run_seeds(cfg: SeedsConfig) -> Path:
                 results.central.append(central_reference(deal, seed, epochs))
                 progress.end_run()
                 progress.say(f"centralized seed {seed}: accuracy {results.central[-1].accuracy:.4f}")
-    return write_report(cfg, settings, deal, results)
+    return write_seeds_results(cfg, settings, deal, results)
 
 
 def _run(

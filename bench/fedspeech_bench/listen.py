@@ -39,7 +39,10 @@ import soundfile
 from fedspeech.edge_client.runtime.session import ModelError, load_model
 from fedspeech.edge_client.runtime.streaming import Detection
 from fedspeech.listen import ListenConfig, ListenError, run_listen
-from fedspeech.listen_streams import (
+from fedspeech.models.clips.datasets import AudioError, bundled_data_dir, load_corpus, server_test_clips
+from fedspeech.models.clips.tasks import BACKGROUND_NOISE
+from fedspeech.protocol.labels import is_word
+from fedspeech_bench.listen_streams import (
     Stream,
     at_level,
     build_stream,
@@ -49,11 +52,8 @@ from fedspeech.listen_streams import (
     white_noise,
     with_noise,
 )
-from fedspeech.models.clips.datasets import AudioError, bundled_data_dir, load_corpus, server_test_clips
-from fedspeech.models.clips.tasks import BACKGROUND_NOISE
-from fedspeech.progress import Progress
-from fedspeech.protocol.labels import is_word
-from fedspeech.word_alignment import Alignment, align
+from fedspeech_bench.progress import Progress
+from fedspeech_bench.word_alignment import Alignment, align
 
 DEFAULT_MODEL = Path("fedspeech-demo/model.onnx")
 SNRS_DB = (20.0, 10.0)

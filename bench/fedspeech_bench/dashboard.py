@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from fedspeech.bench_report import welch
+from fedspeech_bench.report.summaries import welch
 
 SPEAKERS = ("george", "jackson", "theo")
 CHROMIUM = "/usr/bin/chromium"
@@ -67,8 +67,8 @@ def _measured(round: int) -> bool:
 
 def run_dashboard_bench(out: Path, rounds: int, tabs: int, max_samples: int) -> Path:
     """Run the fleet with `tabs` dashboards polling in every other block of rounds; the report's path."""
-    from fedspeech.fleet_run import fleet_run
-    from fedspeech.fleets.fleet_files import DeviceSpec
+    from fedspeech_bench.fleet_run import fleet_run
+    from fedspeech_bench.fleets.fleet_files import DeviceSpec
 
     out.mkdir(parents=True, exist_ok=True)
     fleet = [DeviceSpec(s, s, cpu_share=1.0) for s in SPEAKERS]

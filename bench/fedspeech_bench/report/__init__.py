@@ -1,0 +1,1 @@
+"""What the benchmarks report: statistics over runs, markdown tables, plots and results files."""

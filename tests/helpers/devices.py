@@ -1,0 +1,172 @@
+"""Devices in tests: `fedspeech` subprocesses, a device daemon per speaker, a device the test speaks for."""
+
+import os
+import queue
+import signal
+import subprocess
+import sys
+import urllib.error
+import urllib.request
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import paho.mqtt.client as mqtt
+import pytest
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+
+from fedspeech.protocol import messages, signing, weights
+from fedspeech.protocol.messages import Credentials, DeviceStatus, Profile, Registration, Task
+from fedspeech.protocol.topics import Topics, parse_broker_url
+
+
+class Processes:
+    """Started `fedspeech` subprocesses, logged to files, all stopped when the test ends."""
+
+    def __init__(self, log_dir: Path) -> None:
+        self.log_dir = log_dir
+        self.procs: list[subprocess.Popen] = []
+
+    def start(self, name: str, *args: str) -> subprocess.Popen:
+        """Run `python -m fedspeech ARGS` with its output in LOG_DIR/NAME.log."""
+        log = open(self.log_dir / f"{name}.log", "a")  # noqa: SIM115 - closed with the process
+        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        proc = subprocess.Popen([sys.executable, "-m", "fedspeech", *args], stdout=log, stderr=log, env=env)
+        proc.log_path = self.log_dir / f"{name}.log"
+        self.procs.append(proc)
+        return proc
+
+    def stop_all(self) -> None:
+        """SIGTERM everything still running, then SIGKILL what does not exit."""
+        for p in self.procs:
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+        for p in self.procs:
+            try:
+                p.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+
+
+def start_clients(
+    processes: Processes,
+    speakers: list[str],
+    coordinator_url: str,
+    broker_url: str,
+    topic_root: str,
+    max_samples: int,
+    *extra_args: str,
+) -> list[subprocess.Popen]:
+    """One device daemon per FSDD speaker, keeping its token in the test's folder; extra_args added."""
+    return [
+        processes.start(
+            f"client-{s}",
+            "client",
+            "--speaker", s,
+            "--coordinator", coordinator_url,
+            "--broker", broker_url,
+            "--topic-root", topic_root,
+            "--max-samples", str(max_samples),
+            "--state", str(processes.log_dir / "devices"),
+            *extra_args,
+        )
+        for s in speakers
+    ]  # fmt: skip
+
+
+@contextmanager
+def one_round_coordinator(tmp_path: Path, broker_url: str, topic_root: str, device_id: str, **config: Any):
+    """An in-process coordinator for one round of one device, and that device, which the test speaks for.
+
+    Yields (app, service, device); config adds or overrides the coordinator's settings (open enrolment by
+    default).
+    """
+    from fedspeech.coordinator.app import create_app
+
+    settings = {"STATE_DIR": str(tmp_path / "state"), "BROKER_URL": broker_url, "TOPIC_ROOT": topic_root}
+    rounds = {"ROUNDS": 1, "MIN_DEVICES": 1, "MIN_RESULTS": 1, "OPEN_ENROLMENT": True}
+    app = create_app({**settings, **rounds, **config})
+    service = app.extensions["fedspeech"]
+    service.start()
+    device = ScriptedDevice(device_id, broker_url, Topics(topic_root), service.key.public_key())
+    try:
+        yield app, service, device
+    finally:
+        device.close()
+        service.stop()
+
+
+class ScriptedDevice:
+    """A device the test speaks for, step by step: a paho client on the real broker plus plain HTTP.
+
+    Tasks must be signed by the coordinator's key: given, or pinned from the first registration.
+    """
+
+    def __init__(
+        self, device_id: str, broker_url: str, topics: Topics, coordinator_key: Ed25519PublicKey | None = None
+    ) -> None:
+        host, port = parse_broker_url(broker_url)
+        self.device_id, self.topics, self.coordinator_key = device_id, topics, coordinator_key
+        self.tasks: queue.Queue[tuple[str, bytes]] = queue.Queue()
+        self.token = ""
+        self.mqtt = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2)
+        self.mqtt.on_connect = lambda c, *_: c.subscribe(topics.task(device_id), qos=1)
+        self.mqtt.message_callback_add(topics.task(device_id), self._on_task)
+        self.mqtt.connect(host, port)
+        self.mqtt.loop_start()
+
+    def _on_task(self, client, userdata, msg) -> None:
+        if msg.payload:
+            self.tasks.put((msg.topic, bytes(msg.payload)))
+
+    def publish(self, topic: str, payload: bytes) -> None:
+        """Publish retained, waiting for the broker to take it."""
+        self.mqtt.publish(topic, payload, qos=1, retain=True).wait_for_publish(5)
+
+    def register(self, coordinator_url: str, num_samples: int, credential: str | None = None) -> str:
+        """Register over HTTP with a credential (default: its current token, if any); keep the new token."""
+        body = messages.encode(Registration(self.device_id, num_samples, Profile(1, 0.0, 256.0)))
+        credential = credential or self.token
+        headers = {"Authorization": f"Bearer {credential}"} if credential else {}
+        request = urllib.request.Request(f"{coordinator_url}/api/devices", body, headers, method="POST")
+        with urllib.request.urlopen(request, timeout=10) as reply:
+            credentials = messages.decode(reply.read(), Credentials)
+        self.token = credentials.token
+        if self.coordinator_key is None:
+            self.coordinator_key = signing.parse_public_key(credentials.coordinator_key)
+        return self.token
+
+    def go_online(self, num_samples: int) -> None:
+        """Announce the device as online."""
+        status = DeviceStatus(self.device_id, "online", num_samples)
+        self.publish(self.topics.status(self.device_id), messages.encode(status))
+
+    def next_task(self, timeout: float) -> Task:
+        """The next task the coordinator hands out, its signature checked."""
+        try:
+            topic, payload = self.tasks.get(timeout=timeout)
+        except queue.Empty:
+            pytest.fail(f"{self.device_id} got no task within {timeout} s")
+        assert self.coordinator_key is not None, "register first, or give the coordinator's key"
+        return messages.decode(signing.verify(self.coordinator_key, topic, payload), Task)
+
+    def send_back_unchanged(self, coordinator_url: str, task: Task, num_samples: int) -> int:
+        """Download the task's model and upload it untouched; return the HTTP status."""
+        with urllib.request.urlopen(f"{coordinator_url}{task.weights.path}", timeout=10) as reply:
+            arrays, _ = weights.decode(reply.read())
+        body = weights.encode(arrays, {"task_id": task.task_id, "num_samples": str(num_samples)})
+        headers = {"Authorization": f"Bearer {self.token}", "X-Content-SHA256": weights.sha256(body)}
+        request = urllib.request.Request(f"{coordinator_url}{task.upload_path}", body, headers, method="POST")
+        try:
+            with urllib.request.urlopen(request, timeout=10) as reply:
+                return reply.status
+        except urllib.error.HTTPError as exc:
+            return exc.code
+
+    def close(self) -> None:
+        """Clear this device's retained messages and disconnect."""
+        self.publish(self.topics.status(self.device_id), b"")
+        self.publish(self.topics.task(self.device_id), b"")
+        self.mqtt.loop_stop()
+        self.mqtt.disconnect()
