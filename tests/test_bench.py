@@ -5,6 +5,7 @@ import math
 import pytest
 from scipy import stats
 
+from fedspeech_bench.fleets.fleet_files import FLEETS_DIR, load_fleet
 from fedspeech_bench.harness import arm_rounds, strategies_config
 from fedspeech_bench.report.plots import write_plots
 from fedspeech_bench.report.summaries import summarize, welch
@@ -109,3 +110,22 @@ def test_central_with_a_speaker_left_out_scores_on_all_of_that_speakers_clips():
     assert "george" not in {c.speaker for c in train} and not any(c.test for c in train)
     train, test = central_split(fsdd)
     assert test == server_test_clips(fsdd) and len(train) + len(test) == len(fsdd.clips)
+
+
+def test_strategies_without_names_skips_what_the_corpora_cannot_serve_and_says_why(tmp_path, caplog):
+    cfg = strategies_config(tmp_path, corpora=["fsdd"])
+    arms = {arm.name for arm in cfg.arms}
+    assert {"fedavg", "fedprox", "hardware", "krum", "fedbuff"} <= arms
+    assert not {"quality", "mkd", "fedbn", "silobn", "fedbuff_silobn"} & arms
+    assert "skips quality: it needs a validation set" in caplog.text
+    assert "skips fedbn: it needs a model with batch normalisation, and fsdd's default" in caplog.text
+
+
+def test_strategies_refuses_a_named_strategy_it_cannot_serve_before_anything_runs(tmp_path):
+    with pytest.raises(ValueError, match="mkd needs clips of the coordinator's own"):
+        strategies_config(tmp_path, ["fedavg", "mkd"], corpora=["fsdd"])
+    with pytest.raises(ValueError, match="fedbn needs a model with batch normalisation"):
+        strategies_config(tmp_path, ["fedavg"], float16=["fedbn"], corpora=["fsdd"])
+    few = {"fsdd": load_fleet(FLEETS_DIR / "pi-mix.toml")[:1]}
+    with pytest.raises(ValueError, match="krum needs 5 results a round, and the fsdd fleet has"):
+        strategies_config(tmp_path, ["krum"], corpora=["fsdd"], fleets=few)

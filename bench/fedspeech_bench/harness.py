@@ -10,7 +10,7 @@ import logging
 import math
 import shutil
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -68,7 +68,7 @@ GROWING_ARMS = [
 
 # one of six FSDD devices sends its update's change x100, another its change reversed
 POISONING_ATTACKS = {"george": "scale", "lucas": "sign_flip"}
-ROBUST_STRATEGIES = ("fedavg", "clipped", "median", "trimmed_mean", "clipped_trimmed_mean")
+ROBUST_STRATEGIES = ("fedavg", "clipped", "median", "trimmed_mean", "clipped_trimmed_mean", "krum")
 
 
 @dataclass(frozen=True)
@@ -102,13 +102,51 @@ class BenchConfig:
 def strategies_config(
     out: Path, strategies: Sequence[str] | None = None, k: int = 3, float16: Sequence[str] = (), **kw: Any
 ) -> BenchConfig:
-    """`bench strategies`: the strategies named (default all), and those in float16, on Pi-mix, vs FedAvg."""
-    strategies = list(strategies or STRATEGIES)
-    unknown = sorted((set(strategies) | set(float16)) - set(STRATEGIES))
+    """`bench strategies`: the strategies named (default all it can serve), and those in float16, vs FedAvg.
+
+    Without names, a strategy whose needs this benchmark cannot meet is skipped with a line that says
+    why; a named one is refused (ValueError) before anything runs.
+    """
+    named = list(strategies or ()) + list(float16)
+    unknown = sorted(set(named) - set(STRATEGIES))
     if unknown:
         raise ValueError(f"unknown strategies {unknown}, expected some of {', '.join(STRATEGIES)}")
-    arms = strategy_arms(strategies, k, float16)
-    return BenchConfig(out, arms, "fedavg", "fedspeech strategy benchmark", **kw)
+    config = BenchConfig(out, [], "fedavg", "fedspeech strategy benchmark", **kw)
+    reasons = {name: why for name in {*STRATEGIES} if (why := unservable(name, config))}
+    refused = [f"{name} {reasons[name]}" for name in named if name in reasons]
+    if refused:
+        raise ValueError("; ".join(refused))
+    chosen = list(strategies or [name for name in STRATEGIES if name not in reasons])
+    for name in () if strategies else sorted(reasons):
+        log.warning("bench strategies skips %s: it %s", name, reasons[name])
+    return replace(config, arms=strategy_arms(chosen, k, float16))
+
+
+def unservable(name: str, config: BenchConfig) -> str | None:
+    """What a strategy needs that the benchmark's corpora, models and fleets lack; None if nothing."""
+    from fedspeech.coordinator.strategies import make_strategy
+
+    needs = make_strategy(name, 1, 1).needs
+    if needs.validation:
+        return "needs a validation set on the coordinator, which this benchmark lacks (bench seeds runs it)"
+    if needs.server_data:
+        return "needs clips of the coordinator's own, which this benchmark lacks (bench seeds runs it)"
+    for corpus in config.corpora:
+        if needs.batch_norm and not _has_batch_norm(config.corpus_name(corpus)):
+            return f"needs a model with batch normalisation, and {corpus}'s default model has none"
+        devices = sum(len(spec.device_ids) for spec in config.fleet(corpus))
+        if needs.min_devices > devices:
+            return f"needs {needs.min_devices} results a round, and the {corpus} fleet has {devices} devices"
+    return None
+
+
+def _has_batch_norm(corpus: str) -> bool:
+    """Whether the default model of a corpus' built-in task has batch normalisation."""
+    from fedspeech.models import build_model
+    from fedspeech.models.clips.tasks import BUILTIN_TASKS, spec_for
+    from fedspeech.models.norm import norm_names
+
+    return bool(norm_names(build_model(spec_for(BUILTIN_TASKS[corpus]))))
 
 
 def growing_config(out: Path, data_dir: Path | None = None, hosts: int = 6, **kw: Any) -> BenchConfig:
