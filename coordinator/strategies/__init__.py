@@ -47,7 +47,7 @@ STRATEGIES: dict[str, Callable[..., Strategy]] = {
     "ca2fl": CachedCalibration,
     # ... with each device running the model with its own clips' normalisation statistics (as silobn)
     "fedbuff_silobn": FedBuffSiloBN,
-    # robust aggregation against poisoned updates (deploy/fleets/poisoning.py emulates the attacks)
+    # robust aggregation against poisoned updates (the benchmarks emulate the attacks)
     "median": FedMedian,
     "trimmed_mean": FedTrimmedMean,
     "clipped": NormClipped,
