@@ -152,7 +152,7 @@ class Orchestrator:
             data = self.store.model_path(latest.round, "weights").read_bytes()
             self._global = weights.decode(data)[0]
             teacher = self.store.model_path(latest.round, "teacher")
-            if teacher.exists():
+            if self.strategy.needs.server_data and teacher.exists():  # a server model, as a teacher
                 blob = teacher.read_bytes()
                 self.strategy.restore(weights.decode(blob)[0])
                 self._teacher = round_storage.teacher_address(latest.round, blob)

@@ -322,6 +322,26 @@ def test_mkd_trains_the_server_model_after_each_round_and_sends_it_as_teacher(tm
     assert global_["w"] == pytest.approx([2.0, 2.0]), "the exported model is the global one"
 
 
+@pytest.mark.parametrize("strategy", ["mkd", "fedavg"])
+def test_a_restart_takes_back_the_server_model_only_under_a_strategy_that_trains_one(tmp_path, strategy):
+    first = Fleet(tmp_path, model=MethodsModel(), rounds=1, strategy="mkd")
+    first.device("a", value=1.0)
+    first.device("b", value=3.0)
+    first.finish()
+    stored = weights.decode(first.store.model_path(1, "teacher").read_bytes())[0]
+    model = MethodsModel()
+    again = Fleet(tmp_path, model=model, rounds=2, strategy=strategy)
+    again.device("a", value=1.0)
+    again.device("b", value=3.0)
+    again.finish()
+    teacher = again.link.tasks_of(2)["a"].teacher
+    if strategy == "mkd":
+        assert teacher is not None and teacher.path == routes.model(1, "teacher")
+        assert model.distilled[0][0]["w"] == pytest.approx(stored["w"]), "the stored model trains on"
+    else:
+        assert teacher is None, "a strategy without a server model sends no teacher"
+
+
 def test_mkd_without_server_data_refuses_to_start(tmp_path):
     with pytest.raises(ValueError, match="--server-data"):
         Fleet(tmp_path, model=MethodsModel(can_distil=False), strategy="mkd")
