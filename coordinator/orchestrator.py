@@ -47,7 +47,7 @@ class Orchestrator:
         self._open: OpenRound | None = None
         self._late = LateUpdates()  # a buffered method's tasks past their round, and their updates
         self._teacher: BlobRef | None = None  # where devices download a strategy's second model
-        self._clips = CoordinatorClips(model, config, self._full)
+        self._clips = CoordinatorClips(model, config, self._full, self._learning_rate)
         self._velocity: Arrays | None = None  # server momentum's last step (a restart starts it again)
         self.evaluation = EvaluationPhase(store, link, model.spec.num_classes, config.eval_min_reports)
         self.settled_round = -1  # the last round whose model is stored and, where asked for, evaluated

@@ -5,7 +5,6 @@ from dataclasses import dataclass
 
 from fedspeech.coordinator.ports import ModelOps
 from fedspeech.coordinator.round_config import RoundConfig
-from fedspeech.coordinator.scheduling import learning_rate_for_round
 from fedspeech.protocol.weights import Arrays
 
 
@@ -16,6 +15,7 @@ class CoordinatorClips:
     model: ModelOps
     config: RoundConfig
     complete: Callable[[Arrays], Arrays]  # the arrays devices send, with the layers a method keeps local
+    learning_rate: Callable[[int], float]  # the devices' learning rate in a round
 
     def score(self, arrays: Arrays) -> float | None:
         """An update's accuracy on the validation set; None while there are no clips."""
@@ -29,7 +29,7 @@ class CoordinatorClips:
             teacher,
             epochs=c.epochs,
             batch_size=c.batch_size,
-            learning_rate=learning_rate_for_round(round, c.rounds, c.learning_rate, c.final_lr_fraction),
+            learning_rate=self.learning_rate(round),
             temperature=temperature,
             seed=c.seed * 100_003 + round,
         )
