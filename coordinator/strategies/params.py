@@ -39,15 +39,6 @@ class StrategyParams:
                 raise ValueError(f"{f.name} must be between {low:g} and {high:g}, got {value}")
 
 
-def describe(params: type[StrategyParams]) -> list[str]:
-    """One line per setting: name, default, bounds and help."""
-    lines = []
-    for f in dataclasses.fields(params):
-        bounds = f" ({f.metadata['low']:g} to {f.metadata['high']:g})" if "low" in f.metadata else ""
-        lines.append(f"{f.name}={f.default}{bounds}: {f.metadata.get('help', '')}")
-    return lines
-
-
 def parse(params: type[P], options: Mapping[str, Any]) -> P:
     """The Params from options given as text or numbers; ValueError with one line for a bad one."""
     known = {f.name: f for f in dataclasses.fields(params)}
@@ -67,18 +58,14 @@ def _value(name: str, kind: Any, raw: Any) -> Any:
         if isinstance(raw, bool) or text in _TRUE | _FALSE:
             return raw if isinstance(raw, bool) else text in _TRUE
         raise ValueError(f"{name} takes true or false, got {raw!r}")
+    whole = kind in (int, "int")
     try:
-        if isinstance(raw, bool):
-            raise ValueError
-        if kind in (int, "int"):
-            number = float(raw)
-            if not number.is_integer():
-                raise ValueError
-            return int(number)
-        return float(raw)
+        number = float(raw) if not isinstance(raw, bool) else math.nan
     except (TypeError, ValueError):
-        what = "a whole number" if kind in (int, "int") else "a number"
-        raise ValueError(f"{name} takes {what}, got {raw!r}") from None
+        number = math.nan
+    if math.isnan(number) or (whole and not number.is_integer()):
+        raise ValueError(f"{name} takes {'a whole number' if whole else 'a number'}, got {raw!r}")
+    return int(number) if whole else number
 
 
 def split_option(text: str) -> tuple[str, str]:
