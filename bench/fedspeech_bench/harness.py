@@ -107,19 +107,18 @@ def strategies_config(
     Without names, a strategy whose needs this benchmark cannot meet is skipped with a line that says
     why; a named one is refused (ValueError) before anything runs.
     """
-    named = list(strategies or ()) + list(float16)
-    unknown = sorted(set(named) - set(STRATEGIES))
+    names = list(strategies or STRATEGIES)
+    unknown = sorted((set(names) | set(float16)) - set(STRATEGIES))
     if unknown:
         raise ValueError(f"unknown strategies {unknown}, expected some of {', '.join(STRATEGIES)}")
     config = BenchConfig(out, [], "fedavg", "fedspeech strategy benchmark", **kw)
-    reasons = {name: why for name in {*STRATEGIES} if (why := unservable(name, config))}
-    refused = [f"{name} {reasons[name]}" for name in named if name in reasons]
+    reasons = {name: why for name in {*names, *float16} if (why := unservable(name, config))}
+    refused = [f"{name} {reasons[name]}" for name in [*(strategies or ()), *float16] if name in reasons]
     if refused:
         raise ValueError("; ".join(refused))
-    chosen = list(strategies or [name for name in STRATEGIES if name not in reasons])
-    for name in () if strategies else sorted(reasons):
+    for name in sorted(reasons):
         log.warning("bench strategies skips %s: it %s", name, reasons[name])
-    return replace(config, arms=strategy_arms(chosen, k, float16))
+    return replace(config, arms=strategy_arms([n for n in names if n not in reasons], k, float16))
 
 
 def unservable(name: str, config: BenchConfig) -> str | None:
