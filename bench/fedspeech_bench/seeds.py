@@ -55,6 +55,8 @@ from fedspeech_bench.splits import (
 )
 
 if TYPE_CHECKING:  # the command line is built without the benchmark's heavy imports
+    from fedspeech.protocol.messages import ModelSpec
+    from fedspeech_bench.central import Waveforms
     from fedspeech_bench.harness import Arm
     from fedspeech_bench.runs import Run
 
@@ -163,18 +165,27 @@ class CentralResult:
     seconds: float
 
 
-def central_reference(deal: SkewedDeal, seed: int, epochs: int, threads: int = 2) -> CentralResult:
-    """Train the federated runs' CNN on every device's training clips pooled; score on the evaluation set.
+def central_clips(deal: SkewedDeal) -> tuple[ModelSpec, Waveforms, Waveforms]:
+    """The federated runs' CNN, every device's training clips pooled and the evaluation clips, loaded."""
+    from fedspeech.models.clips.tasks import BUILTIN_TASKS, spec_for
+    from fedspeech_bench.central import load_clips
+
+    spec = spec_for(BUILTIN_TASKS["speech_commands"])
+    train = [c for clips in deal.devices for c in folder_train_clips(clips, deal.labels)]
+    return spec, load_clips(spec, train), load_clips(spec, deal.evaluation)
+
+
+def central_reference(
+    spec: ModelSpec, train: Waveforms, test: Waveforms, seed: int, epochs: int
+) -> CentralResult:
+    """Train the CNN on the pooled clips (central_clips); score it on the evaluation set.
 
     The same clips, model, batch size and learning rate as the federated arms; epochs should be their
     budget, rounds x local epochs.
     """
-    from fedspeech.models.clips.tasks import BUILTIN_TASKS, spec_for
     from fedspeech_bench.central import train_central
 
-    spec = spec_for(BUILTIN_TASKS["speech_commands"])
-    train = [c for clips in deal.devices for c in folder_train_clips(clips, deal.labels)]
-    score = train_central(spec, train, deal.evaluation, seed, epochs, threads)
+    score = train_central(spec, train, test, seed, epochs)
     return CentralResult(seed, epochs, score.accuracy, score.seconds)
 
 
@@ -276,10 +287,11 @@ def run_seeds(cfg: SeedsConfig) -> Path:
                             results.runs[split].append(run)
     if deal is not None and cfg.central:
         epochs = cfg.rounds * _local_epochs()
+        central = central_clips(deal)  # loaded once for every seed
         with Progress(cfg.seeds) as progress:
             for seed in range(cfg.seeds):
                 progress.start_run(f"centralized seed {seed}")
-                results.central.append(central_reference(deal, seed, epochs))
+                results.central.append(central_reference(*central, seed, epochs))
                 progress.end_run()
                 progress.say(f"centralized seed {seed}: accuracy {results.central[-1].accuracy:.4f}")
     return write_seeds_results(cfg, settings, deal, results)
