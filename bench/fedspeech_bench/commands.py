@@ -18,8 +18,10 @@ from fedspeech.connection_options import (
 from fedspeech.coordinator_command import STRATEGY_NAMES
 from fedspeech.protocol.topics import parse_broker_url
 from fedspeech_bench.dashboard import add_parser as add_dashboard_bench_parser
-from fedspeech_bench.listen import add_parser as add_listen_bench_parser
 from fedspeech_bench.seeds import add_parser as add_seeds_parser
+
+DEMO_OUT = Path("fedspeech-demo")
+DEMO_MODEL = DEMO_OUT / "model.onnx"  # what `fedspeech demo` exports, the model the benchmarks listen with
 
 
 def _bench_strategies(args: argparse.Namespace) -> None:
@@ -180,14 +182,46 @@ def add_bench_parser(subparsers: argparse._SubParsersAction) -> None:
     )
     bc.set_defaults(run=_bench_central)
     bi = b.add_parser("inference", help="per-window latency, floor, and `listen` CPU, memory and cold start")
-    bi.add_argument("--model", type=Path, default=Path("fedspeech-demo/model.onnx"), help="an exported model")
+    bi.add_argument("--model", type=Path, default=DEMO_MODEL, help="an exported model")
     bi.add_argument("--out", type=Path, default=Path("fedspeech-bench-inference"), help="where results go")
     bi.add_argument("--data-dir", type=Path, help="folder holding its corpus (default: bundled data/)")
     bi.add_argument("--repeats", type=at_least(1), default=1000, help="windows timed per engine")
     bi.set_defaults(run=_bench_inference)
     add_seeds_parser(b)
-    add_listen_bench_parser(b)
+    _add_listen_bench_parser(b)
     add_dashboard_bench_parser(b)
+
+
+def _bench_listen(args: argparse.Namespace) -> None:
+    from fedspeech_bench.listen import run_from_args
+
+    run_from_args(args)
+
+
+def _add_listen_bench_parser(bench_subparsers: argparse._SubParsersAction) -> None:
+    """Add `bench listen` and its options to the `bench` subcommands."""
+    p = bench_subparsers.add_parser(
+        "listen", help="`fedspeech listen` on held-out speakers' words, clean, in noise and on noise alone"
+    )
+    p.add_argument(
+        "--model",
+        action="append",
+        metavar="[NAME=]PATH",
+        help=f"an exported model; repeatable (default {DEMO_MODEL}, named by its file stem)",
+    )
+    p.add_argument(
+        "--data-dir", type=Path, help="holds speech_commands_test/ for real noise (default: skip it)"
+    )
+    p.add_argument("--out", type=Path, default=Path("fedspeech-bench-listen"), help="where results go")
+    p.add_argument("--seed", type=int, default=0, help="word order and noise (default 0)")
+    p.add_argument("--pause-s", type=float, default=0.6, help="silence around each word (default 0.6)")
+    p.add_argument("--noise-minutes", type=float, default=5.0, help="of each noise alone (default 5)")
+    p.add_argument("--threshold", type=float, help="override the listener's detection threshold")
+    p.add_argument(
+        "--words", type=int, help="only the first N words of the shuffled stream (default all 300)"
+    )
+    p.add_argument("--keep-audio", action="store_true", help="keep the streams' WAV files under OUT/audio")
+    p.set_defaults(run=_bench_listen)
 
 
 def _demo(args: argparse.Namespace) -> None:
@@ -240,7 +274,7 @@ def _check_broker(command: str, url: str) -> None:
 def add_demo_parser(subparsers: argparse._SubParsersAction) -> None:
     """Add `demo` and its options to the command line."""
     m = subparsers.add_parser("demo", help="one coordinator and one device per FSDD speaker, end to end")
-    m.add_argument("--out", type=Path, default=Path("fedspeech-demo"), help="where results go")
+    m.add_argument("--out", type=Path, default=DEMO_OUT, help="where results go")
     m.add_argument(
         "--fleet", type=Path, help="emulated fleet file (default bench/fedspeech_bench/fleets/pi-mix.toml)"
     )

@@ -10,8 +10,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-from fedspeech_bench.report.summaries import welch
-
 SPEAKERS = ("george", "jackson", "theo")
 CHROMIUM = "/usr/bin/chromium"
 CHROMEDRIVER = "/usr/bin/chromedriver"
@@ -115,10 +113,10 @@ def run_dashboard_bench(out: Path, rounds: int, tabs: int, max_samples: int) -> 
 
 def _report(walls: dict[str, list[tuple[int, float]]], out: Path) -> str:
     """A markdown table of each arm's round wall times, and a plot of every round's."""
-    import matplotlib
+    from fedspeech_bench.report.plots import pyplot
+    from fedspeech_bench.report.summaries import welch
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     none = [w for _, w in walls["none"]]
     base = statistics.mean(none)

@@ -83,10 +83,9 @@ def round_printer(rounds: int, t0: float) -> Callable[[RoundRecord], None]:
 
 def write_plot(records: list[dict], path: Path) -> None:
     """Accuracy against round and against wall time, side by side, as a PNG."""
-    import matplotlib
+    from fedspeech_bench.report.plots import pyplot
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     fig, (by_round, by_time) = plt.subplots(1, 2, figsize=(10, 4), sharey=True)
     rounds = [r["round"] for r in records]

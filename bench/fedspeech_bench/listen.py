@@ -42,6 +42,7 @@ from fedspeech.listen import ListenConfig, ListenError, run_listen
 from fedspeech.models.clips.datasets import AudioError, bundled_data_dir, load_corpus, server_test_clips
 from fedspeech.models.clips.tasks import BACKGROUND_NOISE
 from fedspeech.protocol.labels import is_word
+from fedspeech_bench.commands import DEMO_MODEL
 from fedspeech_bench.listen_streams import (
     Stream,
     at_level,
@@ -55,7 +56,6 @@ from fedspeech_bench.listen_streams import (
 from fedspeech_bench.progress import Progress
 from fedspeech_bench.word_alignment import Alignment, align
 
-DEFAULT_MODEL = Path("fedspeech-demo/model.onnx")
 SNRS_DB = (20.0, 10.0)
 NOISE_ALONE_SNR_DB = 10.0  # noise alone is played at its level in this condition
 MAX_NOISE_MINUTES = 60.0
@@ -197,10 +197,9 @@ def table(name: str, path: Path, results: Sequence[Result]) -> str:
 
 def plot(runs: dict[str, list[Result]], out: Path) -> list[Path]:
     """Detected in order and wrong or extra (% of words) per condition with words, a bar per model."""
-    import matplotlib
+    from fedspeech_bench.report.plots import pyplot
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     metrics = {
         "detected-in-order": ("words detected in order", lambda a: a.hits),
@@ -325,7 +324,7 @@ def _config_json(cfg: ListenBenchConfig) -> dict[str, Any]:
 def parse_models(values: Sequence[str] | None) -> dict[str, Path]:
     """--model values, PATH or NAME=PATH, as name -> path (a name is the file's stem by default)."""
     models: dict[str, Path] = {}
-    for value in values or [str(DEFAULT_MODEL)]:
+    for value in values or [str(DEMO_MODEL)]:
         name, path = value.split("=", 1) if "=" in value else (Path(value).stem, value)
         if not (name and path):
             raise ValueError(f"--model {value!r}: expected PATH or NAME=PATH")
@@ -333,32 +332,6 @@ def parse_models(values: Sequence[str] | None) -> dict[str, Path]:
             raise ValueError(f"two models named {name!r}: name them NAME=PATH")
         models[name] = Path(path)
     return models
-
-
-def add_parser(bench_subparsers: argparse._SubParsersAction) -> None:
-    """Add `bench listen` and its options to the `bench` subcommands."""
-    p = bench_subparsers.add_parser(
-        "listen", help="`fedspeech listen` on held-out speakers' words, clean, in noise and on noise alone"
-    )
-    p.add_argument(
-        "--model",
-        action="append",
-        metavar="[NAME=]PATH",
-        help=f"an exported model; repeatable (default {DEFAULT_MODEL}, named by its file stem)",
-    )
-    p.add_argument(
-        "--data-dir", type=Path, help="holds speech_commands_test/ for real noise (default: skip it)"
-    )
-    p.add_argument("--out", type=Path, default=Path("fedspeech-bench-listen"), help="where results go")
-    p.add_argument("--seed", type=int, default=0, help="word order and noise (default 0)")
-    p.add_argument("--pause-s", type=float, default=0.6, help="silence around each word (default 0.6)")
-    p.add_argument("--noise-minutes", type=float, default=5.0, help="of each noise alone (default 5)")
-    p.add_argument("--threshold", type=float, help="override the listener's detection threshold")
-    p.add_argument(
-        "--words", type=int, help="only the first N words of the shuffled stream (default all 300)"
-    )
-    p.add_argument("--keep-audio", action="store_true", help="keep the streams' WAV files under OUT/audio")
-    p.set_defaults(run=run_from_args)
 
 
 def run_from_args(args: argparse.Namespace) -> None:

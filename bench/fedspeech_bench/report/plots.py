@@ -16,7 +16,7 @@ if TYPE_CHECKING:
     from fedspeech_bench.runs import Run
 
 
-def _pyplot() -> ModuleType:
+def pyplot() -> ModuleType:
     """matplotlib.pyplot drawing into files (Agg), imported only when a benchmark plots."""
     import matplotlib
 
@@ -28,7 +28,7 @@ def _pyplot() -> ModuleType:
 
 def write_plots(corpus: str, runs: Sequence[Run], rows: list[Summary], out: Path) -> list[Path]:
     """Accuracy against wall time (one line per run) and bytes per arm, as PNGs."""
-    plt = _pyplot()
+    plt = pyplot()
 
     arms = [r.arm for r in rows]
     colors = {s: plt.cm.tab10(i) for i, s in enumerate(arms)}
@@ -59,7 +59,7 @@ def write_plots(corpus: str, runs: Sequence[Run], rows: list[Summary], out: Path
 
 def plot_rounds(split: str, runs: Sequence[Run], out: Path) -> Path:
     """Accuracy over rounds, one line per arm (mean over seeds and folds)."""
-    plt = _pyplot()
+    plt = pyplot()
     from matplotlib.ticker import MaxNLocator
 
     fig, ax = plt.subplots(figsize=(8, 5))
@@ -78,7 +78,7 @@ def plot_rounds(split: str, runs: Sequence[Run], out: Path) -> Path:
 
 def plot_loso(runs: Sequence[Run], out: Path) -> Path:
     """Bars of each held-out speaker's accuracy, one per arm (mean over seeds)."""
-    plt = _pyplot()
+    plt = pyplot()
 
     arms = list(dict.fromkeys(run.arm for run in runs))
     folds = sorted({loso_speaker(run) for run in runs})
