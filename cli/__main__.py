@@ -18,7 +18,7 @@ from fedspeech.connection_options import (
 )
 from fedspeech.coordinator_command import add_parser as add_coordinator_parser
 from fedspeech.devices import add_parser as add_devices_parser
-from fedspeech.installed_commands import add_installed_commands, missing_command
+from fedspeech.installed_commands import KNOWN, add_installed_commands, missing_command
 from fedspeech.protocol.topics import DEFAULT_ROOT
 from fedspeech.status import add_parser as add_status_parser
 
@@ -243,7 +243,7 @@ def main(argv: list[str] | None = None) -> None:
     if unknown:  # named here, after the subcommand, rather than by the top-level parser
         command = " ".join(filter(None, ("fedspeech", args.command, getattr(args, "bench", None))))
         raise SystemExit(f"{command}: unrecognized arguments: {' '.join(unknown)}; see `{command} --help`")
-    quiet = args.command in ("demo", "bench")  # they print their own progress lines
+    quiet = args.command in KNOWN  # the benchmarks and the demo print their own progress lines
     level = logging.DEBUG if args.verbose else logging.WARNING if quiet else logging.INFO
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if not args.verbose:

@@ -16,6 +16,7 @@ from fedspeech.connection_options import (
     unreachable,
 )
 from fedspeech.coordinator_command import STRATEGY_NAMES
+from fedspeech.installed_commands import KNOWN
 from fedspeech.protocol.topics import parse_broker_url
 from fedspeech_bench.dashboard import add_parser as add_dashboard_bench_parser
 from fedspeech_bench.seeds import add_parser as add_seeds_parser
@@ -127,7 +128,7 @@ def check_corpus(command: str, corpus: str, data_dir: Path | None, speaker: str 
 
 def add_bench_parser(subparsers: argparse._SubParsersAction) -> None:
     """Add `bench` and its benchmarks to the command line."""
-    b = subparsers.add_parser("bench", help="benchmarks").add_subparsers(dest="bench", required=True)
+    b = subparsers.add_parser("bench", help=KNOWN["bench"]).add_subparsers(dest="bench", required=True)
     bs = b.add_parser("strategies", help="every strategy on the same emulated Pi fleet, data and seeds")
     bs.add_argument("--out", type=Path, default=Path("fedspeech-bench"), help="where results go")
     bs.add_argument("--corpus", action="append", choices=["fsdd", "emodb"], help="repeatable")
@@ -273,7 +274,7 @@ def _check_broker(command: str, url: str) -> None:
 
 def add_demo_parser(subparsers: argparse._SubParsersAction) -> None:
     """Add `demo` and its options to the command line."""
-    m = subparsers.add_parser("demo", help="one coordinator and one device per FSDD speaker, end to end")
+    m = subparsers.add_parser("demo", help=KNOWN["demo"])
     m.add_argument("--out", type=Path, default=DEMO_OUT, help="where results go")
     m.add_argument(
         "--fleet", type=Path, help="emulated fleet file (default bench/fedspeech_bench/fleets/pi-mix.toml)"

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from fedspeech.coordinator.strategies import STRATEGIES
+from fedspeech.coordinator.strategies import STRATEGIES, strategy_class
 from fedspeech_bench.fleet_run import attacking_devices, fleet_run
 from fedspeech_bench.fleets.fleet_files import (
     DEFAULT_FLEETS,
@@ -214,7 +214,7 @@ def run_once(
     # The corpus' held-out set is the union of the devices' test splits: asking the devices as well
     # would add their evaluation time to every arm and tell nothing new, except where each device runs
     # a model of its own (FedBN, SiloBN), which only it can score.
-    settings["EVAL_EVERY"] = int(bool(STRATEGIES[settings.get("STRATEGY", "fedavg")](1, 1).personal))
+    settings["EVAL_EVERY"] = int(bool(strategy_class(settings.get("STRATEGY", "fedavg")).personal))
     fleet = _arm_fleet(cfg, corpus, arm)
     settings["MIN_DEVICES"] = sum(len(spec.device_ids) for spec in fleet) + len(arm.attacks)
     name = cfg.corpus_name(corpus)
@@ -241,7 +241,7 @@ def arm_rounds(cfg: BenchConfig, corpus: str, arm: Arm) -> int:
     """
     settings = {**cfg.corpus_settings.get(corpus, {}), **arm.settings}
     k = int(settings.get("K", 1))
-    if STRATEGIES[settings.get("STRATEGY", "fedavg")](k, 1).mode != "buffered":
+    if strategy_class(settings.get("STRATEGY", "fedavg")).mode != "buffered":
         return cfg.rounds
     devices = sum(len(spec.device_ids) for spec in _arm_fleet(cfg, corpus, arm)) + len(arm.attacks)
     return math.ceil(cfg.rounds * devices / min(k, devices))

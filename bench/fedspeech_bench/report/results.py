@@ -81,7 +81,7 @@ def write_seeds_results(
         if split == "speech-commands-skewed" and deal is not None:
             report += [
                 "",
-                "Clips per device and label (rule: bench_splits.skewed_deal):",
+                "Clips per device and label (rule: splits.skewed_deal):",
                 "",
                 label_counts_table(deal),
             ]
