@@ -11,18 +11,16 @@ import json
 import subprocess
 import sys
 import threading
-import urllib.error
-import urllib.request
 from pathlib import Path
 
 import paho.mqtt.client as mqtt
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from fedspeech.protocol import messages, signing, weights
+from fedspeech.protocol import messages, signing
 from fedspeech.protocol.messages import BlobRef, ModelAnnouncement, Registration, Task
 from fedspeech.protocol.topics import Topics, parse_broker_url
-from tests.helpers.devices import ScriptedDevice
+from tests.helpers.devices import ScriptedDevice, post, unchanged_update, upload
 from tests.helpers.ports import free_port
 from tests.helpers.waiting import get_json, wait_for
 
@@ -42,22 +40,9 @@ def _enrol(device: str, state, folder) -> str:
     return str(path)
 
 
-def _post(url: str, body: bytes, headers: dict[str, str]) -> int:
-    request = urllib.request.Request(url, body, headers, method="POST")
-    try:
-        with urllib.request.urlopen(request, timeout=10) as reply:
-            return reply.status
-    except urllib.error.HTTPError as exc:
-        return exc.code
-
-
 def _upload(url: str, device: ScriptedDevice, task: Task, num_samples: str) -> int:
     """Upload the task's model back unchanged, claiming num_samples (a string, as in the metadata)."""
-    with urllib.request.urlopen(f"{url}{task.weights.path}", timeout=10) as reply:
-        arrays, _ = weights.decode(reply.read())
-    body = weights.encode(arrays, {"task_id": task.task_id, "num_samples": num_samples})
-    headers = {"Authorization": f"Bearer {device.token}", "X-Content-SHA256": weights.sha256(body)}
-    return _post(f"{url}{task.upload_path}", body, headers)
+    return upload(url, task.upload_path, device.token, unchanged_update(url, task, num_samples))
 
 
 class Stranger:
@@ -133,8 +118,8 @@ def test_the_probes_attacks_fail_while_the_fleet_trains(tmp_path, mosquitto_url,
 
         # 1. The takeover: a stranger registers an enrolled device's id, with no credential or a guessed one.
         takeover = messages.encode(Registration("jackson", 1_000_000, messages.Profile(1, 0.0, 256.0)))
-        assert _post(f"{url}/api/devices", takeover, {}) == 401
-        assert _post(f"{url}/api/devices", takeover, {"Authorization": "Bearer " + "x" * 43}) == 401
+        assert post(f"{url}/api/devices", takeover, {}) == 401
+        assert post(f"{url}/api/devices", takeover, {"Authorization": "Bearer " + "x" * 43}) == 401
 
         # 2. The oversized sample count: refused, then an honest upload of the same task is taken.
         task = mallory.next_task(180)

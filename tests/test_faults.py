@@ -13,7 +13,6 @@ import socket
 import sqlite3
 import subprocess
 import time
-import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -23,7 +22,7 @@ import pytest
 from fedspeech.protocol import messages, signing, weights
 from fedspeech.protocol.messages import Task
 from fedspeech.protocol.topics import Topics
-from tests.helpers.devices import Processes, ScriptedDevice, start_clients
+from tests.helpers.devices import Processes, ScriptedDevice, start_clients, unchanged_update, upload
 from tests.helpers.ports import free_port
 from tests.helpers.waiting import get_json, wait_for
 
@@ -59,28 +58,12 @@ def status(url: str) -> dict:
     return get_json(f"{url}/api/status") or {}
 
 
-def update_body(url: str, task: Task) -> bytes:
-    """The task's global model downloaded and sent back untouched, as the body of an update."""
-    with urllib.request.urlopen(f"{url}{task.weights.path}", timeout=10) as reply:
-        arrays, _ = weights.decode(reply.read())
-    return weights.encode(arrays, {"task_id": task.task_id, "num_samples": str(SAMPLES)})
-
-
-def post_update(url: str, device: ScriptedDevice, task: Task, body: bytes) -> int:
-    """Upload an update for the task; return the HTTP status."""
-    headers = {"Authorization": f"Bearer {device.token}", "X-Content-SHA256": weights.sha256(body)}
-    request = urllib.request.Request(f"{url}{task.upload_path}", body, headers, method="POST")
-    try:
-        with urllib.request.urlopen(request, timeout=30) as reply:
-            return reply.status
-    except urllib.error.HTTPError as exc:
-        return exc.code
-
-
 def answer(url: str, device: ScriptedDevice, task: Task) -> bytes:
     """Send the task's model back untouched, which must be accepted; return the body sent."""
-    body = update_body(url, task)
-    assert post_update(url, device, task, body) == 200, f"{device.device_id}'s update of round {task.round}"
+    body = unchanged_update(url, task, SAMPLES)
+    assert upload(url, task.upload_path, device.token, body) == 200, (
+        f"{device.device_id}'s update of round {task.round}"
+    )
     return body
 
 
@@ -136,8 +119,8 @@ def test_a_coordinator_killed_while_it_aggregates_loses_and_doubles_no_round(
         wait_for(lambda: log_lines(first, accepted), 300, "george's update of round 2")
         before = get_json(f"{url}/api/rounds")
         assert [r["round"] for r in before] == [0, 1]
-        body = update_body(url, task)
-        assert post_update(url, held, task, body) == 200
+        body = unchanged_update(url, task, SAMPLES)
+        assert upload(url, task.upload_path, held.token, body) == 200
         first.send_signal(signal.SIGKILL)  # aggregation, evaluation, export and storing are under way
         killed_at = time.time()
         first.wait(timeout=10)
@@ -287,7 +270,7 @@ def test_an_upload_cut_halfway_is_never_accepted(tmp_path, mosquitto_url, topic_
     try:
         torn_task, whole_task = torn.next_task(120), whole.next_task(120)
         assert torn_task.round == whole_task.round == 1
-        half_upload(port, torn, torn_task, update_body(url, torn_task))
+        half_upload(port, torn, torn_task, unchanged_update(url, torn_task, SAMPLES))
         wait_for(lambda: log_lines(coordinator, "/api/rounds/1/updates rejected"), 60, "the cut upload's end")
         assert status(url)["open_round"] == 1, "the round goes on"
         sent = answer(url, whole, whole_task)

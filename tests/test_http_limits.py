@@ -25,7 +25,7 @@ from fedspeech.coordinator.api import MAX_UPDATE_BYTES
 from fedspeech.coordinator.app import create_app, serve
 from fedspeech.protocol import messages, weights
 from fedspeech.protocol.messages import Credentials, Profile, Registration
-from tests.helpers.devices import one_round_coordinator
+from tests.helpers.devices import one_round_coordinator, upload
 from tests.helpers.ports import free_port
 from tests.helpers.waiting import get_json, wait_for
 
@@ -180,16 +180,6 @@ def served_round(tmp_path, mosquitto_url, topic_root):
             server.stop()
 
 
-def _upload(url: str, path: str, token: str, body: bytes) -> int:
-    headers = {"Authorization": f"Bearer {token}", "X-Content-SHA256": weights.sha256(body)}
-    request = urllib.request.Request(f"{url}{path}", body, headers, method="POST")
-    try:
-        with urllib.request.urlopen(request, timeout=30) as reply:
-            return reply.status
-    except urllib.error.HTTPError as exc:
-        return exc.code
-
-
 def test_bodies_over_the_limit_and_absurd_counts_never_reach_the_round(served_round):
     service, server, device = served_round
     wait_for(lambda: service.store.latest_round(), 120, "round 0")
@@ -205,13 +195,13 @@ def test_bodies_over_the_limit_and_absurd_counts_never_reach_the_round(served_ro
     assert huge.startswith(b"HTTP/1.1 413"), huge[:200]
     # a device whose token is stale sends its whole body first, then reads: it must get the 401
     stale = weights.encode(arrays, {"task_id": task.task_id, "num_samples": "40"}) + b"\0" * (8 * MiB)
-    assert _upload(server.url, task.upload_path, "a-stale-token-of-kitchen", stale) == 401
+    assert upload(server.url, task.upload_path, "a-stale-token-of-kitchen", stale) == 401
     absurd = weights.encode(arrays, {"task_id": task.task_id, "num_samples": str(10**400)})
-    assert _upload(server.url, task.upload_path, device.token, absurd) == 400
+    assert upload(server.url, task.upload_path, device.token, absurd) == 400
     assert service.orchestrator.open_round() == 1, "the round goes on"
 
     good = weights.encode(arrays, {"task_id": task.task_id, "num_samples": "40"})
-    assert _upload(server.url, task.upload_path, device.token, good) == 200
+    assert upload(server.url, task.upload_path, device.token, good) == 200
     wait_for(service.orchestrator.finished.is_set, 60, "the round to complete")
     record = service.store.latest_round()
     assert record.round == 1 and record.results == 1

@@ -153,16 +153,8 @@ class ScriptedDevice:
 
     def send_back_unchanged(self, coordinator_url: str, task: Task, num_samples: int) -> int:
         """Download the task's model and upload it untouched; return the HTTP status."""
-        with urllib.request.urlopen(f"{coordinator_url}{task.weights.path}", timeout=10) as reply:
-            arrays, _ = weights.decode(reply.read())
-        body = weights.encode(arrays, {"task_id": task.task_id, "num_samples": str(num_samples)})
-        headers = {"Authorization": f"Bearer {self.token}", "X-Content-SHA256": weights.sha256(body)}
-        request = urllib.request.Request(f"{coordinator_url}{task.upload_path}", body, headers, method="POST")
-        try:
-            with urllib.request.urlopen(request, timeout=10) as reply:
-                return reply.status
-        except urllib.error.HTTPError as exc:
-            return exc.code
+        body = unchanged_update(coordinator_url, task, num_samples)
+        return upload(coordinator_url, task.upload_path, self.token, body)
 
     def close(self) -> None:
         """Clear this device's retained messages and disconnect."""
@@ -170,3 +162,26 @@ class ScriptedDevice:
         self.publish(self.topics.task(self.device_id), b"")
         self.mqtt.loop_stop()
         self.mqtt.disconnect()
+
+
+def unchanged_update(url: str, task: Task, num_samples: int | str) -> bytes:
+    """The task's global model downloaded and sent back untouched, claiming num_samples, as an upload body."""
+    with urllib.request.urlopen(f"{url}{task.weights.path}", timeout=10) as reply:
+        arrays, _ = weights.decode(reply.read())
+    return weights.encode(arrays, {"task_id": task.task_id, "num_samples": str(num_samples)})
+
+
+def upload(url: str, path: str, token: str, body: bytes) -> int:
+    """POST an update with its bearer token and digest; the HTTP status."""
+    headers = {"Authorization": f"Bearer {token}", "X-Content-SHA256": weights.sha256(body)}
+    return post(f"{url}{path}", body, headers)
+
+
+def post(url: str, body: bytes, headers: dict[str, str]) -> int:
+    """POST body to url; the HTTP status, an error's included."""
+    request = urllib.request.Request(url, body, headers, method="POST")
+    try:
+        with urllib.request.urlopen(request, timeout=30) as reply:
+            return reply.status
+    except urllib.error.HTTPError as exc:
+        return exc.code
