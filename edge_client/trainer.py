@@ -15,6 +15,7 @@ import numpy as np
 
 from fedspeech.edge_client.local_data import Split
 from fedspeech.edge_client.local_norm import LocalNorm, lay_over
+from fedspeech.models.objectives import UnknownSetting, check_class_prior
 from fedspeech.protocol import messages, weights
 from fedspeech.protocol.labels import none_class
 from fedspeech.protocol.messages import EvaluationReport, ModelSpec, Task
@@ -36,11 +37,6 @@ SETTINGS: dict[str, tuple[float, float]] = {
     "time_budget_s": (0.1, float(messages.MAX_TASK_SECONDS)),
 }
 LIST_SETTINGS = ("class_prior",)  # settings that are lists of numbers
-PRIOR_TOLERANCE = 1e-6  # how far from 1 a class prior's sum may be
-
-
-class UnknownSetting(ValueError):
-    """A task asks for a training setting this device does not know or does not accept."""
 
 
 class TrainingStopped(Exception):
@@ -69,7 +65,7 @@ def training_settings(task: Task) -> TrainingSettings:
     config = task.config
     for name, value in config.items():
         if name in LIST_SETTINGS:
-            _check_class_prior(value, task.spec.num_classes)
+            check_class_prior(value, task.spec.num_classes)
         elif name in SETTINGS:
             _check_number(name, value)
         else:
@@ -107,19 +103,6 @@ def _check_number(name: str, value: object) -> None:
     low, high = SETTINGS[name]
     if not low <= value <= high:
         raise UnknownSetting(f"training setting {name} = {value} is outside [{low}, {high}]")
-
-
-def _check_class_prior(value: object, num_classes: int) -> None:
-    """UnknownSetting unless value is a list of num_classes finite positive numbers summing to 1."""
-    if not isinstance(value, list) or len(value) != num_classes:
-        raise UnknownSetting(f"class_prior must be a list of {num_classes} numbers, not {str(value)[:80]}")
-    if not all(isinstance(p, int | float) and not isinstance(p, bool) for p in value):
-        raise UnknownSetting(f"class_prior must hold numbers only, not {str(value)[:80]}")
-    prior = np.asarray(value, dtype=np.float64)
-    if not (np.isfinite(prior).all() and (prior > 0).all()):
-        raise UnknownSetting("class_prior must hold finite positive probabilities")
-    if abs(prior.sum() - 1.0) > PRIOR_TOLERANCE:
-        raise UnknownSetting(f"class_prior sums to {prior.sum()}, not 1")
 
 
 def _local_norm(config: Mapping[str, float | list[float]]) -> bool:
