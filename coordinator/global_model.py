@@ -128,6 +128,7 @@ class GlobalModel:
         import torch
 
         from fedspeech.models import build_model
+        from fedspeech.models.objectives import Distillation
         from fedspeech.models.train import get_arrays, set_arrays, train_local
 
         if self.server_data is None:
@@ -145,9 +146,7 @@ class GlobalModel:
             batch_size=batch_size,
             learning_rate=learning_rate,
             seed=seed,
-            teacher=teacher_model,
-            distill_weight=1.0,
-            temperature=temperature,
+            terms=[Distillation(1.0, teacher_model, temperature)],
         )
         return get_arrays(model)
 

@@ -15,7 +15,7 @@ import numpy as np
 
 from fedspeech.edge_client.local_data import Split
 from fedspeech.edge_client.local_norm import LocalNorm, lay_over
-from fedspeech.models.objectives import UnknownSetting, check_class_prior
+from fedspeech.models.objectives import Number, UnknownSetting, check_settings, terms_from_settings
 from fedspeech.protocol import messages, weights
 from fedspeech.protocol.labels import none_class
 from fedspeech.protocol.messages import EvaluationReport, ModelSpec, Task
@@ -26,17 +26,10 @@ WARM_UP_SAMPLES = 32
 WARM_UP_BATCH = 16  # the coordinator's default, so the first seconds per sample is comparable
 
 
-# the numeric training settings a strategy may send, with the values a device accepts
-SETTINGS: dict[str, tuple[float, float]] = {
-    "proximal_mu": (0.0, 100.0),
-    "local_norm": (0.0, 1.0),
-    "local_statistics": (0.0, 1.0),
-    "prior_weight": (0.0, 100.0),
-    "distill_weight": (0.0, 100.0),
-    "distill_temperature": (0.05, 100.0),
-    "time_budget_s": (0.1, float(messages.MAX_TASK_SECONDS)),
-}
-LIST_SETTINGS = ("class_prior",)  # settings that are lists of numbers
+# the settings the device honours around a run rather than in it: FedBN's and SiloBN's, 0 or 1
+LOCAL_NORM = Number("local_norm", 0.0, 1.0)
+LOCAL_STATISTICS = Number("local_statistics", 0.0, 1.0)
+DEVICE_SETTINGS = (LOCAL_NORM, LOCAL_STATISTICS)
 
 
 class TrainingStopped(Exception):
@@ -45,15 +38,14 @@ class TrainingStopped(Exception):
 
 @dataclass(frozen=True)
 class TrainingSettings:
-    """A task's settings, checked: train_local's keyword arguments and what the device does around the run.
+    """What a task's checked settings ask of the device around the run; its loss terms: terms_from_settings.
 
     local_norm: FedBN, the normalisation layers stay on the device; local_statistics: SiloBN, the device
     keeps the normalisation statistics of its own clips; report_counts: the upload carries the trained
-    model's predicted class counts (FedVMR's class-distribution regulariser); distill: a teacher model is
-    passed to train_local (mutual knowledge distillation).
+    model's predicted class counts (FedVMR's class-distribution regulariser); distill: the task's teacher
+    model is loaded for a Distillation term (mutual knowledge distillation).
     """
 
-    train_kwargs: dict[str, Any]
     local_norm: bool = False
     local_statistics: bool = False
     report_counts: bool = False
@@ -61,34 +53,13 @@ class TrainingSettings:
 
 
 def training_settings(task: Task) -> TrainingSettings:
-    """The task's checked settings; UnknownSetting for one this device cannot honour."""
+    """The task's checked settings; UnknownSetting for one this device cannot honour.
+
+    The settings it accepts are those of the loss terms (models.objectives) and DEVICE_SETTINGS.
+    """
     config = task.config
-    for name, value in config.items():
-        if name in LIST_SETTINGS:
-            check_class_prior(value, task.spec.num_classes)
-        elif name in SETTINGS:
-            _check_number(name, value)
-        else:
-            known = ", ".join([*SETTINGS, *LIST_SETTINGS])
-            raise UnknownSetting(f"unknown training setting {name!r} (known: {known})")
-    # distillation settings without a teacher: the first round, before the server has a model to send
-    if task.teacher is not None and "distill_weight" not in config:
-        raise UnknownSetting("a teacher model without distill_weight")
-    if "class_prior" in config and "prior_weight" not in config:
-        raise UnknownSetting("class_prior without prior_weight")
-    kwargs: dict[str, Any] = {}
-    for name in ("proximal_mu", "time_budget_s"):
-        if name in config:
-            kwargs[name] = config[name]
-    if "class_prior" in config:  # absent in the first round: no population distribution yet
-        kwargs["class_prior"] = np.asarray(config["class_prior"], dtype=np.float64)
-        kwargs["prior_weight"] = config["prior_weight"]
-    if task.teacher is not None:
-        kwargs["distill_weight"] = config["distill_weight"]
-        if "distill_temperature" in config:
-            kwargs["temperature"] = config["distill_temperature"]
+    check_settings(config, task.spec.num_classes, task.teacher is not None, DEVICE_SETTINGS)
     return TrainingSettings(
-        kwargs,
         local_norm=_local_norm(config),
         local_statistics=_local_statistics(config),
         report_counts="prior_weight" in config,
@@ -96,33 +67,24 @@ def training_settings(task: Task) -> TrainingSettings:
     )
 
 
-def _check_number(name: str, value: object) -> None:
-    """UnknownSetting unless value is a number within the setting's bounds."""
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise UnknownSetting(f"training setting {name} must be a number, not {str(value)[:80]}")
-    low, high = SETTINGS[name]
-    if not low <= value <= high:
-        raise UnknownSetting(f"training setting {name} = {value} is outside [{low}, {high}]")
-
-
 def _local_norm(config: Mapping[str, float | list[float]]) -> bool:
     """Whether the task asks the device to keep its normalisation layers (FedBN); UnknownSetting if bad."""
-    return _flag(config, "local_norm")
+    return _flag(config, LOCAL_NORM)
 
 
 def _local_statistics(config: Mapping[str, float | list[float]]) -> bool:
     """Whether the task asks the device to keep its clips' statistics (SiloBN); UnknownSetting if bad."""
-    if _flag(config, "local_statistics"):
+    if _flag(config, LOCAL_STATISTICS):
         if _local_norm(config):
             raise UnknownSetting("local_statistics and local_norm together: the layers kept would be both")
         return True
     return False
 
 
-def _flag(config: Mapping[str, float | list[float]], name: str) -> bool:
+def _flag(config: Mapping[str, float | list[float]], setting: Number) -> bool:
     """A 0/1 setting of the task, 0 when absent; UnknownSetting if it is not a number in [0, 1]."""
-    value = config.get(name, 0.0)
-    _check_number(name, value)
+    value = config.get(setting.name, 0.0)
+    setting.check(value)
     return bool(value)
 
 
@@ -210,11 +172,12 @@ class Trainer:
         from fedspeech.models.train import Interrupted, get_arrays, train_local
 
         settings = training_settings(task)
-        kwargs = dict(settings.train_kwargs)
+        teacher_model = None
         if settings.distill:
             if teacher is None:
                 raise ValueError("the task names a teacher model, and none was given")
-            kwargs["teacher"] = self.teacher(task.spec, teacher)
+            teacher_model = self.teacher(task.spec, teacher)
+        terms = terms_from_settings(task.config, task.spec.num_classes, teacher_model, DEVICE_SETTINGS)
         model = self._load(task, arrays, settings.local_norm)
         try:
             result = train_local(
@@ -225,10 +188,10 @@ class Trainer:
                 batch_size=task.batch_size,
                 learning_rate=task.learning_rate,
                 seed=task.seed,
+                terms=terms,
                 should_stop=lambda: self.stop.is_set() or time.time() > task.deadline,
                 noise=train.negatives,
                 none_class=none_class(task.definition.labels),
-                **kwargs,
             )
         except Interrupted:
             reason = "the device is stopping" if self.stop.is_set() else "its deadline passed during training"

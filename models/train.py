@@ -3,16 +3,17 @@
 import math
 import time
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 from torch import nn
 
-from fedspeech.models import losses, scores
+from fedspeech.models import scores
 from fedspeech.models.clips.augment import DEFAULT_AUGMENTATION, Augmentation, augment_batch
 from fedspeech.models.norm import refresh_statistics
+from fedspeech.models.objectives import BatchValue, LossTerm, Term, TimeBudget
 
 
 def _float_names(model: nn.Module) -> list[str]:
@@ -68,45 +69,27 @@ def _sample_rate(model: nn.Module) -> int:
     return rate
 
 
-def _prior(class_prior: np.ndarray | None) -> torch.Tensor:
-    """The class prior as a float32 probability vector; ValueError unless it is positive."""
-    if class_prior is None:
-        raise ValueError("prior_weight > 0 needs a class_prior")
-    prior = np.asarray(class_prior, dtype=np.float64)
-    if prior.ndim != 1 or not np.all(np.isfinite(prior)) or not np.all(prior > 0):
-        raise ValueError(f"class_prior must be a vector of positive numbers, not {class_prior!r}")
-    return torch.from_numpy((prior / prior.sum()).astype(np.float32))
-
-
-def _teacher(model: nn.Module, teacher: nn.Module | None, temperature: float) -> nn.Module:
-    """The teacher to distil from; ValueError if there is none, it is the student, or T is not positive."""
-    if teacher is None:
-        raise ValueError("distill_weight > 0 needs a teacher")
-    if teacher is model:
-        raise ValueError("a model cannot be its own teacher")
-    if not temperature > 0:
-        raise ValueError(f"temperature must be positive, not {temperature}")
-    return teacher
-
-
-def _objective(
+def _batch_loss(
+    inputs: torch.Tensor,
     logits: torch.Tensor,
     targets: torch.Tensor | None,
-    teacher_logits: torch.Tensor | None,
-    distill_weight: float,
-    temperature: float,
+    terms: Sequence[tuple[LossTerm, BatchValue]],
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """A batch's loss before regularisers, and the part reported: cross-entropy, else distillation."""
-    if teacher_logits is None:
-        if targets is None:
-            raise ValueError("no labels and no teacher")
-        cross_entropy = nn.functional.cross_entropy(logits, targets)
-        return cross_entropy, cross_entropy
-    distill = losses.distillation_loss(logits, teacher_logits, temperature)
-    if targets is None:
-        return distill_weight * distill, distill
-    cross_entropy = nn.functional.cross_entropy(logits, targets)
-    return cross_entropy + distill_weight * distill, cross_entropy
+    """A batch's loss, the cross-entropy plus each term's weight * value, and the part reported.
+
+    The part reported is the cross-entropy, or without labels the value of the term that replaces them.
+    """
+    # the terms' values are made before the cross-entropy: autograd sums the gradients meeting at the
+    # logits in an order set by when each part was made, and this order keeps the results as they were
+    values = [(term, value_of(inputs, logits)) for term, value_of in terms]
+    loss = reported = None if targets is None else nn.functional.cross_entropy(logits, targets)
+    for term, value in values:
+        if reported is None and term.replaces_labels:
+            reported = value
+        loss = term.weight * value if loss is None else loss + term.weight * value
+    if loss is None or reported is None:
+        raise ValueError("no labels, and no term that replaces them")
+    return loss, reported
 
 
 def train_local(
@@ -118,17 +101,11 @@ def train_local(
     batch_size: int,
     learning_rate: float,
     seed: int = 0,
-    proximal_mu: float = 0.0,
+    terms: Sequence[Term] = (),
     should_stop: Callable[[], bool] | None = None,
-    class_prior: np.ndarray | None = None,
-    prior_weight: float = 0.0,
-    teacher: nn.Module | None = None,
-    distill_weight: float = 0.0,
-    temperature: float = 1.0,
     augmentation: Augmentation | None = None,
     noise: np.ndarray | None = None,
     none_class: int | None = None,
-    time_budget_s: float | None = None,
 ) -> TrainResult:
     """Train in place: Adam, cosine-decayed lr, shuffled augmented minibatches; deterministic per seed.
 
@@ -137,25 +114,22 @@ def train_local(
     none_class, background windows labelled none_class are added to it. augmentation None takes the
     model's own `augmentation` attribute where it has one, else the default.
 
-    proximal_mu > 0 adds FedProx's term mu/2 * ||w - w_start||^2, keeping the model near where it started.
-    prior_weight > 0 adds prior_weight * KL(q || class_prior), q the batch's mean prediction (FedVMR's
-    class-distribution regulariser; class_prior is the population's class distribution, scaled to sum 1).
-    distill_weight > 0 adds distill_weight * the distillation loss towards teacher's outputs at temperature
-    on the same batch; the teacher is put (and left) in eval mode, without gradients: it never changes.
-    labels None trains on the distillation term alone (mutual knowledge distillation's server side).
-    The reported loss is the cross-entropy, or the distillation loss when there are no labels.
-    should_stop is asked before each batch; when it answers True, Interrupted is raised.
-    time_budget_s ends the run after the first batch that finishes past it (epochs stay the most it
+    Each loss term among terms (models.objectives) adds its weight * value on the batch, in their order;
+    labels None trains on the terms alone, which must include one that replaces labels (distillation).
+    The reported loss is the cross-entropy, or that term's value when there are no labels. A TimeBudget
+    among terms ends the run after the first batch that finishes past it (epochs stay the most it
     trains), the learning rate following the cosine over the budget's time instead of the steps.
+    should_stop is asked before each batch; when it answers True, Interrupted is raised.
     BatchNorm's running statistics are taken again at the trained weights over the clean clips
     (norm.refresh_statistics); the time this takes is counted in the run's seconds.
     """
     if len(waveforms) == 0:
         raise ValueError("no training samples")
-    prior = _prior(class_prior) if prior_weight > 0 else None
-    distiller = _teacher(model, teacher, temperature) if distill_weight > 0 else None
-    if labels is None and distiller is None:
-        raise ValueError("without labels, give a teacher and distill_weight > 0 to learn its outputs")
+    loss_terms = [term for term in terms if isinstance(term, LossTerm)]
+    if labels is None and not any(term.replaces_labels for term in loss_terms):
+        raise ValueError("without labels, give a term that replaces them: a teacher's outputs to distil")
+    budgets = [term.seconds for term in terms if isinstance(term, TimeBudget)]
+    time_budget_s = min(budgets) if budgets else None
     if augmentation is None:
         augmentation = getattr(model, "augmentation", DEFAULT_AUGMENTATION)
     waveforms = np.ascontiguousarray(waveforms, dtype=np.float32)
@@ -167,9 +141,7 @@ def train_local(
     num_batches = max(1, len(waveforms) // batch_size)
     # decaying to zero at the end of the run settles the weights before they are sent
     total_steps = epochs * num_batches
-    anchor = [p.detach().clone() for p in model.parameters()] if proximal_mu > 0 else []
-    if distiller is not None:
-        distiller.eval()
+    started = [(term, term.start(model)) for term in loss_terms]
     model.train()
 
     def batches() -> Iterator[np.ndarray]:
@@ -194,18 +166,9 @@ def train_local(
         )
         inputs = torch.from_numpy(augmented)
         logits = model(inputs)
-        teacher_logits = None
-        if distiller is not None:
-            with torch.no_grad():
-                teacher_logits = distiller(inputs)
         batch_labels = None if batch_targets is None else torch.from_numpy(batch_targets)
-        loss, reported = _objective(logits, batch_labels, teacher_logits, distill_weight, temperature)
+        loss, reported = _batch_loss(inputs, logits, batch_labels, started)
         recent.append((reported.item() * len(inputs), len(inputs)))
-        if prior is not None:
-            loss = loss + prior_weight * losses.class_distribution_kl(logits, prior)
-        if anchor:
-            drift = sum((p - a).square().sum() for p, a in zip(model.parameters(), anchor, strict=True))
-            loss = loss + proximal_mu / 2 * drift
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()

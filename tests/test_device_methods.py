@@ -8,7 +8,7 @@ import json
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +20,8 @@ from onnx import numpy_helper
 from fedspeech.edge_client.local_data import Split
 from fedspeech.edge_client.local_norm import NORM_FILE, LocalNorm, lay_over
 from fedspeech.edge_client.model_keeper import KEPT_MODEL, ModelKeeper
-from fedspeech.edge_client.trainer import Trainer, UnknownSetting, training_settings
+from fedspeech.edge_client.trainer import DEVICE_SETTINGS, Trainer, UnknownSetting, training_settings
+from fedspeech.models.objectives import ClassPrior, Proximal, TimeBudget, terms_from_settings
 from fedspeech.protocol import messages, weights
 from fedspeech.protocol.messages import (
     BlobRef,
@@ -331,20 +332,68 @@ def test_bad_distillation_settings_are_refused(config: dict[str, Any]) -> None:
         training_settings(make_task(config, teacher=TEACHER))
 
 
-def test_good_settings_become_train_local_arguments() -> None:
+def test_good_settings_become_terms_and_flags() -> None:
     near_one = list(np.full(10, 0.1) + 1e-8)
-    settings = training_settings(make_task({"prior_weight": 2.0, "class_prior": near_one, "local_norm": 1.0}))
+    config: dict[str, Any] = {"prior_weight": 2.0, "class_prior": near_one, "local_norm": 1.0}
+    settings = training_settings(make_task(config))
     assert settings.local_norm and settings.report_counts and not settings.distill
-    assert settings.train_kwargs["prior_weight"] == 2.0
-    np.testing.assert_allclose(settings.train_kwargs["class_prior"], near_one)
+    terms = terms_from_settings(config, SPEC.num_classes, None, DEVICE_SETTINGS)
+    assert terms == [ClassPrior(2.0, tuple(near_one))]
     distilling = make_task({"distill_weight": 0.5, "distill_temperature": 3.0}, teacher=TEACHER)
     settings = training_settings(distilling)
     assert settings.distill and not settings.local_norm and not settings.report_counts
-    assert settings.train_kwargs == {"distill_weight": 0.5, "temperature": 3.0}
-    assert training_settings(make_task({"prior_weight": 1.0})).train_kwargs == {}  # first round: no p yet
-    assert training_settings(make_task({"time_budget_s": 2.5})).train_kwargs == {"time_budget_s": 2.5}
-    first_round = training_settings(make_task({"distill_weight": 1.0, "distill_temperature": 2.0}))
-    assert not first_round.distill and first_round.train_kwargs == {}, "no server model yet: no distillation"
+    first_round = make_task({"distill_weight": 1.0, "distill_temperature": 2.0})
+    assert not training_settings(first_round).distill, "no server model yet: no distillation"
+
+
+def test_the_trainer_trains_with_the_terms_of_its_task(
+    start: Arrays, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from fedspeech.models import train as train_module
+    from fedspeech.models.train import TrainResult, get_arrays
+
+    seen: list[Any] = []
+
+    def no_training(model: Any, *args: Any, terms: Any = (), **kwargs: Any) -> TrainResult:
+        seen.append(terms)
+        return TrainResult(len(TRAIN.labels), 1.0, 0.1, 0.01)
+
+    monkeypatch.setattr(train_module, "train_local", no_training)
+    config = {"proximal_mu": 0.5, "prior_weight": 1.0, "class_prior": SKEWED, "distill_weight": 0.25}
+    teacher = fresh(seed=5)
+    trainer = Trainer("d1")
+    trainer.train(make_task(config | {"time_budget_s": 30.0}, teacher=TEACHER), start, TRAIN, teacher)
+    distillation, prior, proximal, budget = seen[0]
+    assert distillation.weight == 0.25 and distillation.temperature == 1.0
+    assert distillation.teacher is trainer.teacher(SPEC, teacher)
+    assert all(np.array_equal(get_arrays(distillation.teacher)[k], v) for k, v in teacher.items())
+    assert (prior, proximal, budget) == (ClassPrior(1.0, tuple(SKEWED)), Proximal(0.5), TimeBudget(30.0))
+    trainer.train(make_task({"prior_weight": 1.0}), start, TRAIN)  # the first round: no prior yet
+    assert seen[1] == []
+
+
+def test_a_new_term_is_one_class_in_the_list(monkeypatch: pytest.MonkeyPatch) -> None:
+    from fedspeech.models import objectives
+
+    @dataclass(frozen=True)
+    class Small(objectives.LossTerm):  # keeps the logits near zero
+        weight: float
+        SETTINGS = (objectives.Number("small_logits", 0.5, 2.0),)
+
+        @classmethod
+        def from_settings(cls, config: Any, teacher: Any) -> "Small | None":
+            return cls(config["small_logits"]) if "small_logits" in config else None
+
+        def start(self, model: Any) -> objectives.BatchValue:
+            return lambda inputs, logits: logits.square().mean()
+
+    with pytest.raises(UnknownSetting, match="unknown training setting 'small_logits'"):
+        training_settings(make_task({"small_logits": 1.5}))
+    monkeypatch.setattr(objectives, "TERMS", (*objectives.TERMS, Small))
+    training_settings(make_task({"small_logits": 1.5}))
+    with pytest.raises(UnknownSetting, match="outside"):
+        training_settings(make_task({"small_logits": 3.0}))
+    assert terms_from_settings({"small_logits": 1.5}, SPEC.num_classes) == [Small(1.5)]
 
 
 def test_the_trainer_refuses_bad_settings_before_training(start: Arrays) -> None:

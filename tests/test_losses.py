@@ -1,4 +1,7 @@
-"""FedVMR's class-distribution gap, soft-target distillation, predicted counts, and train_local using them."""
+"""FedVMR's class-distribution gap, soft-target distillation, predicted counts, and train_local using them.
+
+The terms themselves, on small tensors, and the settings they are built from: test_objectives.py.
+"""
 
 import math
 from typing import Any
@@ -12,6 +15,7 @@ from fedspeech.models import build_model
 from fedspeech.models.clips.augment import DEFAULT_AUGMENTATION, NO_AUGMENTATION, augment_batch
 from fedspeech.models.losses import class_distribution_kl, distillation_loss, predicted_counts
 from fedspeech.models.norm import refresh_statistics
+from fedspeech.models.objectives import ClassPrior, Distillation, terms_from_settings
 from fedspeech.models.train import get_arrays, set_arrays, train_local
 from fedspeech.protocol.messages import ModelSpec
 
@@ -147,7 +151,7 @@ def test_predicted_counts_of_a_real_model_sum_to_the_clips():
     assert all(torch.equal(stats[name], value) for name, value in model.state_dict().items()), "eval mode"
 
 
-# train_local with the new terms
+# train_local with the loss terms
 
 
 def _reference_train(model, waveforms, labels, *, epochs, batch_size, learning_rate, seed):
@@ -179,11 +183,9 @@ def test_defaults_train_exactly_as_before():
     torch.manual_seed(0)
     start = get_arrays(build_model(TINY_BN))
     runs = {}
-    unused: dict[str, dict[str, Any]] = {  # a prior or teacher without its weight changes nothing
-        "defaults": {},
-        "unused prior": {"class_prior": np.array([0.2, 0.3, 0.5])},
-        "unused teacher": {"teacher": build_model(TINY), "temperature": 3.0},
-    }
+    # the first round's settings of the class prior and of distillation: no prior nor teacher yet, no terms
+    first_round = terms_from_settings({"prior_weight": 1.0, "distill_weight": 1.0}, num_classes=3)
+    unused: dict[str, dict[str, Any]] = {"defaults": {}, "first round's terms": {"terms": first_round}}
     for name, extra in [("reference", None), *unused.items()]:
         model = build_model(TINY_BN)
         set_arrays(model, start)
@@ -208,10 +210,8 @@ def test_class_prior_pulls_predictions_toward_it():
     def gap(prior_weight: float) -> float:
         model = build_model(TINY)
         set_arrays(model, start)
-        train_local(
-            model, waveforms, labels, epochs=6, batch_size=4, learning_rate=3e-3,
-            class_prior=prior, prior_weight=prior_weight,
-        )  # fmt: skip
+        terms = [ClassPrior(prior_weight, tuple(prior))] if prior_weight else []
+        train_local(model, waveforms, labels, epochs=6, batch_size=4, learning_rate=3e-3, terms=terms)
         return _kl(_mean_probabilities(model, waveforms), torch.tensor(prior, dtype=torch.float32))
 
     without, with_prior = gap(0.0), gap(3.0)
@@ -233,15 +233,11 @@ def test_reported_loss_is_the_cross_entropy_alone():
         expected_distill = distillation_loss(logits, teacher(torch.from_numpy(waveforms)), 2.0).item()
     kwargs: dict[str, Any] = {"epochs": 1, "batch_size": 6, "learning_rate": 1e-3}
     kwargs["augmentation"] = NO_AUGMENTATION
-    regularised = train_local(
-        model, waveforms, labels, **kwargs, class_prior=np.array([0.1, 0.1, 0.8]), prior_weight=5.0,
-        teacher=teacher, distill_weight=2.0, temperature=2.0,
-    )  # fmt: skip
+    terms = [Distillation(2.0, teacher, temperature=2.0), ClassPrior(5.0, (0.1, 0.1, 0.8))]
+    regularised = train_local(model, waveforms, labels, **kwargs, terms=terms)
     assert regularised.loss == pytest.approx(expected_ce, rel=1e-5)
     set_arrays(model, start)
-    unlabelled = train_local(
-        model, waveforms, None, **kwargs, teacher=teacher, distill_weight=2.0, temperature=2.0
-    )
+    unlabelled = train_local(model, waveforms, None, **kwargs, terms=terms[::-1])  # the prior's term first
     assert unlabelled.loss == pytest.approx(expected_distill, rel=1e-5)
 
 
@@ -267,7 +263,7 @@ def test_distillation_without_labels_moves_the_student_to_the_teacher():
     teacher.train()
     result = train_local(
         student, waveforms, None, epochs=6, batch_size=4, learning_rate=3e-3,
-        teacher=teacher, distill_weight=1.0, temperature=2.0,
+        terms=[Distillation(1.0, teacher, temperature=2.0)],
     )  # fmt: skip
     assert not teacher.training, "the teacher ran in eval mode"
     assert np.isfinite(result.loss) and result.num_samples == 12
@@ -282,17 +278,7 @@ def test_bad_arguments_are_refused():
     kwargs: dict[str, Any] = {"epochs": 1, "batch_size": 2, "learning_rate": 1e-3}
     with pytest.raises(ValueError, match="teacher"):
         train_local(model, waveforms, None, **kwargs)
-    with pytest.raises(ValueError, match="teacher"):
-        train_local(model, waveforms, None, **kwargs, teacher=build_model(TINY))  # no distill_weight
+    with pytest.raises(ValueError, match="teacher"):  # a prior gives unlabelled clips nothing to learn
+        train_local(model, waveforms, None, **kwargs, terms=[ClassPrior(1.0, (0.2, 0.3, 0.5))])
     with pytest.raises(ValueError, match="own teacher"):
-        train_local(model, waveforms, labels, **kwargs, teacher=model, distill_weight=1.0)
-    with pytest.raises(ValueError, match="temperature"):
-        train_local(
-            model, waveforms, labels, **kwargs, teacher=build_model(TINY), distill_weight=1.0, temperature=0
-        )
-    with pytest.raises(ValueError, match="class_prior"):
-        train_local(model, waveforms, labels, **kwargs, prior_weight=1.0)
-    with pytest.raises(ValueError, match="class_prior"):
-        train_local(
-            model, waveforms, labels, **kwargs, class_prior=np.array([0.5, 0.5, 0.0]), prior_weight=1.0
-        )
+        train_local(model, waveforms, labels, **kwargs, terms=[Distillation(1.0, model)])

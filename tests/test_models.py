@@ -11,6 +11,7 @@ from fedspeech.models import build_model
 from fedspeech.models.clips.datasets import client_clips, default_spec, load_corpus, load_waveforms
 from fedspeech.models.frontend import LogMel
 from fedspeech.models.norm import norm_names, refresh_statistics
+from fedspeech.models.objectives import Proximal, TimeBudget
 from fedspeech.models.train import evaluate, get_arrays, set_arrays, train_local
 from fedspeech.protocol.messages import ModelSpec
 
@@ -147,13 +148,13 @@ def test_a_time_budget_ends_training_early_after_at_least_one_step(fsdd_batch):
     full = train_local(model, waveforms, labels, epochs=3, batch_size=16, learning_rate=1e-3)
     assert full.steps == 3 * (len(waveforms) // 16)
     tight = train_local(
-        model, waveforms, labels, epochs=3, batch_size=16, learning_rate=1e-3, time_budget_s=0.1
+        model, waveforms, labels, epochs=3, batch_size=16, learning_rate=1e-3, terms=[TimeBudget(0.1)]
     )
     assert 1 <= tight.steps < full.steps and np.isfinite(tight.loss)
     per_step = len(waveforms) / (len(waveforms) // 16)  # the clips of one batch
     assert tight.seconds_per_sample == pytest.approx(tight.seconds / (tight.steps * per_step))
     ample = train_local(
-        model, waveforms, labels, epochs=1, batch_size=16, learning_rate=1e-3, time_budget_s=600
+        model, waveforms, labels, epochs=1, batch_size=16, learning_rate=1e-3, terms=[TimeBudget(600)]
     )
     assert ample.steps == len(waveforms) // 16, "the epochs stay the most a budget trains"
 
@@ -203,7 +204,8 @@ def test_proximal_term_keeps_weights_near_the_start(fsdd_batch):
     def drift(mu: float) -> float:
         model = build_model(spec)
         set_arrays(model, start)
-        train_local(model, waveforms, labels, epochs=2, batch_size=16, learning_rate=3e-3, proximal_mu=mu)
+        terms = [Proximal(mu)] if mu else []
+        train_local(model, waveforms, labels, epochs=2, batch_size=16, learning_rate=3e-3, terms=terms)
         return sum(float(np.sum((get_arrays(model)[k] - v) ** 2)) for k, v in start.items())
 
     assert drift(10.0) < 0.8 * drift(0.0)
