@@ -16,6 +16,7 @@ import numpy as np
 from fedspeech.edge_client.local_data import Split
 from fedspeech.edge_client.local_norm import LocalNorm, lay_over
 from fedspeech.protocol import messages, weights
+from fedspeech.protocol.bounds import MAX_TASK_SECONDS
 from fedspeech.protocol.labels import none_class
 from fedspeech.protocol.messages import EvaluationReport, ModelSpec, Task
 
@@ -33,7 +34,7 @@ SETTINGS: dict[str, tuple[float, float]] = {
     "prior_weight": (0.0, 100.0),
     "distill_weight": (0.0, 100.0),
     "distill_temperature": (0.05, 100.0),
-    "time_budget_s": (0.1, float(messages.MAX_TASK_SECONDS)),
+    "time_budget_s": (0.1, float(MAX_TASK_SECONDS)),
 }
 LIST_SETTINGS = ("class_prior",)  # settings that are lists of numbers
 PRIOR_TOLERANCE = 1e-6  # how far from 1 a class prior's sum may be
