@@ -112,7 +112,7 @@ class DeviceRecord:
 
 
 @dataclass(frozen=True)
-class DeviceCredentials:
+class CredentialDigests:
     """What the store keeps of a device's credentials: sha256 digests, '' for none."""
 
     token_sha256: str

@@ -16,7 +16,7 @@ from fedspeech.coordinator.records import (
     ROUND_COLUMNS,
     SCHEMA,
     SELECT_ROUNDS,
-    DeviceCredentials,
+    CredentialDigests,
     DeviceRecord,
     RoundRecord,
     UpdateRecord,
@@ -108,13 +108,13 @@ class Store:
         with self._connect() as db:
             return db.execute("DELETE FROM devices WHERE device_id = ?", (device_id,)).rowcount > 0
 
-    def credentials(self, device_id: str) -> DeviceCredentials | None:
+    def credentials(self, device_id: str) -> CredentialDigests | None:
         """The digests of a device's token and enrolment secret, or None for an unknown device."""
         with self._connect() as db:
             row = db.execute(
                 "SELECT token_sha256, secret_sha256 FROM devices WHERE device_id = ?", (device_id,)
             ).fetchone()
-        return DeviceCredentials(*row) if row else None
+        return CredentialDigests(*row) if row else None
 
     def device_for_token(self, token: str) -> str | None:
         """The device a bearer token was issued to, or None."""
