@@ -192,7 +192,7 @@ def reason(exc: OSError) -> str:
 
 def coordinator_key(args: argparse.Namespace) -> str | None:
     """The pinned coordinator key given as text or file, checked; SystemExit if it is not one."""
-    from fedspeech.protocol.messages import ProtocolError
+    from fedspeech.protocol.bounds import ProtocolError
     from fedspeech.protocol.signing import load_public_key, public_key_text
 
     if args.coordinator_key is None:

@@ -10,12 +10,13 @@ from fedspeech.coordinator.admin import admin_only
 from fedspeech.coordinator.enrolment import EnrolmentRefused, revoke_device
 from fedspeech.coordinator.errors import BadUpload, NotWanted
 from fedspeech.protocol import messages, routes, signing
-from fedspeech.protocol.messages import Credentials, ProtocolError, Registration, TaskInfo
+from fedspeech.protocol.bounds import MAX_BLOB_BYTES, ProtocolError
+from fedspeech.protocol.messages import Credentials, Registration, TaskInfo
 
 log = logging.getLogger(__name__)
 bp = Blueprint("api", __name__, url_prefix=routes.PREFIX)
 
-MAX_UPDATE_BYTES = messages.MAX_BLOB_BYTES
+MAX_UPDATE_BYTES = MAX_BLOB_BYTES
 
 
 def _service():

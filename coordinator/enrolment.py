@@ -13,7 +13,7 @@ import threading
 from dataclasses import asdict
 
 from fedspeech.coordinator.store import Store, token_digest
-from fedspeech.protocol import messages
+from fedspeech.protocol import bounds, messages
 
 log = logging.getLogger(__name__)
 
@@ -30,7 +30,7 @@ class EnrolmentRefused(Exception):
 
 def add_device(store: Store, device_id: str) -> str:
     """Enrol a device and return its secret, shown once (the store keeps its sha256); ValueError if not."""
-    if not messages.DEVICE_ID.match(device_id):
+    if not bounds.DEVICE_ID.match(device_id):
         raise ValueError(f"bad device id {device_id!r}: 1 to 64 letters, digits, '_', '.', '-'")
     secret = secrets.token_urlsafe(32)
     if not store.enrol_device(device_id, secret):

@@ -13,7 +13,8 @@ from fedspeech.coordinator.evaluation import combine
 from fedspeech.coordinator.ports import DeviceLink
 from fedspeech.coordinator.round_config import RoundConfig
 from fedspeech.coordinator.store import Store
-from fedspeech.protocol import messages
+from fedspeech.protocol import bounds, messages
+from fedspeech.protocol.bounds import ProtocolError
 from fedspeech.protocol.messages import EvaluationReport, Task
 
 log = logging.getLogger(__name__)
@@ -45,7 +46,7 @@ def evaluation_plan(
     candidates = [d for d in online if last or d not in training]
     devices = evaluators(candidates, config.eval_devices, config.seed, round)
     trained_by = max([now, *(training[d] for d in devices if d in training)])
-    return devices, min(trained_by + config.eval_timeout_s, now + messages.MAX_TASK_SECONDS)
+    return devices, min(trained_by + config.eval_timeout_s, now + bounds.MAX_TASK_SECONDS)
 
 
 @dataclass
@@ -69,7 +70,7 @@ class EvaluationPhase:
         """Check a device's report and keep it; BadUpload or NotWanted say why not."""
         try:
             report = messages.decode(body, EvaluationReport)
-        except messages.ProtocolError as exc:
+        except ProtocolError as exc:
             raise BadUpload(f"bad evaluation report: {exc}") from None
         if len(report.confusion) != self.num_classes:
             raise BadUpload(f"confusion of {len(report.confusion)} classes; the task has {self.num_classes}")

@@ -5,7 +5,7 @@ from collections.abc import Collection
 from dataclasses import dataclass, field, replace
 
 from fedspeech.coordinator.open_round import OpenRound
-from fedspeech.coordinator.store import UpdateRecord
+from fedspeech.coordinator.records import UpdateRecord
 from fedspeech.coordinator.strategies import Result
 from fedspeech.protocol.messages import ModelSpec, Task
 

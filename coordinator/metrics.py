@@ -9,7 +9,8 @@ from prometheus_client.registry import Collector
 
 from fedspeech.coordinator.admin import refusal
 from fedspeech.coordinator.mqtt_link import CoordinatorLink
-from fedspeech.coordinator.store import RoundRecord, Store
+from fedspeech.coordinator.records import RoundRecord
+from fedspeech.coordinator.store import Store
 from fedspeech.coordinator.upload_outcomes import UploadOutcomes
 
 bp = Blueprint("metrics", __name__)

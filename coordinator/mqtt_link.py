@@ -10,7 +10,8 @@ import paho.mqtt.client as mqtt
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from fedspeech.protocol import messages, signing
-from fedspeech.protocol.messages import DeviceStatus, ModelAnnouncement, ProtocolError, Task
+from fedspeech.protocol.bounds import ProtocolError
+from fedspeech.protocol.messages import DeviceStatus, ModelAnnouncement, Task
 from fedspeech.protocol.mqtt import BrokerSettings, connect, make_client, route
 from fedspeech.protocol.topics import Topics
 

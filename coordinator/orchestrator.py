@@ -18,11 +18,12 @@ from fedspeech.coordinator.evaluation_phase import EvaluationPhase, evaluates, e
 from fedspeech.coordinator.late_updates import LateUpdates
 from fedspeech.coordinator.open_round import OpenRound
 from fedspeech.coordinator.ports import DeviceLink, ModelOps
+from fedspeech.coordinator.records import RoundRecord
 from fedspeech.coordinator.round_config import RoundConfig
 from fedspeech.coordinator.round_storage import RoundTally
 from fedspeech.coordinator.scheduling import depth_for_round, learning_rate_for_round
 from fedspeech.coordinator.server_side import CoordinatorClips
-from fedspeech.coordinator.store import RoundRecord, StateWriteError, Store
+from fedspeech.coordinator.store import StateWriteError, Store
 from fedspeech.coordinator.strategies import Result, RoundPlan, make_strategy
 from fedspeech.coordinator.update_check import answered_task, check_update, reported_samples
 from fedspeech.models import depth_of

@@ -6,8 +6,9 @@ from typing import Any
 
 from fedspeech.coordinator.mqtt_link import CoordinatorLink
 from fedspeech.coordinator.orchestrator import Orchestrator
+from fedspeech.coordinator.records import RoundRecord
 from fedspeech.coordinator.selection import hardware_scores
-from fedspeech.coordinator.store import RoundRecord, Store
+from fedspeech.coordinator.store import Store
 from fedspeech.coordinator.upload_outcomes import Outcome, UploadOutcomes
 from fedspeech.protocol import routes
 

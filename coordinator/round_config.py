@@ -6,7 +6,13 @@ from typing import Any
 
 from fedspeech.coordinator.strategies import strategy_params
 from fedspeech.models.architectures import NEW_BLOCKS
-from fedspeech.protocol import messages
+from fedspeech.protocol.bounds import (
+    MAX_BATCH_SIZE,
+    MAX_COUNT,
+    MAX_EPOCHS,
+    MAX_LEARNING_RATE,
+    MAX_TASK_SECONDS,
+)
 from fedspeech.protocol.weights import PRECISIONS, Precision
 
 
@@ -47,12 +53,12 @@ class RoundConfig:
 
     def __post_init__(self) -> None:
         bounds = [
-            ("epochs", self.epochs, 1, messages.MAX_EPOCHS),
-            ("batch_size", self.batch_size, 1, messages.MAX_BATCH_SIZE),
-            ("learning_rate", self.learning_rate, 1e-12, messages.MAX_LEARNING_RATE),
-            ("round_timeout_s", self.round_timeout_s, 1e-3, messages.MAX_TASK_SECONDS),
-            ("eval_timeout_s", self.eval_timeout_s, 1e-3, messages.MAX_TASK_SECONDS),
-            ("max_device_samples", self.max_device_samples, 1, messages.MAX_COUNT),
+            ("epochs", self.epochs, 1, MAX_EPOCHS),
+            ("batch_size", self.batch_size, 1, MAX_BATCH_SIZE),
+            ("learning_rate", self.learning_rate, 1e-12, MAX_LEARNING_RATE),
+            ("round_timeout_s", self.round_timeout_s, 1e-3, MAX_TASK_SECONDS),
+            ("eval_timeout_s", self.eval_timeout_s, 1e-3, MAX_TASK_SECONDS),
+            ("max_device_samples", self.max_device_samples, 1, MAX_COUNT),
             ("final_lr_fraction", self.final_lr_fraction, 1e-6, 1.0),
             ("server_momentum", self.server_momentum, 0.0, 0.99),
         ]

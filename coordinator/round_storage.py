@@ -5,7 +5,8 @@ import time
 from dataclasses import dataclass, field
 
 from fedspeech.coordinator.ports import ModelOps
-from fedspeech.coordinator.store import RoundRecord, Store, UpdateRecord
+from fedspeech.coordinator.records import RoundRecord, UpdateRecord
+from fedspeech.coordinator.store import Store
 from fedspeech.protocol import routes, weights
 from fedspeech.protocol.messages import BlobRef, ModelAnnouncement
 from fedspeech.protocol.weights import Arrays

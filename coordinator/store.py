@@ -7,125 +7,23 @@ import sqlite3
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict
 from pathlib import Path
 
 from fedspeech.coordinator.evaluation import DeviceEvaluation
+from fedspeech.coordinator.records import (
+    DEVICE_COLUMNS,
+    ROUND_COLUMNS,
+    SCHEMA,
+    SELECT_ROUNDS,
+    CredentialDigests,
+    DeviceRecord,
+    RoundRecord,
+    UpdateRecord,
+    add_missing_columns,
+    device_record,
+)
 from fedspeech.protocol.files import write_atomically
-
-# token_sha256 and secret_sha256 are '' where a device has none: enrolled but not registered yet, or
-# registered under open enrolment without a secret
-SCHEMA = """
-CREATE TABLE IF NOT EXISTS devices (
-    device_id TEXT PRIMARY KEY,
-    token_sha256 TEXT NOT NULL,
-    num_samples INTEGER NOT NULL,
-    profile TEXT NOT NULL,
-    registered_at REAL NOT NULL,
-    secret_sha256 TEXT NOT NULL DEFAULT ''
-);
-CREATE TABLE IF NOT EXISTS rounds (
-    round INTEGER PRIMARY KEY,
-    started_at REAL NOT NULL,
-    finished_at REAL NOT NULL,
-    wall_s REAL NOT NULL,
-    devices INTEGER NOT NULL,
-    results INTEGER NOT NULL,
-    accuracy REAL,
-    macro_f1 REAL,
-    loss REAL,
-    bytes_up INTEGER NOT NULL,
-    bytes_down INTEGER NOT NULL,
-    weights_sha256 TEXT NOT NULL,
-    onnx_sha256 TEXT,
-    withdrawn INTEGER NOT NULL DEFAULT 0,
-    stragglers INTEGER NOT NULL DEFAULT 0
-);
-CREATE TABLE IF NOT EXISTS updates (
-    round INTEGER NOT NULL,
-    device_id TEXT NOT NULL,
-    num_samples INTEGER NOT NULL,
-    train_loss REAL,
-    train_seconds REAL,
-    sha256 TEXT NOT NULL,
-    PRIMARY KEY (round, device_id)
-);
-CREATE TABLE IF NOT EXISTS federated_evaluations (
-    round INTEGER PRIMARY KEY,
-    asked INTEGER NOT NULL,
-    reports INTEGER NOT NULL,
-    accuracy REAL,
-    macro_f1 REAL,
-    loss REAL
-);
-CREATE TABLE IF NOT EXISTS device_evaluations (
-    round INTEGER NOT NULL,
-    device_id TEXT NOT NULL,
-    clips INTEGER NOT NULL,
-    correct INTEGER NOT NULL,
-    loss_sum REAL NOT NULL,
-    PRIMARY KEY (round, device_id)
-);
-"""
-
-
-@dataclass(frozen=True)
-class RoundRecord:
-    """One completed round as stored: when, who, how well, how many bytes, which model."""
-
-    round: int
-    started_at: float
-    finished_at: float
-    wall_s: float
-    devices: int
-    results: int
-    accuracy: float | None
-    macro_f1: float | None
-    loss: float | None
-    bytes_up: int
-    bytes_down: int
-    weights_sha256: str
-    onnx_sha256: str | None = None
-    # devices selected whose update is not in the round: gone offline during it, or still online but late
-    withdrawn: int = 0
-    stragglers: int = 0
-    # federated evaluation: devices asked and reporting, and their pooled scores (None: too few reports)
-    evaluation_asked: int | None = None  # None: the round's model was not evaluated on the devices
-    evaluation_reports: int | None = None
-    federated_accuracy: float | None = None
-    federated_macro_f1: float | None = None
-    federated_loss: float | None = None
-
-
-@dataclass(frozen=True)
-class UpdateRecord:
-    """One accepted device update of a completed round."""
-
-    device_id: str
-    num_samples: int
-    train_loss: float | None
-    train_seconds: float | None
-    sha256: str
-
-
-@dataclass(frozen=True)
-class DeviceRecord:
-    """A device the coordinator knows: registered (it holds a token), enrolled by the operator, or both."""
-
-    device_id: str
-    num_samples: int
-    profile: dict
-    registered_at: float  # of its latest registration, or of its enrolment before it registered
-    registered: bool  # it holds a token
-    enrolled: bool  # the operator gave it an enrolment secret
-
-
-@dataclass(frozen=True)
-class DeviceCredentials:
-    """What the store keeps of a device's credentials: sha256 digests, '' for none."""
-
-    token_sha256: str
-    secret_sha256: str
 
 
 class StateError(ValueError):
@@ -136,40 +34,9 @@ class StateWriteError(Exception):
     """The state directory did not take a write (a full disk, a read-only folder); nothing half written."""
 
 
-# the rounds table holds what training produced; the federated evaluation is joined from its own table
-_ROUND_COLUMNS = [f.name for f in fields(RoundRecord) if not f.name.startswith(("evaluation_", "federated_"))]
-_SELECT_ROUNDS = (
-    f"SELECT {', '.join('r.' + c for c in _ROUND_COLUMNS)}, "
-    "f.asked, f.reports, f.accuracy, f.macro_f1, f.loss "
-    "FROM rounds r LEFT JOIN federated_evaluations f ON f.round = r.round"
-)
-
-
-# columns added since the first release, for state directories made before them
-_ADDED_COLUMNS = {
-    "devices": {"secret_sha256": "TEXT NOT NULL DEFAULT ''"},
-    "rounds": {"withdrawn": "INTEGER NOT NULL DEFAULT 0", "stragglers": "INTEGER NOT NULL DEFAULT 0"},
-}
-
-
-def _add_missing_columns(db: sqlite3.Connection) -> None:
-    for table, added in _ADDED_COLUMNS.items():
-        columns = {row[1] for row in db.execute(f"PRAGMA table_info({table})")}
-        for name, definition in added.items():
-            if name not in columns:
-                db.execute(f"ALTER TABLE {table} ADD COLUMN {name} {definition}")
-
-
 def token_digest(token: str) -> str:
     """What the store keeps of a bearer token or an enrolment secret: its sha256, never the text."""
     return hashlib.sha256(token.encode()).hexdigest()
-
-
-_DEVICE_COLUMNS = "device_id, num_samples, profile, registered_at, token_sha256 != '', secret_sha256 != ''"
-
-
-def _device(row: tuple) -> DeviceRecord:
-    return DeviceRecord(row[0], row[1], json.loads(row[2]), row[3], bool(row[4]), bool(row[5]))
 
 
 class Store:
@@ -188,7 +55,7 @@ class Store:
                 if db.execute("PRAGMA quick_check").fetchone() != ("ok",):
                     raise sqlite3.DatabaseError("its integrity check failed")
                 db.executescript(SCHEMA)
-                _add_missing_columns(db)
+                add_missing_columns(db)
         except sqlite3.Error as exc:
             raise StateError(
                 f"{self._db} cannot be used ({exc}): restore it from a backup, or move it away to start "
@@ -241,13 +108,13 @@ class Store:
         with self._connect() as db:
             return db.execute("DELETE FROM devices WHERE device_id = ?", (device_id,)).rowcount > 0
 
-    def credentials(self, device_id: str) -> DeviceCredentials | None:
+    def credentials(self, device_id: str) -> CredentialDigests | None:
         """The digests of a device's token and enrolment secret, or None for an unknown device."""
         with self._connect() as db:
             row = db.execute(
                 "SELECT token_sha256, secret_sha256 FROM devices WHERE device_id = ?", (device_id,)
             ).fetchone()
-        return DeviceCredentials(*row) if row else None
+        return CredentialDigests(*row) if row else None
 
     def device_for_token(self, token: str) -> str | None:
         """The device a bearer token was issued to, or None."""
@@ -261,16 +128,16 @@ class Store:
     def devices(self) -> list[DeviceRecord]:
         """Every device known: registered, enrolled, or both."""
         with self._connect() as db:
-            rows = db.execute(f"SELECT {_DEVICE_COLUMNS} FROM devices ORDER BY device_id").fetchall()
-        return [_device(r) for r in rows]
+            rows = db.execute(f"SELECT {DEVICE_COLUMNS} FROM devices ORDER BY device_id").fetchall()
+        return [device_record(r) for r in rows]
 
     def device(self, device_id: str) -> DeviceRecord | None:
         """One device, or None."""
         with self._connect() as db:
             row = db.execute(
-                f"SELECT {_DEVICE_COLUMNS} FROM devices WHERE device_id = ?", (device_id,)
+                f"SELECT {DEVICE_COLUMNS} FROM devices WHERE device_id = ?", (device_id,)
             ).fetchone()
-        return _device(row) if row else None
+        return device_record(row) if row else None
 
     def registered(self) -> set[str]:
         """The ids of the devices that hold a token."""
@@ -339,7 +206,7 @@ class Store:
             files.append((self.model_path(record.round, "onnx"), onnx))
         if teacher is not None:
             files.append((self.model_path(record.round, "teacher"), teacher))
-        columns = _ROUND_COLUMNS
+        columns = ROUND_COLUMNS
         try:
             for path, data in files:
                 write_atomically(path, data)
@@ -396,13 +263,13 @@ class Store:
     def rounds(self) -> list[RoundRecord]:
         """All completed rounds in order."""
         with self._connect() as db:
-            rows = db.execute(f"{_SELECT_ROUNDS} ORDER BY r.round").fetchall()
+            rows = db.execute(f"{SELECT_ROUNDS} ORDER BY r.round").fetchall()
         return [RoundRecord(*row) for row in rows]
 
     def latest_round(self) -> RoundRecord | None:
         """The last completed round, or None before the first."""
         with self._connect() as db:
-            row = db.execute(f"{_SELECT_ROUNDS} ORDER BY r.round DESC LIMIT 1").fetchone()
+            row = db.execute(f"{SELECT_ROUNDS} ORDER BY r.round DESC LIMIT 1").fetchone()
         return RoundRecord(*row) if row else None
 
     def rounds_joined(self) -> dict[str, int]:

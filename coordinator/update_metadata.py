@@ -5,7 +5,7 @@ import math
 import re
 from collections.abc import Mapping
 
-from fedspeech.protocol import messages
+from fedspeech.protocol import bounds
 
 _COUNT = re.compile(r"^[0-9]{1,18}$")  # an update's num_samples: a plain decimal count, parsed cheaply
 _MAX_NUMBER_CHARS = 64  # an update's train_loss or train_seconds
@@ -53,7 +53,7 @@ def predicted_counts(meta: Mapping[str, str], num_classes: int) -> tuple[int, ..
     if (
         not isinstance(counts, list)
         or len(counts) != num_classes
-        or not all(type(c) is int and 0 <= c <= messages.MAX_COUNT for c in counts)
+        or not all(type(c) is int and 0 <= c <= bounds.MAX_COUNT for c in counts)
     ):
         raise ValueError(f"predicted_counts must be a list of {num_classes} counts")
     return tuple(counts)

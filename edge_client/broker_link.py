@@ -13,7 +13,8 @@ from collections.abc import Callable
 import paho.mqtt.client as mqtt
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
-from fedspeech.protocol import messages, signing
+from fedspeech.protocol import bounds, messages, signing
+from fedspeech.protocol.bounds import ProtocolError
 from fedspeech.protocol.messages import DeviceStatus, ModelAnnouncement, Task
 from fedspeech.protocol.mqtt import BrokerSettings, LastWill, connect, make_client, route
 from fedspeech.protocol.topics import Topics
@@ -95,7 +96,7 @@ class BrokerLink:
         try:
             body = signing.verify(self.key, self.topics.task(self.device_id), payload)
             task = messages.decode(body, Task)
-        except messages.ProtocolError as exc:
+        except ProtocolError as exc:
             log.warning("dropping a task: %s", exc)
             return
         if task.task_id in self._seen:
@@ -104,10 +105,10 @@ class BrokerLink:
         if task.deadline < now:
             log.info("ignoring task %s of round %d: its deadline has passed", task.task_id, task.round)
             return
-        if task.deadline > now + messages.MAX_TASK_SECONDS:
+        if task.deadline > now + bounds.MAX_TASK_SECONDS:
             log.warning(
                 "dropping task %s of round %d: its deadline is %.0f s away, more than a task's %d s",
-                task.task_id, task.round, task.deadline - now, messages.MAX_TASK_SECONDS,
+                task.task_id, task.round, task.deadline - now, bounds.MAX_TASK_SECONDS,
             )  # fmt: skip
             return
         try:
@@ -136,7 +137,7 @@ class BrokerLink:
         try:
             body = signing.verify(self.key, self.topics.model, payload)
             announcement = messages.decode(body, ModelAnnouncement)
-        except messages.ProtocolError as exc:
+        except ProtocolError as exc:
             log.warning("dropping a model announcement: %s", exc)
             return
         self._on_announcement(announcement)

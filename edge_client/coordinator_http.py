@@ -15,7 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from fedspeech.edge_client.credentials import DeviceCredentials, Refused
-from fedspeech.protocol import messages, routes, weights
+from fedspeech.protocol import bounds, messages, routes, weights
+from fedspeech.protocol.bounds import ProtocolError
 from fedspeech.protocol.messages import BlobRef, Credentials, Registration, TaskInfo
 
 log = logging.getLogger(__name__)
@@ -121,8 +122,8 @@ def fetch_blob(
     """
     headers = {"Authorization": f"Bearer {token}"} if token else None
     url = api_url(base_url, ref.path)
-    if not 0 < ref.size <= messages.MAX_BLOB_BYTES:
-        raise Dropped(f"refusing a blob of {ref.size} bytes (at most {messages.MAX_BLOB_BYTES})")
+    if not 0 < ref.size <= bounds.MAX_BLOB_BYTES:
+        raise Dropped(f"refusing a blob of {ref.size} bytes (at most {bounds.MAX_BLOB_BYTES})")
     stop = stop or threading.Event()
     for attempt, delay in enumerate(backoff(), start=1):
         try:
@@ -202,7 +203,7 @@ class CoordinatorClient:
                 )
             try:
                 return messages.decode(reply.body, TaskInfo)
-            except messages.ProtocolError as exc:
+            except ProtocolError as exc:
                 log.warning("bad task description from the coordinator (%s); asking again", exc)
                 self.stop.wait(5.0)
         return None
@@ -246,7 +247,7 @@ class CoordinatorClient:
                 raise Refused(f"the coordinator refused the registration: {error_reason(reply)}")
             try:
                 return messages.decode(reply.body, Credentials)
-            except messages.ProtocolError as exc:
+            except ProtocolError as exc:
                 log.warning("bad credentials from the coordinator (%s); registering again", exc)
                 self.stop.wait(5.0)
         return None

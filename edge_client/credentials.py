@@ -10,7 +10,8 @@ from pathlib import Path
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
-from fedspeech.protocol import messages, signing
+from fedspeech.protocol import bounds, messages, signing
+from fedspeech.protocol.bounds import ProtocolError
 from fedspeech.protocol.files import write_atomically
 
 log = logging.getLogger(__name__)
@@ -38,7 +39,7 @@ class DeviceCredentials:
         if coordinator_key is not None:
             try:
                 self.key = signing.parse_public_key(coordinator_key)
-            except messages.ProtocolError as exc:
+            except ProtocolError as exc:
                 raise Refused(f"--coordinator-key: {exc}") from None
             if kept_key is None or signing.public_key_text(kept_key) != signing.public_key_text(self.key):
                 self._write(KEY_FILE, signing.public_key_text(self.key) + "\n", private=False)
@@ -61,7 +62,7 @@ class DeviceCredentials:
 
     def _read_token(self) -> str | None:
         token = self._read(TOKEN_FILE)
-        if token is not None and not messages.TOKEN.match(token):
+        if token is not None and not bounds.TOKEN.match(token):
             log.warning("%s does not hold a token; registering without it", self.folder / TOKEN_FILE)
             return None
         return token
@@ -72,7 +73,7 @@ class DeviceCredentials:
             return None
         try:
             return signing.parse_public_key(text)
-        except messages.ProtocolError as exc:
+        except ProtocolError as exc:
             raise Refused(
                 f"{self.folder / KEY_FILE}: {exc}; remove it to trust the key the coordinator names"
             ) from None
@@ -81,7 +82,7 @@ class DeviceCredentials:
         """Keep a new token; pin the coordinator's key if none is yet; Refused if it names another."""
         try:
             named = signing.parse_public_key(credentials.coordinator_key)
-        except messages.ProtocolError as exc:
+        except ProtocolError as exc:
             raise Refused(f"the coordinator at {coordinator_url} names no usable key: {exc}") from None
         if self.key is None:
             self.key = named

@@ -24,7 +24,7 @@ from fedspeech.edge_client.model_keeper import ModelKeeper
 from fedspeech.edge_client.profile import measure_profile, measure_rtt_ms
 from fedspeech.edge_client.trainer import Trainer, TrainingStopped, UnknownSetting, training_settings
 from fedspeech.edge_client.validation_share import share_validation_clips
-from fedspeech.protocol import messages, routes, signing, weights
+from fedspeech.protocol import bounds, routes, signing, weights
 from fedspeech.protocol.messages import DeviceStatus, ModelSpec, Profile, State, Task, TaskDefinition
 from fedspeech.protocol.mqtt import BrokerSettings
 from fedspeech.protocol.topics import DEFAULT_ROOT, Topics
@@ -56,7 +56,7 @@ class ClientConfig:
 
     def check(self) -> None:
         """ValueError, in words a user can act on, for settings that cannot work."""
-        if not messages.DEVICE_ID.match(self.device_id):
+        if not bounds.DEVICE_ID.match(self.device_id):
             raise ValueError(f"device id {self.device_id!r}: use 1 to 64 letters, digits, '_', '.' or '-'")
         try:
             routes.url(self.coordinator_url, routes.STATUS)  # an http:// or https:// URL

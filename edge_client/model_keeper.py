@@ -17,6 +17,7 @@ from fedspeech.edge_client.coordinator_http import CoordinatorClient, Dropped
 from fedspeech.edge_client.local_norm import LocalNorm
 from fedspeech.edge_client.runtime.announcements import Standing, standing_of
 from fedspeech.protocol import messages, weights
+from fedspeech.protocol.bounds import ProtocolError
 from fedspeech.protocol.files import write_atomically
 from fedspeech.protocol.messages import ModelAnnouncement
 
@@ -107,5 +108,5 @@ def _kept_round(model_dir: Path) -> int:
     """Round of the model kept in model_dir by an earlier run, -1 if none."""
     try:
         return messages.decode((model_dir / KEPT_ANNOUNCEMENT).read_bytes(), ModelAnnouncement).round
-    except (OSError, messages.ProtocolError):
+    except (OSError, ProtocolError):
         return -1

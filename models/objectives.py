@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Self, cast
 
 import numpy as np
 
-from fedspeech.protocol.messages import MAX_TASK_SECONDS
+from fedspeech.protocol.bounds import MAX_TASK_SECONDS
 
 if TYPE_CHECKING:
     from torch import Tensor, nn

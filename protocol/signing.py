@@ -14,8 +14,9 @@ from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
+from fedspeech.protocol.bounds import ProtocolError
 from fedspeech.protocol.files import write_atomically
-from fedspeech.protocol.messages import MAX_MESSAGE_BYTES, ProtocolError
+from fedspeech.protocol.messages import MAX_MESSAGE_BYTES
 
 MAX_SIGNED_BYTES = MAX_MESSAGE_BYTES * 4 // 3 + 256  # a message in base64, its signature and the envelope
 _KIND = "signed"

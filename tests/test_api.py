@@ -3,7 +3,7 @@
 import pytest
 
 from fedspeech.coordinator.app import create_app
-from fedspeech.coordinator.store import RoundRecord
+from fedspeech.coordinator.records import RoundRecord
 from fedspeech.protocol import weights
 
 

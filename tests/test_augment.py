@@ -35,8 +35,10 @@ from fedspeech.models.clips.datasets import (
 )
 from fedspeech.models.clips.tasks import BUILTIN_TASKS, TaskFileError, load_task
 from fedspeech.protocol import messages
+from fedspeech.protocol.bounds import ProtocolError
 from fedspeech.protocol.labels import NONE_LABEL
-from fedspeech.protocol.messages import ModelSpec, ProtocolError, TaskDefinition, TaskInfo, check_definition
+from fedspeech.protocol.message_checks import check_definition
+from fedspeech.protocol.messages import ModelSpec, TaskDefinition, TaskInfo
 
 DATA = Path(__file__).resolve().parents[1] / "data"
 NOISE = DATA / "_background_noise_"

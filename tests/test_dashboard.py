@@ -9,7 +9,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from fedspeech.coordinator.app import create_app, serve
-from fedspeech.coordinator.store import RoundRecord, UpdateRecord
+from fedspeech.coordinator.records import RoundRecord, UpdateRecord
 from fedspeech.protocol import weights
 
 TOKEN = "an-admin-token-of-some-length"

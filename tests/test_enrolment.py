@@ -10,6 +10,7 @@ from fedspeech.coordinator.app import create_app
 from fedspeech.coordinator.enrolment import add_device, revoke_device
 from fedspeech.coordinator.mqtt_link import CoordinatorLink
 from fedspeech.protocol import messages, signing
+from fedspeech.protocol.bounds import ProtocolError
 from fedspeech.protocol.messages import (
     Credentials,
     DeviceStatus,
@@ -157,9 +158,9 @@ def test_tasks_and_announcements_arrive_signed(tmp_path, mosquitto_url, topic_ro
     assert task.round == 1
     announced = messages.decode(signing.verify(key, topics.model, announcements[0]), ModelAnnouncement)
     assert announced.round == 0
-    with pytest.raises(messages.ProtocolError, match="bad signature"):
+    with pytest.raises(ProtocolError, match="bad signature"):
         signing.verify(key, topics.task("another-device"), task_payloads[0])  # no replay onto another topic
-    with pytest.raises(messages.ProtocolError):
+    with pytest.raises(ProtocolError):
         messages.decode(task_payloads[0], Task)  # never a bare task
 
 

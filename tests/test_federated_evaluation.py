@@ -9,7 +9,7 @@ from fedspeech.coordinator.evaluation import combine
 from fedspeech.coordinator.evaluation_phase import evaluates, evaluation_plan, evaluators
 from fedspeech.coordinator.round_config import RoundConfig
 from fedspeech.models import scores
-from fedspeech.protocol import messages, weights
+from fedspeech.protocol import bounds, messages, weights
 from fedspeech.protocol.messages import Credentials, EvaluationReport, Profile, Registration
 from tests.helpers.devices import one_round_coordinator
 from tests.helpers.waiting import wait_for
@@ -71,8 +71,8 @@ def test_a_device_still_training_evaluates_only_the_last_round_after_its_trainin
     training = {"slow": 1000.0}  # its task's deadline
     assert evaluation_plan(config, 4, ["fast", "slow"], training, now=900.0) == (["fast"], 960.0)
     assert evaluation_plan(config, 5, ["fast", "slow"], training, now=900.0) == (["fast", "slow"], 1060.0)
-    far = {"slow": 900.0 + messages.MAX_TASK_SECONDS}
-    assert evaluation_plan(config, 5, ["slow"], far, now=900.0)[1] == 900.0 + messages.MAX_TASK_SECONDS
+    far = {"slow": 900.0 + bounds.MAX_TASK_SECONDS}
+    assert evaluation_plan(config, 5, ["slow"], far, now=900.0)[1] == 900.0 + bounds.MAX_TASK_SECONDS
 
 
 def test_bad_reports_are_rejected_and_a_good_one_is_pooled(coordinator, caplog):

@@ -29,7 +29,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from fedspeech.models.clips.tasks import TaskFileError, load_task
-from fedspeech.protocol import messages, routes, signing, weights
+from fedspeech.protocol import bounds, messages, routes, signing, weights
+from fedspeech.protocol.bounds import ProtocolError
 from fedspeech.protocol.messages import (
     BlobRef,
     Credentials,
@@ -38,7 +39,6 @@ from fedspeech.protocol.messages import (
     ModelAnnouncement,
     ModelSpec,
     Profile,
-    ProtocolError,
     Registration,
     Task,
     TaskDefinition,
@@ -119,7 +119,7 @@ VALID = {
         SPEC,
         ["zero", "one"],
         BlobRef("/api/models/3/weights", "ab" * 32, 1234),
-        BlobRef("/api/models/3/onnx", "cd" * 32, messages.MAX_BLOB_BYTES),
+        BlobRef("/api/models/3/onnx", "cd" * 32, bounds.MAX_BLOB_BYTES),
         {"accuracy": 0.9, "loss": 0.25},
     ),
     "task_info": TaskInfo(DIGITS, SPEC),
@@ -223,7 +223,7 @@ RAW_LITERALS = st.one_of(
 ).map(raw)
 BOUNDARY_INTS = st.sampled_from(
     [0, -1, 1, 2, 63, 64, 65, 100, 101, 1024, 1025, 3999, 4000, 4096, 4097, 48000, 48001, 480000, 480001]
-    + [10**9, 10**9 + 1, messages.MAX_BLOB_BYTES, messages.MAX_BLOB_BYTES + 1, 2**53, 2**53 + 1, -(2**53) - 1]
+    + [10**9, 10**9 + 1, bounds.MAX_BLOB_BYTES, bounds.MAX_BLOB_BYTES + 1, 2**53, 2**53 + 1, -(2**53) - 1]
     + [2**63, 10**400, -(10**400)]
 )
 EXTREME_FLOATS = st.sampled_from([0.0, -0.0, -1e-300, 5e-324, 1e9, 1e9 + 1, 1e308, math.inf, math.nan])
@@ -398,7 +398,7 @@ def byte_edited(blob: bytes, edits: list[ByteEdit]) -> bytes:
 
 
 def _is_name(text: str) -> bool:
-    return messages.NAME.fullmatch(text) is not None
+    return bounds.NAME.fullmatch(text) is not None
 
 
 def _is_number(value: Any, low: float, high: float) -> bool:
@@ -407,18 +407,18 @@ def _is_number(value: Any, low: float, high: float) -> bool:
 
 def _blob_round(ref: BlobRef, kind: str) -> int:
     """The round of a blob reference of exactly routes.model's form, with a sha256 and a size in bounds."""
-    assert messages.SHA256.fullmatch(ref.sha256)
-    assert 0 < ref.size <= messages.MAX_BLOB_BYTES
+    assert bounds.SHA256.fullmatch(ref.sha256)
+    assert 0 < ref.size <= bounds.MAX_BLOB_BYTES
     match = re.fullmatch(r"/api/models/(0|[1-9][0-9]{0,8})/(weights|onnx|teacher)", ref.path, re.ASCII)
     assert match is not None and match[2] == kind and ref.path == routes.model(int(match[1]), kind)
     return int(match[1])
 
 
 def _assert_settings(values: Mapping[str, float | list[float]]) -> None:
-    assert len(values) <= messages.MAX_CONFIG
+    assert len(values) <= bounds.MAX_CONFIG
     for name, value in values.items():
         numbers = value if isinstance(value, list) else [value]
-        assert _is_name(name) and len(numbers) <= messages.MAX_LABELS
+        assert _is_name(name) and len(numbers) <= bounds.MAX_LABELS
         assert all(_is_number(v, -math.inf, math.inf) for v in numbers)
 
 
@@ -426,18 +426,18 @@ def assert_definition(definition: TaskDefinition) -> None:
     """A task definition within check_definition's documented bounds."""
     assert _is_name(definition.name)
     labels = definition.labels
-    assert 2 <= len(labels) <= messages.MAX_LABELS and len(set(labels)) == len(labels)
+    assert 2 <= len(labels) <= bounds.MAX_LABELS and len(set(labels)) == len(labels)
     assert all(_is_name(label) for label in labels)
-    assert messages.SAMPLE_RATES[0] <= definition.sample_rate <= messages.SAMPLE_RATES[1]
-    assert _is_number(definition.clip_seconds, messages.MIN_CLIP_SECONDS, messages.MAX_CLIP_SECONDS)
+    assert bounds.SAMPLE_RATES[0] <= definition.sample_rate <= bounds.SAMPLE_RATES[1]
+    assert _is_number(definition.clip_seconds, bounds.MIN_CLIP_SECONDS, bounds.MAX_CLIP_SECONDS)
 
 
 def _assert_spec(spec: ModelSpec) -> None:
     assert _is_name(spec.name)
-    assert messages.SAMPLE_RATES[0] <= spec.sample_rate <= messages.SAMPLE_RATES[1]
-    assert 2 <= spec.num_classes <= messages.MAX_LABELS
-    assert 1 <= spec.num_samples <= messages.SAMPLE_RATES[1] * messages.MAX_CLIP_SECONDS
-    assert spec.depth is None or 1 <= spec.depth <= messages.MAX_DEPTH
+    assert bounds.SAMPLE_RATES[0] <= spec.sample_rate <= bounds.SAMPLE_RATES[1]
+    assert 2 <= spec.num_classes <= bounds.MAX_LABELS
+    assert 1 <= spec.num_samples <= bounds.SAMPLE_RATES[1] * bounds.MAX_CLIP_SECONDS
+    assert spec.depth is None or 1 <= spec.depth <= bounds.MAX_DEPTH
 
 
 def _assert_profile(profile: Profile) -> None:
@@ -447,13 +447,13 @@ def _assert_profile(profile: Profile) -> None:
 
 
 def _assert_task(task: Task) -> None:
-    assert 1 <= task.epochs <= messages.MAX_EPOCHS and 1 <= task.batch_size <= messages.MAX_BATCH_SIZE
-    assert _is_number(task.learning_rate, 0, messages.MAX_LEARNING_RATE) and task.learning_rate > 0
+    assert 1 <= task.epochs <= bounds.MAX_EPOCHS and 1 <= task.batch_size <= bounds.MAX_BATCH_SIZE
+    assert _is_number(task.learning_rate, 0, bounds.MAX_LEARNING_RATE) and task.learning_rate > 0
     assert _is_number(task.deadline, -math.inf, math.inf)
     relayed = re.fullmatch(r"/api/rounds/(0|[1-9][0-9]{0,8})/relays/(0|[1-9][0-9]{0,8})", task.weights.path)
     if relayed is not None:  # an update relayed inside the task's own round
-        assert int(relayed[1]) == task.round and messages.SHA256.fullmatch(task.weights.sha256)
-        assert 0 < task.weights.size <= messages.MAX_BLOB_BYTES
+        assert int(relayed[1]) == task.round and bounds.SHA256.fullmatch(task.weights.sha256)
+        assert 0 < task.weights.size <= bounds.MAX_BLOB_BYTES
     else:
         assert _blob_round(task.weights, "weights") <= task.round
     assert task.teacher is None or _blob_round(task.teacher, "teacher") <= task.round
@@ -464,19 +464,19 @@ def _assert_task(task: Task) -> None:
 
 
 def _assert_counts(counts: dict[str, int]) -> None:
-    assert len(counts) <= messages.MAX_LABELS
-    assert all(_is_name(label) and 0 <= n <= messages.MAX_COUNT for label, n in counts.items())
+    assert len(counts) <= bounds.MAX_LABELS
+    assert all(_is_name(label) and 0 <= n <= bounds.MAX_COUNT for label, n in counts.items())
 
 
 def assert_in_bounds(message: Any) -> None:
-    """What decode accepted keeps the bounds messages.py documents, and survives a round trip."""
+    """What decode accepted keeps the bounds of protocol.bounds, and survives a round trip."""
     if hasattr(message, "device_id"):
-        assert messages.DEVICE_ID.fullmatch(message.device_id)
+        assert bounds.DEVICE_ID.fullmatch(message.device_id)
     for name in ("num_samples", "round"):
         value = getattr(message, name, None)
-        assert value is None or 0 <= value <= messages.MAX_COUNT
+        assert value is None or 0 <= value <= bounds.MAX_COUNT
     if hasattr(message, "task_id"):
-        assert messages.TASK_ID.fullmatch(message.task_id)
+        assert bounds.TASK_ID.fullmatch(message.task_id)
     if getattr(message, "spec", None) is not None:
         _assert_spec(message.spec)
     if getattr(message, "profile", None) is not None:
@@ -486,7 +486,7 @@ def assert_in_bounds(message: Any) -> None:
     if isinstance(message, Task):
         _assert_task(message)
     if isinstance(message, Credentials):
-        assert messages.TOKEN.fullmatch(message.token)
+        assert bounds.TOKEN.fullmatch(message.token)
     if isinstance(message, DeviceStatus):
         assert message.state in ("online", "training", "evaluating", "offline")
         _assert_counts(message.train_counts)
@@ -494,12 +494,12 @@ def assert_in_bounds(message: Any) -> None:
     if isinstance(message, ModelAnnouncement):
         assert _blob_round(message.weights, "weights") == message.round
         assert message.onnx is None or _blob_round(message.onnx, "onnx") == message.round
-        assert 2 <= len(message.labels) <= messages.MAX_LABELS and all(map(_is_name, message.labels))
+        assert 2 <= len(message.labels) <= bounds.MAX_LABELS and all(map(_is_name, message.labels))
         _assert_settings(message.metrics)
     if isinstance(message, EvaluationReport):
         size = len(message.confusion)
-        assert 2 <= size <= messages.MAX_LABELS and all(len(row) == size for row in message.confusion)
-        assert all(0 <= n <= messages.MAX_COUNT for row in message.confusion for n in row)
+        assert 2 <= size <= bounds.MAX_LABELS and all(len(row) == size for row in message.confusion)
+        assert all(0 <= n <= bounds.MAX_COUNT for row in message.confusion for n in row)
         assert _is_number(message.loss_sum, 0, math.inf)
     assert messages.decode(messages.encode(message), type(message)) == message
 

@@ -23,7 +23,7 @@ from fedspeech.coordinator.ports import Evaluation
 from fedspeech.coordinator.round_config import RoundConfig
 from fedspeech.coordinator.store import Store
 from fedspeech.coordinator.update_check import answered_task, check_update
-from fedspeech.protocol import messages, routes, weights
+from fedspeech.protocol import bounds, messages, routes, weights
 from fedspeech.protocol.messages import (
     BlobRef,
     DeviceStatus,
@@ -585,10 +585,10 @@ def test_a_full_disk_keeps_the_last_round_and_runs_the_round_again(tmp_path, cap
 @pytest.mark.parametrize(
     "setting",
     [
-        {"epochs": messages.MAX_EPOCHS + 1},
+        {"epochs": bounds.MAX_EPOCHS + 1},
         {"batch_size": 0},
         {"learning_rate": float("nan")},
-        {"round_timeout_s": messages.MAX_TASK_SECONDS + 1},
+        {"round_timeout_s": bounds.MAX_TASK_SECONDS + 1},
         {"eval_timeout_s": 0},
         {"max_device_samples": 0},
     ],

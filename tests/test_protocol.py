@@ -8,6 +8,7 @@ import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from fedspeech.protocol import messages, routes, signing, weights
+from fedspeech.protocol.bounds import ProtocolError
 from fedspeech.protocol.messages import (
     BlobRef,
     DeviceStatus,
@@ -15,7 +16,6 @@ from fedspeech.protocol.messages import (
     ModelAnnouncement,
     ModelSpec,
     Profile,
-    ProtocolError,
     Registration,
     Task,
     TaskDefinition,

@@ -4,8 +4,9 @@ import time
 
 import numpy as np
 
+from fedspeech.coordinator.records import UpdateRecord
 from fedspeech.coordinator.round_storage import RoundTally, announcement, store_round
-from fedspeech.coordinator.store import Store, UpdateRecord
+from fedspeech.coordinator.store import Store
 from fedspeech.protocol import routes, weights
 from tests.test_orchestrator import FakeModel
 

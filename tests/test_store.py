@@ -5,7 +5,8 @@ from dataclasses import replace
 
 import pytest
 
-from fedspeech.coordinator.store import RoundRecord, StateError, Store, UpdateRecord, token_digest
+from fedspeech.coordinator.records import RoundRecord, UpdateRecord
+from fedspeech.coordinator.store import StateError, Store, token_digest
 
 
 def _record(round: int) -> RoundRecord:

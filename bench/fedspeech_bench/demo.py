@@ -8,7 +8,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from fedspeech.coordinator.store import RoundRecord
+from fedspeech.coordinator.records import RoundRecord
 from fedspeech.models.clips.datasets import load_corpus, speakers
 from fedspeech_bench.fleet_run import fleet_run
 from fedspeech_bench.fleets.fleet_files import DEFAULT_FLEETS, DeviceSpec, check_fleet, load_fleet

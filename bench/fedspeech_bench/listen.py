@@ -78,7 +78,7 @@ class ListenBenchConfig:
 
 
 @dataclass(frozen=True)
-class Result:
+class ConditionScore:
     """One model in one condition: the words spoken, what it detected and how they align."""
 
     condition: str
@@ -103,11 +103,11 @@ def hear(model: Path, stream: Stream, wav: Path, threshold: float | None) -> lis
     return [d for d in run_listen(config, out=io.StringIO()) if is_word(d.label)]
 
 
-def score(condition: str, stream: Stream, detections: list[Detection], seconds: float) -> Result:
+def score(condition: str, stream: Stream, detections: list[Detection], seconds: float) -> ConditionScore:
     """Align the detections, in time order, with the words spoken."""
     detected = [d.label for d in sorted(detections, key=lambda d: d.time_s)]
     alignment = align([w.label for w in stream.words], detected)
-    return Result(condition, len(stream.words), stream.minutes, alignment, detections, seconds)
+    return ConditionScore(condition, len(stream.words), stream.minutes, alignment, detections, seconds)
 
 
 def conditions(
@@ -141,7 +141,7 @@ def bench_model(
     noise_paths: list[Path] | None,
     audio_dir: Path,
     progress: Progress,
-) -> tuple[Stream, list[Result]]:
+) -> tuple[Stream, list[ConditionScore]]:
     """Build the model's stream and hear it in every condition (a run of progress each); a line each."""
     corpus = load_corpus("fsdd")
     rate = load_model(path).sample_rate
@@ -158,7 +158,7 @@ def bench_model(
     return stream, results
 
 
-def summary(result: Result) -> str:
+def summary(result: ConditionScore) -> str:
     """One line of what a result says."""
     a = result.alignment
     if result.words == 0:
@@ -173,7 +173,7 @@ def percent(count: int, words: int) -> str:
     return f"{100 * count / words:.1f}%"
 
 
-def table(name: str, path: Path, results: Sequence[Result]) -> str:
+def table(name: str, path: Path, results: Sequence[ConditionScore]) -> str:
     """One model's markdown table."""
     lines = [
         f"### {name} ({path})",
@@ -195,7 +195,7 @@ def table(name: str, path: Path, results: Sequence[Result]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def plot(runs: dict[str, list[Result]], out: Path) -> list[Path]:
+def plot(runs: dict[str, list[ConditionScore]], out: Path) -> list[Path]:
     """Detected in order and wrong or extra (% of words) per condition with words, a bar per model."""
     from fedspeech_bench.report.plots import pyplot
 
@@ -225,7 +225,7 @@ def plot(runs: dict[str, list[Result]], out: Path) -> list[Path]:
     return paths
 
 
-def result_json(result: Result) -> dict[str, Any]:
+def result_json(result: ConditionScore) -> dict[str, Any]:
     """A result as JSON, with its detections."""
     return {
         "condition": result.condition,
@@ -279,7 +279,7 @@ def run_listen_bench(cfg: ListenBenchConfig) -> Path:
     else:
         noise_paths = real_noise_paths(cfg.data_dir, bundled_data_dir() / BACKGROUND_NOISE)
     cfg.out.mkdir(parents=True, exist_ok=True)
-    runs: dict[str, list[Result]] = {}
+    runs: dict[str, list[ConditionScore]] = {}
     report: dict[str, Any] = {"command": cfg.command, "config": _config_json(cfg), "models": {}}
     progress = Progress(len(cfg.models) * condition_count(noise_paths is not None))
     with tempfile.TemporaryDirectory() as scratch, progress:

@@ -29,6 +29,7 @@ from fedspeech.edge_client.coordinator_http import (
 from fedspeech.edge_client.runtime.announcements import Standing, standing_of
 from fedspeech.edge_client.runtime.session import ModelError, OnnxModel, load_model
 from fedspeech.protocol import messages, routes, signing
+from fedspeech.protocol.bounds import ProtocolError
 from fedspeech.protocol.messages import ModelAnnouncement
 from fedspeech.protocol.mqtt import BrokerSettings, connect, make_client, route
 from fedspeech.protocol.topics import DEFAULT_ROOT, Topics
@@ -148,7 +149,7 @@ class ModelFollower:
         try:
             body = signing.verify(self._key, self.topic, payload)
             announcement = messages.decode(body, ModelAnnouncement)
-        except messages.ProtocolError as exc:
+        except ProtocolError as exc:
             log.warning("dropping a model announcement: %s", exc)
             return
         if announcement.onnx is None:

@@ -4,8 +4,10 @@ import tomllib
 from pathlib import Path
 
 from fedspeech.models.architectures import MAX_DEPTH, MODELS, TRANSFORMERS
+from fedspeech.protocol.bounds import ProtocolError
 from fedspeech.protocol.labels import NONE_LABEL, none_class
-from fedspeech.protocol.messages import ModelSpec, ProtocolError, TaskDefinition, check_definition
+from fedspeech.protocol.message_checks import check_definition
+from fedspeech.protocol.messages import ModelSpec, TaskDefinition
 
 FSDD_LABELS = [str(digit) for digit in range(10)]
 EMODB_LABELS = ["anger", "boredom", "disgust", "fear", "happiness", "sadness", "neutral"]
