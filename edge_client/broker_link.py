@@ -47,7 +47,11 @@ class BrokerLink:
         self._status: DeviceStatus | None = None
         self._lock = threading.Lock()
         offline = messages.encode(DeviceStatus(device_id, "offline"))
-        self._client = make_client(broker, device_id, LastWill(topics.status(device_id), offline))
+        # the root in the client id: one broker may carry fleets whose devices share an id, and a second
+        # session under the same client id would end the first (a broker that makes user names client ids
+        # overrides it, as deploy/mosquitto.conf does)
+        client_id = f"{topics.root}/{device_id}"
+        self._client = make_client(broker, client_id, LastWill(topics.status(device_id), offline))
         self._client.on_connect = self._on_connect
         self._client.on_disconnect = self._on_disconnect
         self._on_announcement = on_announcement
