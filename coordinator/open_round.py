@@ -2,7 +2,7 @@
 
 from dataclasses import dataclass, field
 
-from fedspeech.coordinator.chains import Chain
+from fedspeech.coordinator.rounds.chains import Chain
 from fedspeech.coordinator.store import UpdateRecord
 from fedspeech.coordinator.strategies import Result
 from fedspeech.protocol.messages import Task

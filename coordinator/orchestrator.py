@@ -10,16 +10,17 @@ from typing import Any
 
 import numpy as np
 
-from fedspeech.coordinator import device_tasks, grouped_training, method_needs, round_storage
+from fedspeech.coordinator import device_tasks, method_needs, round_storage
 from fedspeech.coordinator.aggregate import rebased, server_momentum, without_breakers
-from fedspeech.coordinator.chains import Chain
 from fedspeech.coordinator.errors import BadUpload, NotWanted
 from fedspeech.coordinator.evaluation_phase import EvaluationPhase, evaluates, evaluation_plan
-from fedspeech.coordinator.late_updates import LateUpdates
 from fedspeech.coordinator.open_round import OpenRound
 from fedspeech.coordinator.ports import DeviceLink, ModelOps
 from fedspeech.coordinator.round_config import RoundConfig
 from fedspeech.coordinator.round_storage import RoundTally
+from fedspeech.coordinator.rounds import chained
+from fedspeech.coordinator.rounds.chains import Chain
+from fedspeech.coordinator.rounds.late_updates import LateUpdates
 from fedspeech.coordinator.scheduling import depth_for_round, learning_rate_for_round
 from fedspeech.coordinator.server_side import CoordinatorClips
 from fedspeech.coordinator.store import RoundRecord, StateWriteError, Store
@@ -291,7 +292,7 @@ class Orchestrator:
     ) -> OpenRound:
         """Each group's devices train one after another, each from the last good update before it.
 
-        Groups run side by side; the round ends when every group is through (see grouped_training).
+        Groups run side by side; the round ends when every group is through (see rounds.chained).
         """
         chains = [Chain(list(group)) for group in plan.groups]
         open_ = OpenRound(round, started, started, {}, len(chains), frozenset(), chains=chains)
@@ -303,7 +304,7 @@ class Orchestrator:
 
         with self._lock:
             self._open = open_
-        grouped_training.train_in_groups(open_, self._lock, self.link, self.store, make_task, stop)
+        chained.train_in_groups(open_, self._lock, self.link, self.store, make_task, stop)
         with self._lock:
             self._open = None
         for chain in chains:
@@ -314,7 +315,7 @@ class Orchestrator:
     def relay_file(self, round: int, step: int, device_id: str) -> Path:
         """The relayed update a device's open task trains from; NotWanted for anyone else."""
         with self._lock:
-            grouped_training.count_relay_download(self._open, round, step, device_id)
+            chained.count_relay_download(self._open, round, step, device_id)
         return self.store.relay_path(round, step)
 
     def _aggregate(self, round: int, results: Sequence[Result]) -> tuple[Arrays, list[Result]] | None:

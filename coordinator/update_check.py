@@ -3,8 +3,8 @@
 from collections.abc import Mapping
 
 from fedspeech.coordinator.errors import BadUpload, NotWanted
-from fedspeech.coordinator.late_updates import LateUpdates
 from fedspeech.coordinator.open_round import OpenRound
+from fedspeech.coordinator.rounds.late_updates import LateUpdates
 from fedspeech.coordinator.store import DeviceRecord, UpdateRecord
 from fedspeech.coordinator.strategies import Result
 from fedspeech.coordinator.update_metadata import (

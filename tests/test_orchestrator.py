@@ -16,11 +16,11 @@ import pytest
 
 from fedspeech.coordinator import orchestrator as orchestrator_module
 from fedspeech.coordinator.errors import BadUpload, NotWanted
-from fedspeech.coordinator.late_updates import LateUpdates
 from fedspeech.coordinator.open_round import OpenRound
 from fedspeech.coordinator.orchestrator import Orchestrator
 from fedspeech.coordinator.ports import Evaluation
 from fedspeech.coordinator.round_config import RoundConfig
+from fedspeech.coordinator.rounds.late_updates import LateUpdates
 from fedspeech.coordinator.store import Store
 from fedspeech.coordinator.update_check import answered_task, check_update
 from fedspeech.protocol import messages, routes, weights

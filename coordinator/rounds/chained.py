@@ -1,4 +1,4 @@
-"""Grouped sequential training: each group's devices train one after another, relaying their updates."""
+"""Grouped sequential training (the chained round mode): each group's devices train one after another."""
 
 import logging
 import threading
@@ -6,10 +6,10 @@ import time
 from collections.abc import Callable
 from dataclasses import replace
 
-from fedspeech.coordinator.chains import Chain
 from fedspeech.coordinator.errors import NotWanted
 from fedspeech.coordinator.open_round import OpenRound
 from fedspeech.coordinator.ports import DeviceLink
+from fedspeech.coordinator.rounds.chains import Chain
 from fedspeech.coordinator.store import Store
 from fedspeech.coordinator.strategies import Result
 from fedspeech.protocol import routes, weights
