@@ -2,16 +2,13 @@
 
 import logging
 import threading
-import time
 from collections.abc import Callable
 from dataclasses import replace
 
-from fedspeech.coordinator.errors import NotWanted
-from fedspeech.coordinator.open_round import OpenRound
+from fedspeech.coordinator.inbox import Inbox
 from fedspeech.coordinator.ports import DeviceLink
 from fedspeech.coordinator.rounds.chains import Chain
 from fedspeech.coordinator.store import Store
-from fedspeech.coordinator.strategies import Result
 from fedspeech.protocol import routes, weights
 from fedspeech.protocol.messages import BlobRef, Task
 from fedspeech.protocol.weights import Arrays
@@ -22,8 +19,9 @@ TaskMaker = Callable[[str], Task]  # a device's training task, due ROUND_TIMEOUT
 
 
 def train_in_groups(
-    open_: OpenRound,
-    lock: threading.Condition,
+    round: int,
+    chains: list[Chain],
+    inbox: Inbox,
     link: DeviceLink,
     store: Store,
     make_task: TaskMaker,
@@ -32,43 +30,28 @@ def train_in_groups(
     """Run the open round's groups side by side until every group is through or stop is set.
 
     A device has ROUND_TIMEOUT_S from its task; one that has not answered by then, or went offline,
-    is skipped. The caller opens and closes the round, under the lock it passes.
+    is skipped. The caller opens and closes the round in the inbox.
     """
-    chains = open_.chains
     for chain in chains:
-        _hand_out(open_, chain, lock, link, make_task)
+        _hand_out(round, chain, inbox, link, make_task)
     step = 0
     while not stop.is_set() and any(c.current is not None for c in chains):
-        done: list[tuple[Chain, Result]] = []
-        skipped: list[tuple[Chain, str]] = []
-        with lock:
-            lock.wait(timeout=0.25)
-            online = set(link.online())
-            for chain in chains:
-                device = chain.current
-                if device is None:
-                    continue
-                if device in open_.updates:
-                    done.append((chain, open_.updates[device][0]))
-                elif time.time() > open_.tasks[device].deadline or device not in online:
-                    chain.advance(None)  # under the lock: its update is not wanted from now on
-                    skipped.append((chain, device))
+        answered, late = inbox.poll([d for c in chains if (d := c.current) is not None])
+        done = [(c, answered[d]) for c in chains if (d := c.current) is not None and d in answered]
+        skipped = [(c, d) for c in chains if (d := c.current) is not None and d in late]
         for chain, device in skipped:
-            log.warning(
-                "round %d: %s did not answer in time: its group goes on without it", open_.round, device
-            )
+            chain.advance(None)
+            log.warning("round %d: %s did not answer in time: its group goes on without it", round, device)
             link.clear_task(device)
-            _hand_out(open_, chain, lock, link, make_task)
+            _hand_out(round, chain, inbox, link, make_task)
         for chain, result in done:
             link.clear_task(result.device_id)
             step += 1
-            chain.advance(result, _relay(store, open_.round, step, result.arrays))
-            _hand_out(open_, chain, lock, link, make_task)
+            chain.advance(result, _relay(store, round, step, result.arrays))
+            _hand_out(round, chain, inbox, link, make_task)
 
 
-def _hand_out(
-    open_: OpenRound, chain: Chain, lock: threading.Condition, link: DeviceLink, make_task: TaskMaker
-) -> None:
+def _hand_out(round: int, chain: Chain, inbox: Inbox, link: DeviceLink, make_task: TaskMaker) -> None:
     """Send the group's current device its task, from the group's last good model."""
     device = chain.current
     if device is None:
@@ -76,10 +59,8 @@ def _hand_out(
     task = make_task(device)
     if chain.last is not None and chain.last_ref is not None:
         task = replace(task, weights=chain.last_ref)
-        log.info("round %d: %s trains from the update of %s", open_.round, device, chain.last.device_id)
-    with lock:
-        open_.tasks[device] = task
-        open_.deadline = max(open_.deadline, task.deadline)
+        log.info("round %d: %s trains from the update of %s", round, device, chain.last.device_id)
+    inbox.add_task(device, task)
     link.publish_task(task, device)
 
 
@@ -88,15 +69,3 @@ def _relay(store: Store, round: int, step: int, arrays: Arrays) -> BlobRef:
     blob = weights.encode(arrays, metadata={"round": str(round)})
     store.save_relay(round, step, blob)
     return BlobRef(routes.relay(round, step), weights.sha256(blob), len(blob))
-
-
-def count_relay_download(open_: OpenRound | None, round: int, step: int, device_id: str) -> None:
-    """Count a device's download of a relayed update its open task trains from; NotWanted for anyone else.
-
-    Call it under the lock guarding open_.
-    """
-    path = routes.relay(round, step)
-    task = open_.tasks.get(device_id) if open_ is not None and open_.round == round else None
-    if open_ is None or task is None or task.weights.path != path:
-        raise NotWanted(f"{device_id} has no open task that trains from {path}")
-    open_.bytes_down += task.weights.size
