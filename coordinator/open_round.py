@@ -2,7 +2,6 @@
 
 from dataclasses import dataclass, field
 
-from fedspeech.coordinator.rounds.chains import Chain
 from fedspeech.coordinator.store import UpdateRecord
 from fedspeech.coordinator.strategies import Result
 from fedspeech.protocol.messages import Task
@@ -24,7 +23,6 @@ class OpenRound:
     skipped: set[str] = field(default_factory=set)  # devices whose turn passed: their updates are refused
     bytes_up: int = 0
     bytes_down: int = 0
-    chains: list[Chain] = field(default_factory=list)  # grouped sequential training's groups, if any
 
     def optional_results(self) -> int:
         """Results received from devices that were not required."""

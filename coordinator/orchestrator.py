@@ -1,24 +1,27 @@
-"""The round loop: select devices, hand out tasks, collect and check updates, aggregate, store, announce."""
+"""The round loop: plan a round, train it in the strategy's round mode, combine the results, store and
+announce the new model.
+
+How a round trains (tasks out, updates in, when it closes) is its mode's, rounds.modes.MODES, chosen once
+from the strategy's `mode`; the updates come in through the inbox, which the HTTP handlers call.
+"""
 
 import logging
 import threading
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import replace
 from typing import Any
 
 import numpy as np
 
 from fedspeech.coordinator import device_tasks, method_needs, round_storage
-from fedspeech.coordinator.aggregate import rebased, server_momentum, without_breakers
+from fedspeech.coordinator.aggregate import server_momentum, without_breakers
 from fedspeech.coordinator.evaluation_phase import EvaluationPhase, evaluates, evaluation_plan
 from fedspeech.coordinator.inbox import Inbox
-from fedspeech.coordinator.open_round import OpenRound
 from fedspeech.coordinator.ports import DeviceLink, ModelOps
 from fedspeech.coordinator.round_config import RoundConfig
 from fedspeech.coordinator.round_storage import RoundTally
-from fedspeech.coordinator.rounds import chained
-from fedspeech.coordinator.rounds.chains import Chain
+from fedspeech.coordinator.rounds.base import RoundContext
+from fedspeech.coordinator.rounds.modes import MODES
 from fedspeech.coordinator.scheduling import depth_for_round, learning_rate_for_round
 from fedspeech.coordinator.server_side import CoordinatorClips
 from fedspeech.coordinator.store import RoundRecord, StateWriteError, Store
@@ -47,6 +50,7 @@ class Orchestrator:
         self.evaluation = EvaluationPhase(store, link, model.spec.num_classes, config.eval_min_reports)
         self.settled_round = -1  # the last round whose model is stored and, where asked for, evaluated
         self.finished = threading.Event()
+        self._train = MODES[self.strategy.mode]  # how its rounds train
         first = model.spec_at(self._depth(1))  # a bad depth schedule fails here, at start-up
         self.inbox = Inbox(
             store, link, self.evaluation, spec=first, local_names=self._local_names,
@@ -109,19 +113,11 @@ class Orchestrator:
             "round %d: %s selected %d of %d devices, aggregating the first %d and waiting for %s",
             round, self.strategy.name, len(plan.work), len(devices), plan.needed, plan.required or "no other",
         )  # fmt: skip
-        train = self._train_in_groups if plan.groups else self._train_in_parallel
-        open_ = train(round, plan, started, stop)
+        collected = self._train(round, plan, self._context(round, plan, started, stop))
         if stop.is_set():
             return None
-        on_time = set(open_.updates)
-        missed = any(c.skipped for c in open_.chains) or (
-            not open_.chains and time.time() >= open_.deadline and not self.inbox.complete(open_)
-        )
-        if open_.chains:
-            results = [r for c in open_.chains if (r := c.result()) is not None]
-        else:
-            laid_on = (self._rebased(round, result) for result, _ in open_.updates.values())
-            results = [r for r in laid_on if r is not None]
+        closed, results, missed = collected.closed, collected.results, collected.missed
+        on_time = set(closed.updates)
         if len(results) < min(self.config.min_results, plan.needed):
             log.warning(
                 "round %d: %d of %d results by the deadline, fewer than %d: round is run again",
@@ -142,17 +138,15 @@ class Orchestrator:
                 self._current, new, self._velocity, self.config.server_momentum
             )
         self.strategy.on_round_end(round, plan, on_time, missed, [r.device_id for r in kept])
-        kept_ids = {r.device_id for r in kept}
-        if open_.chains:  # a group's result stands for every update of the group
-            kept_ids = {d for c in open_.chains if c.last and c.last.device_id in kept_ids for d in c.devices}
+        kept_ids = collected.devices_in(kept)
         records = sorted(
-            (r for _, r in open_.updates.values() if r.device_id in kept_ids), key=lambda r: r.device_id
+            (r for _, r in closed.updates.values() if r.device_id in kept_ids), key=lambda r: r.device_id
         )
         teacher = self.strategy.after_aggregate(round, new, self._clips)
-        missing, online = set(open_.tasks) - set(open_.updates), set(self.link.online())
+        missing, online = set(closed.tasks) - set(closed.updates), set(self.link.online())
         tally = RoundTally(
-            started, devices=len(plan.work), updates=records, bytes_up=open_.bytes_up,
-            bytes_down=open_.bytes_down, withdrawn=len(missing - online),
+            started, devices=len(plan.work), updates=records, bytes_up=closed.bytes_up,
+            bytes_down=closed.bytes_down, withdrawn=len(missing - online),
             stragglers=len(missing & online - self.inbox.carried().keys()),
         )  # fmt: skip
         record = self._complete(round, new, tally, teacher)
@@ -165,24 +159,14 @@ class Orchestrator:
         self.settled_round = round
         return record
 
-    def _train_in_parallel(
-        self, round: int, plan: RoundPlan, started: float, stop: threading.Event
-    ) -> OpenRound:
-        """Every selected device trains from the global model; until the results are in or the deadline."""
-        deadline = started + self.config.round_timeout_s
-        work = {d: device_tasks.training(self.config, round, plan, d) for d in plan.work}
-        tasks = self._tasks(round, deadline, work)
-        # a buffered round: who has not answered trains on; its update counts later
-        buffered = self.strategy.mode == "buffered"
-        required = frozenset(plan.required)
-        self.inbox.open(OpenRound(round, started, deadline, tasks, plan.needed, required, buffered))
-        for device, task in tasks.items():
-            self.link.publish_task(task, device)
-        self.inbox.wait_until_complete(stop)
-        open_, over = self.inbox.close()
-        for device in over:
-            self.link.clear_task(device)
-        return open_
+    def _context(self, round: int, plan: RoundPlan, started: float, stop: threading.Event) -> RoundContext:
+        """What the round's mode works with; its tasks carry the plan's work for each device."""
+
+        def tasks(devices: Sequence[str], deadline: float) -> dict[str, Task]:
+            work = {d: device_tasks.training(self.config, round, plan, d) for d in devices}
+            return self._tasks(round, deadline, work)
+
+        return RoundContext(started, self.config, self.inbox, self.link, self.store, tasks, stop)
 
     def _still_training(self, ready: Sequence[str]) -> set[str]:
         """The devices busy with an earlier round's task, once the tasks no longer wanted are dropped."""
@@ -191,51 +175,6 @@ class Orchestrator:
             log.info("%s's task of an earlier round is no longer wanted", device)
             self.link.clear_task(device)
         return busy
-
-    def _rebased(self, round: int, result: Result) -> Result | None:
-        """A result's change from the model its device received, laid onto the current model; None if it
-        cannot be. A float32 result of this round is that already.
-        """
-        if not result.staleness and self.config.precision == "float32":
-            return result
-        if result.staleness:
-            data = self.store.model_path(round - 1 - result.staleness, "weights").read_bytes()
-            trained_from = weights.decode(data)[0]
-        else:
-            trained_from = self._current
-        # as the device received it: the download's rounding is not part of its change
-        base = weights.with_precision(self.inbox.shared(trained_from), self.config.precision)
-        base = weights.with_precision(base, "float32")
-        try:
-            arrays = rebased(result.arrays, base, self.inbox.shared(self._current))
-        except ValueError as exc:
-            log.warning("round %d: dropped the late update of %s: %s", round, result.device_id, exc)
-            return None
-        return replace(result, arrays=arrays)
-
-    def _train_in_groups(
-        self, round: int, plan: RoundPlan, started: float, stop: threading.Event
-    ) -> OpenRound:
-        """Each group's devices train one after another, each from the last good update before it.
-
-        Groups run side by side; the round ends when every group is through (see rounds.chained).
-        """
-        chains = [Chain(list(group)) for group in plan.groups]
-        # every device's update is taken: each is where the next one in its group starts
-        open_ = OpenRound(round, started, started, {}, len(plan.work), frozenset(), chains=chains)
-
-        def make_task(device: str) -> Task:
-            deadline = time.time() + self.config.round_timeout_s
-            work = device_tasks.training(self.config, round, plan, device)
-            return self._tasks(round, deadline, {device: work})[device]
-
-        self.inbox.open(open_)
-        chained.train_in_groups(round, chains, self.inbox, self.link, self.store, make_task, stop)
-        self.inbox.close()
-        for chain in chains:
-            if chain.current is not None:
-                self.link.clear_task(chain.current)
-        return open_
 
     def _aggregate(self, round: int, results: Sequence[Result]) -> tuple[Arrays, list[Result]] | None:
         """The strategy's new global weights and the results in them; None if no result can be aggregated.
