@@ -96,8 +96,8 @@ def test_a_buffered_rounds_late_update_counts_once_in_the_next_round_with_its_st
     inbox = inbox_of(tmp_path)
     first = open_round(inbox, round=1, needed=1, buffered=True)
     send(inbox, "a", first["a"])
-    assert inbox.complete(inbox._open), "the one result it needs"
     closed, over = inbox.close()
+    assert inbox.complete(closed), "the one result it needs"
     assert over == ["a"], "b trains on"
     assert inbox.carried() == {"b": first["b"].deadline}
     send(inbox, "b", first["b"], 5.0)  # between rounds: it waits for the next
