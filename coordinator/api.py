@@ -121,8 +121,8 @@ def key():
 @bp.get(routes.TASK_RULE)
 def task():
     """What the fleet learns and the model it trains, for a device that is starting."""
-    orchestrator = _service().orchestrator
-    info = TaskInfo(orchestrator.model.definition, orchestrator.current_spec())
+    service = _service()
+    info = TaskInfo(service.orchestrator.model.definition, service.inbox.current_spec())
     return Response(messages.encode(info), mimetype="application/json")
 
 
@@ -135,7 +135,7 @@ def model_file(round: int, kind: str):
         return _error(404, f"no {kind} for round {round}")
     token = _bearer()  # a device's download is the round's traffic; a listener's or an operator's is not
     if token is not None and service.store.device_for_token(token) is not None:
-        service.orchestrator.count_download(round, path.stat().st_size)
+        service.inbox.count_download(round, path.stat().st_size)
     return send_file(path, mimetype="application/octet-stream", max_age=0)
 
 
@@ -143,7 +143,7 @@ def model_file(round: int, kind: str):
 def relayed_update(round: int, step: int):
     """Download the update a device's group passed on to it: only the device whose task trains from it."""
     service = _service()
-    path = service.orchestrator.relay_file(round, step, _device())
+    path = service.inbox.relay_file(round, step, _device())
     if not path.exists():
         return _error(404, f"no relayed update {step} in round {round}")
     return send_file(path, mimetype="application/octet-stream", max_age=0)
@@ -162,7 +162,7 @@ def upload_update(round: int):
     device = _device()
     body = _body(MAX_UPDATE_BYTES)
     service = _service()
-    service.orchestrator.receive_update(round, device, body, request.headers.get("X-Content-SHA256", ""))
+    service.inbox.receive_update(round, device, body, request.headers.get("X-Content-SHA256", ""))
     service.outcomes.accepted(device, round)
     return jsonify(accepted=True, device_id=device, round=round)
 
@@ -172,7 +172,7 @@ def upload_evaluation(round: int):
     """Accept a device's evaluation of a round's model on its own test split (counts only)."""
     device = _device()
     body = _body(messages.MAX_MESSAGE_BYTES)
-    _service().orchestrator.receive_evaluation(round, device, body)
+    _service().inbox.receive_evaluation(round, device, body)
     return jsonify(accepted=True, device_id=device, round=round)
 
 
@@ -195,7 +195,7 @@ def status():
     registered = service.store.registered()  # anyone on the broker can claim a device id there
     return jsonify(
         completed_round=latest.round if latest else None,
-        open_round=service.orchestrator.open_round(),
+        open_round=service.inbox.open_round(),
         target_rounds=service.orchestrator.config.rounds,
         finished=service.orchestrator.finished.is_set(),
         devices_online=[d for d in service.link.online() if d in registered],

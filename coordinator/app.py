@@ -18,6 +18,7 @@ from fedspeech.coordinator.dashboard import bp as dashboard_bp
 from fedspeech.coordinator.enrolment import MAX_DEVICES, Enrolment
 from fedspeech.coordinator.global_model import GlobalModel
 from fedspeech.coordinator.http_server import HttpServer, serve
+from fedspeech.coordinator.inbox import Inbox
 from fedspeech.coordinator.metrics import bp as metrics_bp
 from fedspeech.coordinator.mqtt_link import CoordinatorLink
 from fedspeech.coordinator.orchestrator import Orchestrator
@@ -80,7 +81,7 @@ DEFAULTS: dict[str, Any] = {
 
 @dataclass
 class Service:
-    """Everything the coordinator runs: store, broker link, orchestrator thread, optional embedded broker."""
+    """Everything the coordinator runs: store, broker link, round loop, inbox, optional embedded broker."""
 
     store: Store
     link: CoordinatorLink
@@ -94,6 +95,11 @@ class Service:
     outcomes: UploadOutcomes = field(default_factory=UploadOutcomes)
     stop_event: threading.Event = field(default_factory=threading.Event)
     thread: threading.Thread | None = None
+
+    @property
+    def inbox(self) -> Inbox:
+        """Where request threads hand in devices' uploads and ask about the round being trained."""
+        return self.orchestrator.inbox
 
     def start(self) -> None:
         """Start the embedded broker (if any), the MQTT link and the round loop."""

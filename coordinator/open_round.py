@@ -1,8 +1,7 @@
-"""The round being trained, as the orchestrator and grouped sequential training share it."""
+"""The round being trained, as the inbox keeps it for the round loop and the uploads that come in."""
 
 from dataclasses import dataclass, field
 
-from fedspeech.coordinator.chains import Chain
 from fedspeech.coordinator.records import UpdateRecord
 from fedspeech.coordinator.strategies import Result
 from fedspeech.protocol.messages import Task
@@ -16,12 +15,14 @@ class OpenRound:
     started_at: float
     deadline: float
     tasks: dict[str, Task]
-    needed: int  # results to aggregate from devices not required
+    needed: int  # results to take from devices not required
     required: frozenset[str]  # stale devices waited for on top of the needed results
+    # FedBuff's: it takes results past the needed count, and its tasks not answered go on after it
+    buffered: bool = False
     updates: dict[str, tuple[Result, UpdateRecord]] = field(default_factory=dict)
+    skipped: set[str] = field(default_factory=set)  # devices whose turn passed: their updates are refused
     bytes_up: int = 0
     bytes_down: int = 0
-    chains: list[Chain] = field(default_factory=list)  # grouped sequential training's groups, if any
 
     def optional_results(self) -> int:
         """Results received from devices that were not required."""

@@ -102,7 +102,7 @@ def overview(
         task=orchestrator.model.definition.name,
         strategy=orchestrator.strategy.name,
         completed_round=latest.round if latest else None,
-        open_round=orchestrator.open_round(),
+        open_round=orchestrator.inbox.open_round(),
         target_rounds=orchestrator.config.rounds,
         finished=orchestrator.finished.is_set(),
         devices_online=len(online),
@@ -113,7 +113,7 @@ def overview(
 
 
 def _model(store: Store, orchestrator: Orchestrator, latest: RoundRecord) -> ModelView:
-    spec = orchestrator.current_spec()
+    spec = orchestrator.inbox.current_spec()
     onnx = store.model_path(latest.round, "onnx")
     has_onnx = latest.onnx_sha256 is not None and onnx.exists()
     return ModelView(

@@ -1,11 +1,12 @@
 """Checking a device's upload: the task it answers, and its decoded arrays against that task."""
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 
 from fedspeech.coordinator.errors import BadUpload, NotWanted
-from fedspeech.coordinator.late_updates import LateUpdates
 from fedspeech.coordinator.open_round import OpenRound
 from fedspeech.coordinator.records import DeviceRecord, UpdateRecord
+from fedspeech.coordinator.rounds.late_updates import LateUpdates
 from fedspeech.coordinator.strategies import Result
 from fedspeech.coordinator.update_metadata import (
     claimed_samples,
@@ -18,18 +19,22 @@ from fedspeech.protocol.messages import DeviceStatus, Task
 from fedspeech.protocol.weights import Arrays
 
 
-def answered_task(
-    open_: OpenRound | None,
-    late: LateUpdates,
-    round: int,
-    device_id: str,
-    meta: Mapping[str, str],
-    buffered: bool,
-) -> Task:
-    """The task an upload answers: the open round's, or a buffered method's from an earlier round.
+@dataclass(frozen=True)
+class Upload:
+    """A device's update as it came in, decoded: who sent it, its arrays and metadata, and its digest."""
+
+    device_id: str
+    arrays: Arrays
+    meta: Mapping[str, str]
+    digest: str
+
+
+def answered_task(open_: OpenRound | None, late: LateUpdates, round: int, upload: Upload) -> Task:
+    """The task an upload for a round answers: the open round's, or a buffered round's from an earlier one.
 
     NotWanted if it answers no task still wanted. The caller holds the lock that guards both.
     """
+    device_id, meta = upload.device_id, upload.meta
     carried = late.task(device_id, round, meta.get("task_id"))
     if carried is not None:
         return carried
@@ -40,11 +45,11 @@ def answered_task(
         raise NotWanted(f"no open task {str(meta.get('task_id'))[:80]!r} for {device_id}")
     if device_id in open_.updates:
         raise NotWanted(f"{device_id} already sent its update for round {round}")
-    if open_.chains and device_id not in [c.current for c in open_.chains]:
+    if device_id in open_.skipped:
         raise NotWanted(f"{device_id} is not the device training in its group now")
-    # a buffered method takes every result: one past the round's count is work done all the same
+    # a buffered round takes every result: one past the round's count is work done all the same
     full = open_.optional_results() >= open_.needed and device_id not in open_.required
-    if full and not open_.chains and not buffered:
+    if full and not open_.buffered:
         raise NotWanted(f"round {round} already has the {open_.needed} results it needs")
     return task
 
@@ -60,20 +65,14 @@ def reported_samples(status: DeviceStatus | None, device: DeviceRecord | None, c
 
 
 def check_update(
-    arrays: Arrays,
-    meta: Mapping[str, str],
-    reference: Arrays,
-    task: Task,
-    reported_samples: int,
-    num_classes: int,
-    digest: str,
-    device_id: str,
+    upload: Upload, task: Task, *, reference: Arrays, reported_samples: int, num_classes: int
 ) -> tuple[Result, UpdateRecord, int]:
-    """The update's result, its record and the samples it claims; BadUpload if it does not fit.
+    """The update's result, its record and the samples it claims; BadUpload if it does not fit its task.
 
-    Pure, so that the orchestrator's lock is not held while it runs. reference: the global model's
-    arrays devices send, in float32. The update counts for at most reported_samples.
+    Pure, so that the inbox's lock is not held while it runs. reference: the global model's arrays
+    devices send, in float32. The update counts for at most reported_samples.
     """
+    arrays, meta, device_id = upload.arrays, upload.meta, upload.device_id
     try:
         # in the task's precision, then widened: aggregation always runs in float32
         weights.check_like(arrays, weights.with_precision(reference, task.precision))
@@ -87,7 +86,7 @@ def check_update(
             num_samples=min(claimed, reported_samples),
             train_loss=optional_number(meta, "train_loss"),
             train_seconds=optional_number(meta, "train_seconds"),
-            sha256=digest,
+            sha256=upload.digest,
         )
     except ValueError as exc:
         raise BadUpload(f"bad update: {exc}") from None

@@ -198,7 +198,7 @@ def test_bodies_over_the_limit_and_absurd_counts_never_reach_the_round(served_ro
     assert upload(server.url, task.upload_path, "a-stale-token-of-kitchen", stale) == 401
     absurd = weights.encode(arrays, {"task_id": task.task_id, "num_samples": str(10**400)})
     assert upload(server.url, task.upload_path, device.token, absurd) == 400
-    assert service.orchestrator.open_round() == 1, "the round goes on"
+    assert service.inbox.open_round() == 1, "the round goes on"
 
     good = weights.encode(arrays, {"task_id": task.task_id, "num_samples": "40"})
     assert upload(server.url, task.upload_path, device.token, good) == 200

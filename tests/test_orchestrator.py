@@ -9,23 +9,19 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 import numpy as np
 import pytest
 
 from fedspeech.coordinator import orchestrator as orchestrator_module
 from fedspeech.coordinator.errors import BadUpload, NotWanted
-from fedspeech.coordinator.late_updates import LateUpdates
-from fedspeech.coordinator.open_round import OpenRound
 from fedspeech.coordinator.orchestrator import Orchestrator
 from fedspeech.coordinator.ports import Evaluation
 from fedspeech.coordinator.round_config import RoundConfig
 from fedspeech.coordinator.store import Store
-from fedspeech.coordinator.update_check import answered_task, check_update
 from fedspeech.protocol import bounds, messages, routes, weights
 from fedspeech.protocol.messages import (
-    BlobRef,
     DeviceStatus,
     EvaluationReport,
     ModelAnnouncement,
@@ -121,6 +117,7 @@ class Fleet:
         self.store = Store(tmp_path / "state")
         self.link = FakeLink()
         self.orchestrator = Orchestrator(self.config, self.store, self.link, model or FakeModel())
+        self.inbox = self.orchestrator.inbox  # where the devices' uploads go
 
     def device(
         self, device_id: str, gflops: float = 1.0, value: float | None = 1.0, samples: int = 10
@@ -137,7 +134,7 @@ class Fleet:
         body = weights.encode(
             {"w": np.full(2, value, np.float32)}, {"task_id": task.task_id, "num_samples": str(samples)}
         )
-        self.orchestrator.receive_update(task.round, device_id, body, weights.sha256(body))
+        self.inbox.receive_update(task.round, device_id, body, weights.sha256(body))
 
     @contextmanager
     def running(self) -> Iterator[threading.Event]:
@@ -205,7 +202,7 @@ def test_in_float16_devices_download_and_upload_half_precision_and_the_model_sta
         tasks.append(task)
         meta = {"task_id": task.task_id, "num_samples": "10"}
         body = weights.encode({"w": np.full(2, 1 / 3, np.float16)}, meta)
-        fleet.orchestrator.receive_update(task.round, "half", body, weights.sha256(body))
+        fleet.inbox.receive_update(task.round, "half", body, weights.sha256(body))
 
     def full(task: Task) -> None:
         try:
@@ -237,7 +234,7 @@ def test_a_float16_update_counts_its_change_from_the_model_as_its_device_receive
         def half(task: Task, device=device, value=value, samples=samples) -> None:
             meta = {"task_id": task.task_id, "num_samples": str(samples)}
             body = weights.encode({"w": np.full(2, value, np.float16)}, meta)
-            fleet.orchestrator.receive_update(task.round, device, body, weights.sha256(body))
+            fleet.inbox.receive_update(task.round, device, body, weights.sha256(body))
 
         fleet.device(device, samples=samples)
         fleet.link.responders[device] = half
@@ -371,25 +368,7 @@ def test_a_late_update_whose_device_went_offline_is_not_wanted(tmp_path):
         fleet.upload("slow", slow_tasks[0], 5.0)
     forged = weights.encode({"w": np.ones(2, np.float32)}, {"task_id": "0" * 32, "num_samples": "10"})
     with pytest.raises(NotWanted):
-        fleet.orchestrator.receive_update(1, "fast", forged, weights.sha256(forged))
-
-
-def test_carried_tasks_are_dropped_when_their_device_leaves_their_deadline_passes_or_the_model_grows():
-    def task(device: str, deadline: float, spec: ModelSpec = SPEC) -> Task:
-        return Task(device, 1, spec, DEFINITION, BlobRef("/w", "0" * 64, 1), "/up", 2, 8, 0.1, deadline)
-
-    late = LateUpdates()
-    late.carried = {
-        "kept": task("kept", 100.0),
-        "offline": task("offline", 100.0),
-        "expired": task("expired", 9.0),
-        "grown": task("grown", 100.0, ModelSpec("toy", 8000, 8000, 2, depth=3)),
-    }
-    dropped = late.drop(["kept", "expired", "grown"], SPEC, now=10.0)
-    assert sorted(dropped) == ["expired", "grown", "offline"]
-    assert late.busy() == {"kept"}
-    assert late.task("kept", 1, "kept") is late.carried["kept"]
-    assert late.task("kept", 2, "kept") is None and late.task("kept", 1, "forged") is None
+        fleet.inbox.receive_update(1, "fast", forged, weights.sha256(forged))
 
 
 def test_a_restarted_orchestrator_resumes_after_the_last_round(tmp_path):
@@ -417,7 +396,7 @@ def test_the_devices_evaluate_the_new_model(tmp_path):
 
         if task.action == "evaluate":
             body = messages.encode(EvaluationReport(task.task_id, task.round, [[3, 1], [0, 4]], 2.0))
-            fleet.orchestrator.receive_evaluation(task.round, device_id, body)
+            fleet.inbox.receive_evaluation(task.round, device_id, body)
         else:
             fleet.upload(device_id, task, 1.0)
 
@@ -446,7 +425,7 @@ def test_a_buffered_method_asks_a_device_still_training_to_evaluate_only_the_las
         asked.append((device_id, task.action, task.round))
         if task.action == "evaluate":
             body = messages.encode(EvaluationReport(task.task_id, task.round, [[1, 0], [0, 1]], 0.0))
-            fleet.orchestrator.receive_evaluation(task.round, device_id, body)
+            fleet.inbox.receive_evaluation(task.round, device_id, body)
         elif device_id == "fast":
             fleet.upload(device_id, task, 1.0)
 
@@ -508,11 +487,11 @@ def test_local_steps_are_read_within_bounds(tmp_path):
         meta = {"task_id": task.task_id, "num_samples": "10", "local_steps": said[device_id]}
         body = weights.encode({"w": np.full(2, 1.0, np.float32)}, meta)
         try:
-            fleet.orchestrator.receive_update(task.round, device_id, body, weights.sha256(body))
+            fleet.inbox.receive_update(task.round, device_id, body, weights.sha256(body))
         except BadUpload as exc:
             refused.append(str(exc))
-        with fleet.orchestrator._lock:
-            open_ = fleet.orchestrator._open
+        with fleet.inbox._lock:
+            open_ = fleet.inbox._open
             if open_ is not None and device_id in open_.updates:
                 seen[device_id] = open_.updates[device_id][0].steps
 
@@ -606,69 +585,3 @@ def test_devices_enrolled_but_not_registered_get_no_work(tmp_path):
     fleet.link.statuses_["waiting"] = DeviceStatus("waiting", "online", 10, profile(1.0))
     fleet.finish()
     assert set(fleet.link.tasks_of(1)) == {"a"}
-
-
-def toy_task(precision: weights.Precision = "float32") -> Task:
-    ref = BlobRef("/weights", "0" * 64, 1)
-    return Task("t1", 1, SPEC, DEFINITION, ref, "/up", 2, 8, 0.1, 0.0, precision=precision)
-
-
-REFERENCE = {"w": np.zeros(2, np.float32)}
-
-
-def test_an_update_in_the_tasks_precision_is_widened_and_counts_for_at_most_the_reported_samples():
-    half = {"w": np.full(2, 0.5, np.float16)}
-    meta = {"num_samples": "50", "local_steps": str(10**12), "train_loss": "0.25"}
-    result, record, claimed = check_update(half, meta, REFERENCE, toy_task("float16"), 20, 2, "d", "a")
-    assert result.arrays["w"].dtype == np.float32 and result.arrays["w"][0] == 0.5
-    assert (claimed, record.num_samples, result.num_samples) == (50, 20, 20)
-    assert result.steps == 2 * 50, "at most the task's epochs over the samples claimed"
-    assert (record.device_id, record.sha256, record.train_loss) == ("a", "d", 0.25)
-
-
-@pytest.mark.parametrize(
-    "arrays, error",
-    [
-        ({"w": np.zeros(2, np.float16)}, "bad update: w: dtype float16, expected float32"),
-        ({"v": np.zeros(2, np.float32)}, "bad update: tensor names differ"),
-        ({"w": np.zeros(3, np.float32)}, "bad update: w: shape"),
-    ],
-)
-def test_an_update_unlike_the_global_model_in_the_tasks_precision_is_a_bad_upload(arrays, error):
-    with pytest.raises(BadUpload, match=f"^{error}"):
-        check_update(arrays, {"num_samples": "10"}, REFERENCE, toy_task(), 10, 2, "d", "a")
-
-
-def test_an_update_of_a_device_that_reported_no_samples_is_a_bad_upload():
-    with pytest.raises(BadUpload, match="^num_samples must be at least 1"):
-        check_update(dict(REFERENCE), {"num_samples": "10"}, REFERENCE, toy_task(), 0, 2, "d", "a")
-
-
-def full_round() -> OpenRound:
-    """Round 1 with tasks for a and b, needing one result, which a has sent."""
-    tasks = {"a": toy_task(), "b": replace(toy_task(), task_id="t2")}
-    open_ = OpenRound(1, 0.0, 60.0, tasks, needed=1, required=frozenset())
-    open_.updates["a"] = (None, None)  # only its presence counts
-    return open_
-
-
-@pytest.mark.parametrize(
-    "round, device, task_id, error",
-    [
-        (2, "b", "t2", "round 2 is not open"),
-        (1, "b", "t1", "no open task 't1' for b"),
-        (1, "c", "t2", "no open task 't2' for c"),
-        (1, "a", "t1", "a already sent its update for round 1"),
-        (1, "b", "t2", "round 1 already has the 1 results it needs"),
-    ],
-)
-def test_an_upload_that_answers_no_wanted_task_is_not_wanted(round, device, task_id, error):
-    with pytest.raises(NotWanted, match=f"^{error}"):
-        answered_task(full_round(), LateUpdates(), round, device, {"task_id": task_id}, buffered=False)
-
-
-def test_a_buffered_round_takes_a_result_past_its_count_and_a_carried_task_outlives_its_round():
-    open_ = full_round()
-    assert answered_task(open_, LateUpdates(), 1, "b", {"task_id": "t2"}, buffered=True).task_id == "t2"
-    late = LateUpdates(carried={"c": toy_task()})
-    assert answered_task(None, late, 1, "c", {"task_id": "t1"}, buffered=True) is late.carried["c"]

@@ -16,7 +16,7 @@ log = logging.getLogger(__name__)
 class LateUpdates:
     """Devices still training for an earlier round, and their updates waiting for a round to count in.
 
-    Not thread-safe: the orchestrator calls it under its lock.
+    Not thread-safe: the inbox calls it under its lock.
     """
 
     carried: dict[str, Task] = field(default_factory=dict)  # device -> its task of an earlier round
