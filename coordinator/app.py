@@ -14,6 +14,7 @@ from flask import Flask
 from fedspeech.coordinator.api import MAX_UPDATE_BYTES
 from fedspeech.coordinator.api import bp as api_bp
 from fedspeech.coordinator.broker import EmbeddedBroker
+from fedspeech.coordinator.config import RoundConfig
 from fedspeech.coordinator.dashboard import bp as dashboard_bp
 from fedspeech.coordinator.enrolment import MAX_DEVICES, Enrolment
 from fedspeech.coordinator.global_model import GlobalModel
@@ -21,7 +22,6 @@ from fedspeech.coordinator.http_server import HttpServer, serve
 from fedspeech.coordinator.metrics import bp as metrics_bp
 from fedspeech.coordinator.mqtt_link import CoordinatorLink
 from fedspeech.coordinator.orchestrator import Orchestrator
-from fedspeech.coordinator.round_config import RoundConfig
 from fedspeech.coordinator.shared_validation import SharedValidation
 from fedspeech.coordinator.store import StateError, Store
 from fedspeech.coordinator.upload_outcomes import UploadOutcomes

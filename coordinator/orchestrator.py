@@ -13,12 +13,12 @@ import numpy as np
 from fedspeech.coordinator import device_tasks, grouped_training, method_needs, round_storage
 from fedspeech.coordinator.aggregate import rebased, server_momentum, without_breakers
 from fedspeech.coordinator.chains import Chain
+from fedspeech.coordinator.config import RoundConfig
 from fedspeech.coordinator.errors import BadUpload, NotWanted
 from fedspeech.coordinator.evaluation_phase import EvaluationPhase, evaluates, evaluation_plan
 from fedspeech.coordinator.late_updates import LateUpdates
 from fedspeech.coordinator.open_round import OpenRound
 from fedspeech.coordinator.ports import DeviceLink, ModelOps
-from fedspeech.coordinator.round_config import RoundConfig
 from fedspeech.coordinator.round_storage import RoundTally
 from fedspeech.coordinator.scheduling import depth_for_round, learning_rate_for_round
 from fedspeech.coordinator.server_side import CoordinatorClips

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from fedspeech.coordinator import device_tasks
-from fedspeech.coordinator.round_config import RoundConfig
+from fedspeech.coordinator.config import RoundConfig
 from fedspeech.coordinator.store import DeviceRecord, RoundRecord, Store
 from fedspeech.coordinator.strategies import STRATEGIES, RoundPlan, Work
 from fedspeech.coordinator.update_check import reported_samples

@@ -5,9 +5,9 @@ import logging
 import numpy as np
 import pytest
 
+from fedspeech.coordinator.config import RoundConfig
 from fedspeech.coordinator.evaluation import combine
 from fedspeech.coordinator.evaluation_phase import evaluates, evaluation_plan, evaluators
-from fedspeech.coordinator.round_config import RoundConfig
 from fedspeech.models import scores
 from fedspeech.protocol import messages, weights
 from fedspeech.protocol.messages import Credentials, EvaluationReport, Profile, Registration

@@ -15,12 +15,12 @@ import numpy as np
 import pytest
 
 from fedspeech.coordinator import orchestrator as orchestrator_module
+from fedspeech.coordinator.config import RoundConfig
 from fedspeech.coordinator.errors import BadUpload, NotWanted
 from fedspeech.coordinator.late_updates import LateUpdates
 from fedspeech.coordinator.open_round import OpenRound
 from fedspeech.coordinator.orchestrator import Orchestrator
 from fedspeech.coordinator.ports import Evaluation
-from fedspeech.coordinator.round_config import RoundConfig
 from fedspeech.coordinator.store import Store
 from fedspeech.coordinator.update_check import answered_task, check_update
 from fedspeech.protocol import messages, routes, weights

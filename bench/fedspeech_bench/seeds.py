@@ -323,7 +323,7 @@ def _run(
 
 
 def _local_epochs() -> int:
-    from fedspeech.coordinator.round_config import RoundConfig
+    from fedspeech.coordinator.config import RoundConfig
 
     return RoundConfig().epochs
 
