@@ -145,6 +145,11 @@ class RoundConfig:
                 raise ValueError(
                     f"{name} must be between {low:g} and {high:g} (a task's bounds), got {value}"
                 )
+        # the counts the command line bounds, bounded here too for a file's or a variable's
+        counts = [("rounds", 0), ("min_devices", 1), ("min_results", 1), ("k", 1), ("depth_stages", 0)]
+        counts += [("eval_every", 0), ("eval_devices", 0), ("eval_min_reports", 1)]
+        for name, low in counts:
+            _at_least(name, getattr(self, name), low)
         if self.precision not in PRECISIONS:
             raise ValueError(f"precision must be one of {', '.join(PRECISIONS)}, got {self.precision!r}")
         if self.new_blocks not in NEW_BLOCKS:

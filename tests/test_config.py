@@ -138,6 +138,11 @@ def test_a_missing_file_says_it_cannot_be_read(tmp_path):
         ({"FEDSPEECH_ROUNDS": "ten"}, "FEDSPEECH_ROUNDS: expected a whole number, got 'ten'"),
         ({"FEDSPEECH_OPEN_ENROLMENT": "maybe"}, "FEDSPEECH_OPEN_ENROLMENT: expected true or false"),
         ({"FEDSPEECH_EPOCHS": "0"}, "FEDSPEECH_EPOCHS: epochs must be between 1 and"),
+        ({"FEDSPEECH_K": "0"}, "FEDSPEECH_K: k must be at least 1, got 0"),
+        (
+            {"FEDSPEECH_ROUNDS": "5", "FEDSPEECH_MIN_RESULTS": "0"},
+            "FEDSPEECH_ROUNDS, FEDSPEECH_MIN_RESULTS: min_results must be at least 1",
+        ),
         (
             {"FEDSPEECH_STRATEGY_OPTIONS": "mu"},
             "FEDSPEECH_STRATEGY_OPTIONS: a strategy setting is name=value",
@@ -185,3 +190,10 @@ def test_changed_checks_the_new_values_together():
 def test_service_settings_out_of_bounds_are_refused(setting, says):
     with pytest.raises(ValueError, match=says):
         ServiceConfig(**setting)
+
+
+@pytest.mark.parametrize("setting", ["min_devices", "min_results", "k", "eval_min_reports"])
+def test_round_counts_below_one_are_refused_as_the_options_are(setting):
+    with pytest.raises(ValueError, match=f"^{setting} must be at least 1, got 0$"):
+        RoundConfig(**{setting: 0})
+    assert getattr(RoundConfig(**{setting: 1}), setting) == 1
