@@ -279,7 +279,8 @@ def _broker(config: Mapping[str, Any]) -> tuple[BrokerSettings, EmbeddedBroker |
         broker = EmbeddedBroker(config["EMBEDDED_BROKER_HOST"], int(config["EMBEDDED_BROKER_PORT"]))
         return BrokerSettings(broker.url), broker
     paths = [Path(config[name]) if config[name] else None for name in login[1:]]
-    settings = BrokerSettings(config["BROKER_URL"], config["BROKER_USERNAME"] or None, *paths)
+    username = config["BROKER_USERNAME"] or ("coordinator" if config["BROKER_PASSWORD_FILE"] else None)
+    settings = BrokerSettings(config["BROKER_URL"], username, *paths)
     settings.check()
     return settings, None
 

@@ -51,6 +51,12 @@ def _args(**options) -> argparse.Namespace:
     return argparse.Namespace(**options)
 
 
+def _parsed(*options: str) -> argparse.Namespace:
+    from fedspeech.__main__ import build_parser
+
+    return build_parser().parse_args(["coordinator", *options])
+
+
 def test_a_setting_has_one_name_across_the_parts():
     assert len(SECTION_OF) == sum(len(dataclasses.fields(cls)) for cls in SECTIONS.values())
 
@@ -197,3 +203,26 @@ def test_round_counts_below_one_are_refused_as_the_options_are(setting):
     with pytest.raises(ValueError, match=f"^{setting} must be at least 1, got 0$"):
         RoundConfig(**{setting: 0})
     assert getattr(RoundConfig(**{setting: 1}), setting) == 1
+
+
+def test_the_command_lines_options_given_win_and_those_left_out_keep_the_file(tmp_path):
+    args = _parsed(
+        "--config", str(_file(tmp_path)), "--rounds", "7", "--lr", "0.01", "--strategy-opt", "mu=1"
+    )
+    config = from_args(args, environ={})
+    assert (config.rounds.rounds, config.rounds.learning_rate) == (7, 0.01)
+    assert dict(config.rounds.strategy_options) == {"mu": "1"}
+    # left out: the file's, never the option's own default
+    assert config.service.state_dir == Path("fleet-state") and config.service.open_enrolment is True
+    assert config.rounds.min_devices == 4 and config.evaluation.eval_corpus == "emodb"
+    plain = from_args(_parsed(), environ={})
+    assert plain == CoordinatorConfig(), "no option, no file, no variable: the defaults"
+
+
+def test_every_option_names_a_setting():
+    from fedspeech.coordinator.config_sources import OPTION_DEST
+
+    args = vars(_parsed())
+    settings = {OPTION_DEST.get(name, name) for name in SECTION_OF}
+    assert set(args) - settings == {"command", "config", "run", "verbose"}
+    assert set(OPTION_DEST.values()) <= set(args)
