@@ -11,9 +11,8 @@ import logging
 import signal
 import threading
 from collections.abc import Sequence
-from dataclasses import fields
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from fedspeech.connection_options import (
     add_broker_options,
@@ -52,7 +51,7 @@ def run(args: argparse.Namespace) -> None:
     _check_paths(config, layers)
     _check_before_start(config)  # one line before anything starts or logs
     try:
-        app = create_app(_flask_settings(config))
+        app = create_app(config)
     except (TaskFileError, ValueError, FileNotFoundError) as exc:
         raise SystemExit(f"fedspeech coordinator: {exc}") from None
     service = app.extensions["fedspeech"]
@@ -77,15 +76,6 @@ def run(args: argparse.Namespace) -> None:
     stop.wait()
     server.stop()
     service.stop()
-
-
-def _flask_settings(config: "CoordinatorConfig") -> dict[str, Any]:
-    """The app's upper-case settings of a typed config, every one given (the variables are in config)."""
-    return {
-        f.name.upper(): getattr(part, f.name)
-        for part in (config.service, config.rounds, config.evaluation)
-        for f in fields(part)
-    }
 
 
 def _check_paths(config: "CoordinatorConfig", layers: "Sequence[Layer]") -> None:

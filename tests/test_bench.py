@@ -84,9 +84,9 @@ def test_runs_that_end_exactly_alike_give_no_test():
 def test_float16_arms_run_a_strategy_with_half_precision_weights(tmp_path):
     cfg = strategies_config(tmp_path, ["fedavg", "time_budget"], k=2, float16=["time_budget"])
     assert [(a.name, dict(a.settings)) for a in cfg.arms] == [
-        ("fedavg", {"STRATEGY": "fedavg", "K": 2}),
-        ("time_budget", {"STRATEGY": "time_budget", "K": 2}),
-        ("time_budget_float16", {"STRATEGY": "time_budget", "K": 2, "PRECISION": "float16"}),
+        ("fedavg", {"strategy": "fedavg", "k": 2}),
+        ("time_budget", {"strategy": "time_budget", "k": 2}),
+        ("time_budget_float16", {"strategy": "time_budget", "k": 2, "precision": "float16"}),
     ]
     with pytest.raises(ValueError, match="unknown strategies"):
         strategies_config(tmp_path, ["fedavg"], float16=["fastest"])

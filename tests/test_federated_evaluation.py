@@ -51,7 +51,7 @@ DEVICE = "kitchen"
 
 @pytest.fixture
 def coordinator(tmp_path, mosquitto_url, topic_root):
-    with one_round_coordinator(tmp_path, mosquitto_url, topic_root, DEVICE, EVAL_TIMEOUT_S=120) as running:
+    with one_round_coordinator(tmp_path, mosquitto_url, topic_root, DEVICE, eval_timeout_s=120.0) as running:
         yield running
 
 
