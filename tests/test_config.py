@@ -226,3 +226,12 @@ def test_every_option_names_a_setting():
     settings = {OPTION_DEST.get(name, name) for name in SECTION_OF}
     assert set(args) - settings == {"command", "config", "run", "verbose"}
     assert set(OPTION_DEST.values()) <= set(args)
+
+
+def test_the_readmes_config_file_is_read_as_it_says(tmp_path):
+    readme = (Path(__file__).parents[1] / "README.md").read_text()
+    example = readme.split("## Configuration", 1)[1].split("```toml\n", 1)[1].split("```", 1)[0]
+    config = from_file(_file(tmp_path, example))
+    assert config.service.http_host == "0.0.0.0" and config.rounds.round_timeout_s == 300.0
+    assert config.rounds.strategy == "fedprox" and dict(config.rounds.strategy_options) == {"mu": 0.1}
+    assert config.evaluation.eval_data == Path("/var/lib/fedspeech/heldout")
