@@ -61,12 +61,12 @@ def run(args: argparse.Namespace) -> None:
         if service.broker is None:
             raise
         raise SystemExit(_broker_port_message(service.broker.host, service.broker.port, exc)) from None
-    host, port = config.service.http_host, config.service.http_port
+    host, http_port = config.service.http_host, config.service.http_port
     try:
-        server = serve(app, host, port)
+        server = serve(app, host, http_port)
     except (ValueError, OSError) as exc:  # a TLS file unusable, the port taken since it was checked
         service.stop()
-        raise SystemExit(f"fedspeech coordinator: {cannot_serve(host, port, exc)}") from None
+        raise SystemExit(f"fedspeech coordinator: {cannot_serve(host, http_port, exc)}") from None
     logging.getLogger(__name__).info("dashboard at %s/, metrics at %s/metrics", server.url, server.url)
     if config.service.broker_url is not None:
         warn_if_unreachable(config.service.broker_url, "devices get no tasks")
@@ -115,11 +115,11 @@ def _check_before_start(config: "CoordinatorConfig") -> None:
         except OSError as exc:
             raise SystemExit(_broker_port_message(host, broker_port, exc)) from None
     if service.http_port != 0:
-        host, port = service.http_host, service.http_port
+        host, http_port = service.http_host, service.http_port
         try:
-            check_free(host, port)
+            check_free(host, http_port)
         except OSError as exc:
-            raise SystemExit(f"fedspeech coordinator: {cannot_serve(host, port, exc)}") from None
+            raise SystemExit(f"fedspeech coordinator: {cannot_serve(host, http_port, exc)}") from None
 
 
 def _broker_port_message(host: str, broker_port: int, exc: OSError) -> str:

@@ -132,7 +132,7 @@ def test_hardware_aware_rounds_aggregate_the_first_k(tmp_path, mosquitto_url, to
         "min_devices": len(SPEAKERS),
         "min_results": 1,
         "strategy": "hardware",
-        "K": 2,
+        "k": 2,
     }
     with running_coordinator(tmp_path, **config) as (service, url):
         clients = start_clients(processes, SPEAKERS, url, mosquitto_url, topic_root, max_samples=40)
@@ -152,7 +152,7 @@ def test_fedbuff_does_not_wait_for_a_slow_device_and_counts_its_late_update(
         "min_devices": 3,
         "eval_every": 0,
         "strategy": "fedbuff",
-        "K": 2,
+        "k": 2,
     }
     caplog.set_level("INFO", "fedspeech.coordinator")
     with running_coordinator(tmp_path, **config) as (service, url):

@@ -154,7 +154,7 @@ def test_growing_run_trains_sends_and_exports_only_the_current_depth(
     speakers = ["jackson", "nicolas"]
     config = {
         "strategy": strategy,
-        "K": 2,
+        "k": 2,
         "embedded_broker_port": free_port(),
         "topic_root": topic_root,
         "model": "transformer",
