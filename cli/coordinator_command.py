@@ -1,18 +1,22 @@
-"""`fedspeech coordinator`: its options and how they become the service's settings."""
+"""`fedspeech coordinator`: its options and how they become the service's settings.
+
+Every option but --config is also a setting of a config file (--config FILE) and of a FEDSPEECH_*
+variable, and none has a default here: an option left out leaves the file's, the variable's or the
+default setting (coordinator.config) in place.
+"""
 
 import argparse
 import errno
 import logging
 import signal
 import threading
-from collections.abc import Mapping
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from fedspeech.connection_options import (
     add_broker_options,
     at_least,
-    broker_settings,
     cannot_serve,
     check_free,
     listen_port,
@@ -25,71 +29,29 @@ from fedspeech.models.architectures import MODELS, NEW_BLOCKS
 from fedspeech.protocol.topics import DEFAULT_ROOT
 from fedspeech.protocol.weights import PRECISIONS
 
+if TYPE_CHECKING:  # the device commands' parser is built without coordinator code
+    from fedspeech.coordinator.config import CoordinatorConfig
+    from fedspeech.coordinator.config_sources import Layer
+
 # names are checked where the strategy is made, so that the device commands never load coordinator code
 STRATEGY_NAMES = "a strategy's name (README: Strategies)"
 
 
 def run(args: argparse.Namespace) -> None:
-    """`fedspeech coordinator`: the service from its options, until SIGTERM or SIGINT."""
+    """`fedspeech coordinator`: the service from its settings, until SIGTERM or SIGINT."""
     from fedspeech.coordinator.app import create_app, serve
+    from fedspeech.coordinator.config_sources import ConfigError, combine, source_layers
     from fedspeech.models.clips.tasks import TaskFileError
 
-    if args.broker is not None:
-        broker_settings(args, args.broker, "coordinator")  # one line for options that cannot work
-    if (args.tls_cert is None) != (args.tls_key is None):
-        raise SystemExit("fedspeech coordinator: --tls-cert and --tls-key go together")
-    _check_paths(args)
-    config = {
-        "STATE_DIR": args.state,
-        "BROKER_URL": args.broker,
-        "BROKER_USERNAME": args.broker_username or ("coordinator" if args.broker_password_file else None),
-        "BROKER_PASSWORD_FILE": args.broker_password_file,
-        "BROKER_CA": args.broker_ca,
-        "BROKER_CERT": args.broker_cert,
-        "BROKER_KEY": args.broker_key,
-        "OPEN_ENROLMENT": args.open_enrolment or None,
-        "TLS_CERT": args.tls_cert,
-        "TLS_KEY": args.tls_key,
-        "ADMIN_TOKEN_FILE": args.admin_token_file,
-        "HTTP_TIMEOUT_S": args.http_timeout,
-        "MAX_DEVICE_SAMPLES": args.max_device_samples,
-        "MAX_DEVICES": args.max_devices,
-        "EMBEDDED_BROKER_PORT": args.broker_port,
-        "TOPIC_ROOT": args.topic_root,
-        "TASK": args.task,
-        "EVAL_DATA": args.eval_data,
-        "EVAL_CORPUS": args.eval_corpus,
-        "DATA_DIR": args.data_dir,
-        "EVAL_LIMIT": args.eval_limit,
-        "EVAL_EVERY": args.eval_every,
-        "EVAL_DEVICES": args.eval_devices,
-        "EVAL_TIMEOUT_S": args.eval_timeout,
-        "ROUNDS": args.rounds,
-        "MIN_DEVICES": args.min_devices,
-        "MIN_RESULTS": args.min_results,
-        "ROUND_TIMEOUT_S": args.round_timeout,
-        "EPOCHS": args.epochs,
-        "BATCH_SIZE": args.batch_size,
-        "LEARNING_RATE": args.lr,
-        "FINAL_LR_FRACTION": args.final_lr_fraction,
-        "SERVER_MOMENTUM": args.server_momentum,
-        "STRATEGY": args.strategy,
-        "STRATEGY_OPTIONS": _strategy_options(args.strategy_opt),
-        "K": args.k,
-        "MODEL": args.model,
-        "MODEL_DEPTH": args.depth,
-        "DEPTH_SCHEDULE": args.depth_schedule,
-        "DEPTH_STAGES": args.depth_stages,
-        "NEW_BLOCKS": args.new_blocks,
-        "PRECISION": args.precision,
-        "VALIDATION_DATA": args.validation_data,
-        "SERVER_DATA": args.server_data,
-        "SHARED_VALIDATION": args.shared_validation,
-    }
-    options = {k: v for k, v in config.items() if v is not None}
-    _check_before_start(_settings(options), args)  # one line before anything starts or logs
+    try:  # defaults < --config FILE < FEDSPEECH_* variables < options
+        layers = source_layers(args)
+        config = combine(*layers)
+    except ConfigError as exc:
+        raise SystemExit(f"fedspeech coordinator: {exc}") from None
+    _check_paths(config, layers)
+    _check_before_start(config)  # one line before anything starts or logs
     try:
-        app = create_app(options)
+        app = create_app(config)
     except (TaskFileError, ValueError, FileNotFoundError) as exc:
         raise SystemExit(f"fedspeech coordinator: {exc}") from None
     service = app.extensions["fedspeech"]
@@ -99,14 +61,15 @@ def run(args: argparse.Namespace) -> None:
         if service.broker is None:
             raise
         raise SystemExit(_broker_port_message(service.broker.host, service.broker.port, exc)) from None
+    host, http_port = config.service.http_host, config.service.http_port
     try:
-        server = serve(app, args.host, args.port)
+        server = serve(app, host, http_port)
     except (ValueError, OSError) as exc:  # a TLS file unusable, the port taken since it was checked
         service.stop()
-        raise SystemExit(f"fedspeech coordinator: {cannot_serve(args.host, args.port, exc)}") from None
+        raise SystemExit(f"fedspeech coordinator: {cannot_serve(host, http_port, exc)}") from None
     logging.getLogger(__name__).info("dashboard at %s/, metrics at %s/metrics", server.url, server.url)
-    if args.broker is not None:
-        warn_if_unreachable(args.broker, "devices get no tasks")
+    if config.service.broker_url is not None:
+        warn_if_unreachable(config.service.broker_url, "devices get no tasks")
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
@@ -115,79 +78,48 @@ def run(args: argparse.Namespace) -> None:
     service.stop()
 
 
-def _settings(options: Mapping[str, Any]) -> Mapping[str, Any]:
-    """The settings create_app will use: its defaults, then FEDSPEECH_* variables, then the options."""
-    from flask import Config
+def _check_paths(config: "CoordinatorConfig", layers: "Sequence[Layer]") -> None:
+    """SystemExit with one line naming where it was given, for a file or folder setting naming nothing."""
+    from fedspeech.coordinator.config_sources import where
 
-    from fedspeech.coordinator.app import DEFAULTS
-
-    settings = Config(".")
-    settings.from_mapping(DEFAULTS)
-    settings.from_prefixed_env("FEDSPEECH")
-    settings.from_mapping(options)
-    return settings
-
-
-def _strategy_options(texts: list[str] | None) -> dict[str, str] | None:
-    """--strategy-opt name=value, each once, as a mapping; None when none is given."""
-    from fedspeech.coordinator.strategies.params import split_option
-
-    if not texts:
-        return None
-    options: dict[str, str] = {}
-    for text in texts:
-        try:
-            name, value = split_option(text)
-        except ValueError as exc:
-            raise SystemExit(f"fedspeech coordinator: --strategy-opt: {exc}") from None
-        if name in options:
-            raise SystemExit(f"fedspeech coordinator: --strategy-opt {name} given twice")
-        options[name] = value
-    return options
-
-
-def _check_paths(args: argparse.Namespace) -> None:
-    """SystemExit with one line for a file or folder option that names nothing."""
-    for option, path in (("--tls-cert", args.tls_cert), ("--tls-key", args.tls_key)):
-        if path is not None and not Path(path).is_file():
-            raise SystemExit(f"fedspeech coordinator: {option} {path}: no such file")
+    service = config.service
+    for name, path in (("tls_cert", service.tls_cert), ("tls_key", service.tls_key)):
+        if path is not None and not path.is_file():
+            raise SystemExit(f"fedspeech coordinator: {where(name, layers)} {path}: no such file")
     folders = {
-        "--eval-data": args.eval_data,
-        "--validation-data": args.validation_data,
-        "--server-data": args.server_data,
+        "eval_data": config.evaluation.eval_data,
+        "validation_data": service.validation_data,
+        "server_data": service.server_data,
     }
-    for option, folder in folders.items():
-        if folder is not None and not Path(folder).is_dir():
-            raise SystemExit(f"fedspeech coordinator: {option} {folder}: no such folder")
+    for name, folder in folders.items():
+        if folder is not None and not folder.is_dir():
+            raise SystemExit(f"fedspeech coordinator: {where(name, layers)} {folder}: no such folder")
 
 
-def _check_before_start(settings: Mapping[str, Any], args: argparse.Namespace) -> None:
-    """SystemExit with one line for a bad task or strategy, or a port the coordinator could not listen on.
+def _check_before_start(config: "CoordinatorConfig") -> None:
+    """SystemExit with one line for a bad task, or a port the coordinator could not listen on.
 
-    The user's own files and names are checked first, then the machine's ports.
+    The user's own files are checked first, then the machine's ports.
     """
-    from fedspeech.coordinator.strategies import strategy_params
     from fedspeech.models.clips.tasks import TaskFileError, load_task
 
+    service = config.service
     try:
-        load_task(settings["TASK"])
+        load_task(service.task)
     except TaskFileError as exc:
         raise SystemExit(f"fedspeech coordinator: {exc}") from None
-    try:
-        strategy_params(settings["STRATEGY"], settings["STRATEGY_OPTIONS"])
-    except ValueError as exc:
-        raise SystemExit(f"fedspeech coordinator: {exc}") from None
-    if not settings["BROKER_URL"]:
-        host, broker_port = settings["EMBEDDED_BROKER_HOST"], int(settings["EMBEDDED_BROKER_PORT"])
+    if not service.broker_url:
+        host, broker_port = service.embedded_broker_host, service.embedded_broker_port
         try:
             check_free(host, broker_port)
         except OSError as exc:
             raise SystemExit(_broker_port_message(host, broker_port, exc)) from None
-    if args.port != 0:
+    if service.http_port != 0:
+        host, http_port = service.http_host, service.http_port
         try:
-            check_free(args.host, args.port)
+            check_free(host, http_port)
         except OSError as exc:
-            raise SystemExit(f"fedspeech coordinator: {cannot_serve(args.host, args.port, exc)}") from None
+            raise SystemExit(f"fedspeech coordinator: {cannot_serve(host, http_port, exc)}") from None
 
 
 def _broker_port_message(host: str, broker_port: int, exc: OSError) -> str:
@@ -206,12 +138,18 @@ def _broker_port_message(host: str, broker_port: int, exc: OSError) -> str:
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
     """Add `coordinator` and its options to the command line."""
     c = subparsers.add_parser("coordinator", help="run the coordinator service (HTTP API and round loop)")
-    c.add_argument("--state", type=Path, default=Path("fedspeech-state"), help="state directory")
+    c.add_argument(
+        "--config",
+        type=Path,
+        metavar="FILE",
+        help="settings from a TOML file (README: Configuration); options given here override it",
+    )
+    c.add_argument("--state", type=Path, help="state directory (default fedspeech-state)")
     c.add_argument("--broker", help="mqtt:// or mqtts:// (TLS) URL of an existing broker (default: embedded)")
     c.add_argument("--broker-port", type=port, help="port of the embedded broker (default 1883)")
     add_broker_options(c, "coordinator, with a password file")
-    c.add_argument("--host", default="127.0.0.1", help="HTTP bind address")
-    c.add_argument("--port", type=listen_port, default=8080, help="HTTP port")
+    c.add_argument("--host", help="HTTP bind address (default 127.0.0.1)")
+    c.add_argument("--port", type=listen_port, help="HTTP port (default 8080)")
     c.add_argument("--tls-cert", type=Path, metavar="FILE", help="serve HTTPS with this certificate (PEM)")
     c.add_argument("--tls-key", type=Path, metavar="FILE", help="and this private key")
     c.add_argument(
@@ -225,6 +163,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     c.add_argument(
         "--open-enrolment",
         action="store_true",
+        default=None,
         help="let unknown devices register without an enrolment secret (demos and emulated fleets)",
     )
     c.add_argument(
@@ -235,7 +174,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         type=at_least(1),
         help="cap on the samples an update may count for (default 100000)",
     )
-    c.add_argument("--topic-root", default=DEFAULT_ROOT)
+    c.add_argument("--topic-root", help=f"root of the MQTT topics (default {DEFAULT_ROOT})")
     c.add_argument("--task", help="a task file, or a built-in task: fsdd (default), emodb, speech_commands")
     c.add_argument(
         "--eval-every", type=at_least(0), help="devices evaluate every N rounds' model (default 1, 0: never)"

@@ -2,8 +2,7 @@
 
 import logging
 import threading
-from collections.abc import Mapping
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -11,18 +10,17 @@ import numpy as np
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from flask import Flask
 
-from fedspeech.coordinator.api import MAX_UPDATE_BYTES
 from fedspeech.coordinator.api import bp as api_bp
 from fedspeech.coordinator.broker import EmbeddedBroker
+from fedspeech.coordinator.config import APP_KEY, CoordinatorConfig, EvaluationConfig, ServiceConfig
 from fedspeech.coordinator.dashboard import bp as dashboard_bp
-from fedspeech.coordinator.enrolment import MAX_DEVICES, Enrolment
+from fedspeech.coordinator.enrolment import Enrolment
 from fedspeech.coordinator.global_model import GlobalModel
 from fedspeech.coordinator.http_server import HttpServer, serve
 from fedspeech.coordinator.inbox import Inbox
 from fedspeech.coordinator.metrics import bp as metrics_bp
 from fedspeech.coordinator.mqtt_link import CoordinatorLink
 from fedspeech.coordinator.orchestrator import Orchestrator
-from fedspeech.coordinator.round_config import RoundConfig
 from fedspeech.coordinator.shared_validation import SharedValidation
 from fedspeech.coordinator.store import StateError, Store
 from fedspeech.coordinator.upload_outcomes import UploadOutcomes
@@ -30,53 +28,11 @@ from fedspeech.protocol import signing
 from fedspeech.protocol.files import write_atomically
 from fedspeech.protocol.messages import TaskDefinition
 from fedspeech.protocol.mqtt import BrokerSettings
-from fedspeech.protocol.topics import DEFAULT_ROOT, Topics
+from fedspeech.protocol.topics import Topics
 
-__all__ = ["DEFAULTS", "HttpServer", "Service", "create_app", "serve"]
+__all__ = ["HttpServer", "Service", "create_app", "serve"]
 
 log = logging.getLogger(__name__)
-
-DEFAULTS: dict[str, Any] = {
-    "STATE_DIR": "fedspeech-state",
-    "BROKER_URL": None,  # None: start an embedded broker on EMBEDDED_BROKER_HOST:PORT (plain mqtt://)
-    # how the coordinator logs in to its broker (BrokerSettings)
-    "BROKER_USERNAME": None,
-    "BROKER_PASSWORD_FILE": None,
-    "BROKER_CA": None,
-    "BROKER_CERT": None,
-    "BROKER_KEY": None,
-    "EMBEDDED_BROKER_HOST": "127.0.0.1",
-    "EMBEDDED_BROKER_PORT": 1883,
-    # who may register: only devices enrolled with a secret, or anyone (demo, emulated fleets) up to a cap
-    "OPEN_ENROLMENT": False,
-    "MAX_DEVICES": MAX_DEVICES,
-    # the HTTP server (http_server.serve): HTTPS when both TLS files are given
-    "HTTP_THREADS": 16,
-    "HTTP_TIMEOUT_S": 30.0,
-    "TLS_CERT": None,
-    "TLS_KEY": None,
-    # a file holding the operator's token: with it, the dashboard, /metrics and the device and round
-    # listings answer only its holder, and devices can be revoked over HTTP
-    "ADMIN_TOKEN_FILE": None,
-    "MAX_CONTENT_LENGTH": MAX_UPDATE_BYTES,  # Flask's bound on any body; each route has its own below it
-    "TOPIC_ROOT": DEFAULT_ROOT,
-    "TASK": "fsdd",  # a built-in task (fsdd, emodb, speech_commands) or the path of a task file
-    # central evaluation, besides the federated one: a folder DIR/<label>/* or a corpus' held-out set
-    "EVAL_DATA": None,
-    "EVAL_CORPUS": None,
-    "DATA_DIR": None,  # where EVAL_CORPUS lives; None: the bundled data/ folder
-    "EVAL_LIMIT": None,  # cap on central held-out clips, None for all
-    # the coordinator's own clips for two methods: quality-weighted aggregation scores each update on
-    # VALIDATION_DATA (DIR/<label>/*); mutual distillation trains its server model on SERVER_DATA
-    # (DIR/<label>/*, or a folder of unlabelled clips)
-    "VALIDATION_DATA": None,
-    "SERVER_DATA": None,
-    "SHARED_VALIDATION": 0,  # clips a device may share for validation (fedspeech client --share-validation)
-    "MODEL": None,  # an architecture in fedspeech.models.MODELS; None: the task's default
-    "MODEL_DEPTH": None,  # a transformer's full-grown depth, None for models.MAX_DEPTH
-    # every RoundConfig field, upper-cased: ROUNDS, MIN_DEVICES, ..., STRATEGY, K, DEPTH_SCHEDULE:
-    **{f.name.upper(): getattr(RoundConfig(), f.name) for f in fields(RoundConfig)},
-}
 
 
 @dataclass
@@ -121,32 +77,22 @@ class Service:
             self.broker.stop()
 
 
-def _round_config(config: Mapping[str, Any]) -> RoundConfig:
-    """The RoundConfig fields from the app's upper-case settings, each cast to its default's type."""
-    defaults = RoundConfig()
-    return RoundConfig(
-        **{f.name: type(getattr(defaults, f.name))(config[f.name.upper()]) for f in fields(RoundConfig)}
-    )
-
-
-def _global_model(config: Mapping[str, Any]) -> GlobalModel:
+def _global_model(config: CoordinatorConfig) -> GlobalModel:
     from fedspeech.models.clips.tasks import load_task, spec_for
 
-    definition = load_task(config["TASK"])
-    spec = spec_for(definition, config["MODEL"], config["MODEL_DEPTH"])
+    service = config.service
+    definition = load_task(service.task)
+    spec = spec_for(definition, service.model, service.model_depth)
     shared = None
-    if int(config["SHARED_VALIDATION"]) > 0:
-        folder = Path(config["STATE_DIR"]) / "validation"
-        shared = SharedValidation(
-            folder, int(config["SHARED_VALIDATION"]), spec.num_samples, spec.num_classes
-        )
+    if service.shared_validation > 0:
+        folder = service.state_dir / "validation"
+        shared = SharedValidation(folder, service.shared_validation, spec.num_samples, spec.num_classes)
     validation = (
-        _folder_clips(config["VALIDATION_DATA"], definition, "validation")
-        if config["VALIDATION_DATA"]
-        else None
+        _folder_clips(service.validation_data, definition, "validation") if service.validation_data else None
     )
-    server = _server_data(Path(config["SERVER_DATA"]), definition) if config["SERVER_DATA"] else None
-    return GlobalModel(spec, definition, _central_heldout(config, definition), validation, server, shared)
+    server = _server_data(service.server_data, definition) if service.server_data else None
+    heldout = _central_heldout(config.evaluation, definition)
+    return GlobalModel(spec, definition, heldout, validation, server, shared)
 
 
 def _load(
@@ -164,12 +110,12 @@ def _load(
     return kept, waveforms
 
 
-def _folder_clips(folder: str, definition: TaskDefinition, purpose: str) -> tuple[np.ndarray, np.ndarray]:
+def _folder_clips(folder: Path, definition: TaskDefinition, purpose: str) -> tuple[np.ndarray, np.ndarray]:
     """The waveforms and labels of a folder DIR/<label>/*."""
     from fedspeech.models.clips.folders import list_folder
 
-    clips, skipped = list_folder(Path(folder), definition.labels)
-    kept, waveforms = _load(clips, skipped, definition, purpose, folder)
+    clips, skipped = list_folder(folder, definition.labels)
+    kept, waveforms = _load(clips, skipped, definition, purpose, str(folder))
     return waveforms, np.array([clip.label for clip in kept], dtype=np.int64)
 
 
@@ -189,19 +135,16 @@ def _server_data(folder: Path, definition: TaskDefinition) -> tuple[np.ndarray, 
     return waveforms, None
 
 
-def _central_heldout(config: Mapping[str, Any], definition: TaskDefinition) -> tuple[Any, Any] | None:
+def _central_heldout(evaluation: EvaluationConfig, definition: TaskDefinition) -> tuple[Any, Any] | None:
     """The coordinator's own held-out waveforms and labels, if the operator gave any; else None."""
     from fedspeech.models.clips.datasets import Clip, load_corpus, server_test_clips
     from fedspeech.models.clips.folders import list_folder
 
-    if config["EVAL_DATA"] and config["EVAL_CORPUS"]:
-        raise ValueError("central evaluation takes EVAL_DATA or EVAL_CORPUS, not both")
-    if config["EVAL_DATA"]:
-        clips, skipped = list_folder(Path(config["EVAL_DATA"]), definition.labels)
-        source = config["EVAL_DATA"]
-    elif config["EVAL_CORPUS"]:
-        data_dir = Path(config["DATA_DIR"]) if config["DATA_DIR"] else None
-        corpus = load_corpus(config["EVAL_CORPUS"], data_dir)
+    if evaluation.eval_data:
+        clips, skipped = list_folder(evaluation.eval_data, definition.labels)
+        source = str(evaluation.eval_data)
+    elif evaluation.eval_corpus:
+        corpus = load_corpus(evaluation.eval_corpus, evaluation.data_dir)
         missing = sorted(set(corpus.labels) - set(definition.labels))
         if missing:
             raise ValueError(f"corpus {corpus.name!r} has labels the task lacks: {missing}")
@@ -213,31 +156,30 @@ def _central_heldout(config: Mapping[str, Any], definition: TaskDefinition) -> t
     else:
         log.info("no central held-out set: the devices evaluate each model on their own test clips")
         return None
-    kept, waveforms = _load(clips[: config["EVAL_LIMIT"]], skipped, definition, "central evaluation", source)
+    kept, waveforms = _load(clips[: evaluation.eval_limit], skipped, definition, "central evaluation", source)
     return waveforms, np.array([clip.label for clip in kept], dtype=np.int64)
 
 
-def create_app(config: Mapping[str, Any] | None = None) -> Flask:
-    """Build the coordinator app: defaults, then FEDSPEECH_* environment variables, then `config`.
+def create_app(config: CoordinatorConfig | None = None) -> Flask:
+    """Build the coordinator app from its config (default: every setting's default), kept in app.config.
 
     ValueError (StateError for a state directory that cannot be used) says what is wrong, in one line.
     """
+    config = config or CoordinatorConfig()
+    service = config.service
     app = Flask(__name__)
-    app.config.from_mapping(DEFAULTS)
-    app.config.from_prefixed_env("FEDSPEECH")
-    if config:
-        app.config.from_mapping(config)
+    app.config[APP_KEY] = config
+    app.config["MAX_CONTENT_LENGTH"] = service.max_content_length  # Flask's own bound on any body
 
-    round_config = _round_config(app.config)
-    admin_token = _admin_token(app.config["ADMIN_TOKEN_FILE"])
-    settings, broker = _broker(app.config)
-    model = _global_model(app.config)  # a bad task stops the coordinator before its state is touched
-    store = Store(Path(app.config["STATE_DIR"]))
+    admin_token = _admin_token(service.admin_token_file)
+    settings, broker = _broker(service)
+    model = _global_model(config)  # a bad task stops the coordinator before its state is touched
+    store = Store(service.state_dir)
     store.remove_unfinished_writes()
     key = _signing_key(store.dir)
-    link = CoordinatorLink(settings, Topics(app.config["TOPIC_ROOT"]), key)
-    enrolment = Enrolment(store, bool(app.config["OPEN_ENROLMENT"]), int(app.config["MAX_DEVICES"]))
-    orchestrator = Orchestrator(round_config, store, link, model)
+    link = CoordinatorLink(settings, Topics(service.topic_root), key)
+    enrolment = Enrolment(store, service.open_enrolment, service.max_devices)
+    orchestrator = Orchestrator(config.rounds, store, link, model)
     app.extensions["fedspeech"] = Service(
         store,
         link,
@@ -258,12 +200,12 @@ def create_app(config: Mapping[str, Any] | None = None) -> Flask:
 MIN_ADMIN_TOKEN_CHARS = 16
 
 
-def _admin_token(path: str | None) -> str | None:
+def _admin_token(path: Path | None) -> str | None:
     """The admin token in the file at path, or None without one; ValueError if it is unusable."""
     if path is None:
         return None
     try:
-        token = Path(path).read_text().strip()
+        token = path.read_text().strip()
     except (OSError, UnicodeDecodeError) as exc:
         raise ValueError(f"cannot read the admin token file {path}: {exc}") from None
     if len(token) < MIN_ADMIN_TOKEN_CHARS or any(c.isspace() or not c.isprintable() for c in token):
@@ -274,24 +216,25 @@ def _admin_token(path: str | None) -> str | None:
     return token
 
 
-def _broker(config: Mapping[str, Any]) -> tuple[BrokerSettings, EmbeddedBroker | None]:
+def _broker(service: ServiceConfig) -> tuple[BrokerSettings, EmbeddedBroker | None]:
     """How to reach the broker, and the embedded one to start when no broker is configured."""
-    login = ("BROKER_USERNAME", "BROKER_PASSWORD_FILE", "BROKER_CA", "BROKER_CERT", "BROKER_KEY")
-    if not config["BROKER_URL"]:
-        if any(config[name] for name in login):
+    files = (service.broker_password_file, service.broker_ca, service.broker_cert, service.broker_key)
+    if not service.broker_url:
+        if service.broker_username or any(files):
             raise ValueError(
                 "broker credentials and certificates need a broker URL: the embedded one has none"
             )
-        broker = EmbeddedBroker(config["EMBEDDED_BROKER_HOST"], int(config["EMBEDDED_BROKER_PORT"]))
+        broker = EmbeddedBroker(service.embedded_broker_host, service.embedded_broker_port)
         return BrokerSettings(broker.url), broker
-    paths = [Path(config[name]) if config[name] else None for name in login[1:]]
-    settings = BrokerSettings(config["BROKER_URL"], config["BROKER_USERNAME"] or None, *paths)
+    # a password file without a user name: the coordinator's own user on the broker
+    username = service.broker_username or ("coordinator" if service.broker_password_file else None)
+    settings = BrokerSettings(service.broker_url, username, *files)
     settings.check()
     return settings, None
 
 
 def _signing_key(state_dir: Path) -> Ed25519PrivateKey:
-    """The coordinator's signing key, STATE_DIR/coordinator.key, with its public half in coordinator.pub."""
+    """The coordinator's signing key, state_dir/coordinator.key, with its public half in coordinator.pub."""
     path = state_dir / "coordinator.key"
     try:
         key = signing.load_or_create_key(path)

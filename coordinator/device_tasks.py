@@ -4,7 +4,7 @@ import uuid
 from collections.abc import Mapping
 from typing import Any
 
-from fedspeech.coordinator.round_config import RoundConfig
+from fedspeech.coordinator.config import RoundConfig
 from fedspeech.coordinator.store import Store
 from fedspeech.coordinator.strategies import RoundPlan
 from fedspeech.protocol import routes, weights

@@ -11,7 +11,6 @@ import logging
 import threading
 import time
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from cheroot import errors, wsgi
@@ -19,6 +18,7 @@ from flask import Flask
 from werkzeug.exceptions import RequestEntityTooLarge
 
 from fedspeech.coordinator.api import MAX_UPDATE_BYTES
+from fedspeech.coordinator.config import APP_KEY, ServiceConfig
 
 log = logging.getLogger(__name__)
 
@@ -120,18 +120,14 @@ class HttpServer:
 
 
 def serve(app: Flask, host: str, port: int) -> HttpServer:
-    """Serve the app from background threads (port 0: any free port), as its config says.
+    """Serve the app from background threads (port 0: any free port), as its config's service says.
 
-    HTTP_THREADS requests at a time; a connection silent for HTTP_TIMEOUT_S seconds is closed; HTTPS
-    when TLS_CERT and TLS_KEY name a certificate and its key.
+    http_threads requests at a time; a connection silent for http_timeout_s seconds is closed; HTTPS
+    when tls_cert and tls_key name a certificate and its key.
     """
-    config = app.config
-    threads, timeout = int(config["HTTP_THREADS"]), float(config["HTTP_TIMEOUT_S"])
-    if threads < 1 or not timeout > 0:
-        raise ValueError("HTTP_THREADS must be at least 1 and HTTP_TIMEOUT_S above 0")
-    cert, key = config["TLS_CERT"], config["TLS_KEY"]
-    if (cert is None) != (key is None):
-        raise ValueError("TLS_CERT and TLS_KEY go together")
+    config: ServiceConfig = app.config[APP_KEY].service
+    threads, timeout = config.http_threads, config.http_timeout_s
+    cert, key = config.tls_cert, config.tls_key
     server = _Server(
         (host, port),
         app,
@@ -143,11 +139,11 @@ def serve(app: Flask, host: str, port: int) -> HttpServer:
     server.gateway = _Gateway
     server.max_request_body_size = MAX_BODY_BYTES
     server.max_request_header_size = MAX_HEADER_BYTES
-    if cert is not None:
+    if cert is not None and key is not None:
         from cheroot.ssl.builtin import BuiltinSSLAdapter
 
         for path in (cert, key):
-            if not Path(path).is_file():
+            if not path.is_file():
                 raise ValueError(f"no such file: {path}")
         server.ssl_adapter = BuiltinSSLAdapter(str(cert), str(key))
     server.prepare()  # binds the socket: a port taken or not allowed fails here, in the caller

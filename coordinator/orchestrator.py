@@ -15,11 +15,11 @@ import numpy as np
 
 from fedspeech.coordinator import device_tasks, method_needs, round_storage
 from fedspeech.coordinator.aggregate import server_momentum, without_breakers
+from fedspeech.coordinator.config import RoundConfig
 from fedspeech.coordinator.evaluation_phase import EvaluationPhase, evaluates, evaluation_plan
 from fedspeech.coordinator.inbox import Inbox
 from fedspeech.coordinator.ports import DeviceLink, ModelOps
 from fedspeech.coordinator.records import RoundRecord
-from fedspeech.coordinator.round_config import RoundConfig
 from fedspeech.coordinator.round_storage import RoundTally
 from fedspeech.coordinator.rounds.base import RoundContext
 from fedspeech.coordinator.rounds.modes import MODES

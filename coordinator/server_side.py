@@ -3,8 +3,8 @@
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from fedspeech.coordinator.config import RoundConfig
 from fedspeech.coordinator.ports import ModelOps
-from fedspeech.coordinator.round_config import RoundConfig
 from fedspeech.protocol.weights import Arrays
 
 

@@ -1,16 +1,20 @@
 """The HTTP API through Flask's test client: model files, rounds and status from the state directory."""
 
+from pathlib import Path
+
 import pytest
 
 from fedspeech.coordinator.app import create_app
 from fedspeech.coordinator.records import RoundRecord
 from fedspeech.protocol import weights
+from tests.helpers.configs import coordinator_config
 
 
 @pytest.fixture
 def app(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)  # a relative state directory, as `fedspeech demo` uses by default
-    return create_app({"STATE_DIR": "state", "BROKER_URL": "mqtt://127.0.0.1:1883", "EVAL_LIMIT": 10})
+    config = coordinator_config(tmp_path, broker_url="mqtt://127.0.0.1:1883", eval_limit=10)
+    return create_app(config.changed(state_dir=Path("state")))
 
 
 def test_serves_stored_models_and_rounds(app):

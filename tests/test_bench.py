@@ -1,12 +1,19 @@
 """The benchmarks' summary, statistics and report on hand-made runs (no training)."""
 
 import math
+from dataclasses import asdict, replace
 
 import pytest
 from scipy import stats
 
 from fedspeech_bench.fleets.fleet_files import FLEETS_DIR, load_fleet
-from fedspeech_bench.harness import arm_rounds, strategies_config
+from fedspeech_bench.harness import (
+    arm_config,
+    arm_rounds,
+    growing_config,
+    poisoning_config,
+    strategies_config,
+)
 from fedspeech_bench.report.plots import write_plots
 from fedspeech_bench.report.summaries import summarize, welch
 from fedspeech_bench.report.tables import markdown_table
@@ -84,12 +91,34 @@ def test_runs_that_end_exactly_alike_give_no_test():
 def test_float16_arms_run_a_strategy_with_half_precision_weights(tmp_path):
     cfg = strategies_config(tmp_path, ["fedavg", "time_budget"], k=2, float16=["time_budget"])
     assert [(a.name, dict(a.settings)) for a in cfg.arms] == [
-        ("fedavg", {"STRATEGY": "fedavg", "K": 2}),
-        ("time_budget", {"STRATEGY": "time_budget", "K": 2}),
-        ("time_budget_float16", {"STRATEGY": "time_budget", "K": 2, "PRECISION": "float16"}),
+        ("fedavg", {"strategy": "fedavg", "k": 2}),
+        ("time_budget", {"strategy": "time_budget", "k": 2}),
+        ("time_budget_float16", {"strategy": "time_budget", "k": 2, "precision": "float16"}),
     ]
     with pytest.raises(ValueError, match="unknown strategies"):
         strategies_config(tmp_path, ["fedavg"], float16=["fastest"])
+
+
+def test_every_arm_is_the_coordinators_config_with_its_settings(tmp_path):
+    growing = growing_config(tmp_path)
+    benches = [strategies_config(tmp_path, float16=["fedavg"]), poisoning_config(tmp_path), growing]
+    benches.append(replace(growing, corpora=["speech_commands"]))  # its own strategy: random K of 30
+    for cfg in benches:
+        for corpus in cfg.corpora:
+            settings = cfg.corpus_settings.get(corpus, {})
+            for arm in cfg.arms:
+                config = arm_config(cfg, corpus, arm)
+                fields = asdict(config.service) | asdict(config.rounds) | asdict(config.evaluation)
+                assert {name: fields[name] for name in {**settings, **arm.settings}} == {
+                    **settings,
+                    **arm.settings,
+                }
+    sampled = arm_config(growing, "speech_commands", growing.arms[0])
+    assert (sampled.rounds.strategy, sampled.rounds.k, sampled.service.model) == (
+        "random_k",
+        30,
+        "transformer",
+    )
 
 
 def test_a_buffered_strategy_runs_as_many_rounds_as_aggregate_as_many_results(tmp_path):

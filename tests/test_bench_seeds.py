@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 from scipy import stats
 
+from fedspeech.coordinator.config import CoordinatorConfig
 from fedspeech.models.clips.datasets import SILENCE_SPEAKER, load_corpus
 from fedspeech.models.clips.folders import list_folder
 from fedspeech_bench import seeds as bench_seeds
@@ -46,8 +47,8 @@ def test_loso_folds_hold_exactly_the_held_out_speaker_and_leave_its_device_out(t
     assert [f.held_out for f in folds] == ["03", "08"]  # the first two speakers in sorted order
     for fold in folds:
         own = {c.path.resolve(): corpus.labels[c.label] for c in corpus.clips if c.speaker == fold.held_out}
-        assert _linked(Path(fold.settings["EVAL_DATA"])) == own
-        assert fold.settings["EVAL_CORPUS"] is None
+        assert _linked(fold.settings["eval_data"]) == own
+        assert fold.settings["eval_corpus"] is None
         assert fold.held_out not in {spec.speaker for spec in fold.fleet}
         assert len(fold.fleet) == len(fleet) - 1
         # the shared validation clips: training clips of the fold's training speakers only
@@ -96,7 +97,7 @@ def test_skewed_setting_gives_devices_folders_and_shares_only_training_clips(tmp
         train |= {c.path.resolve() for c in listed if not c.test}
     shared = _linked(setting.validation)
     assert shared and set(shared) <= train
-    assert _linked(Path(setting.settings["EVAL_DATA"])) == {
+    assert _linked(setting.settings["eval_data"]) == {
         c.path.resolve(): corpus.labels[c.label] for c in deal.evaluation
     }
 
@@ -122,13 +123,17 @@ def test_validation_clips_take_what_a_device_has():
 
 def test_arms_get_their_folders_and_fedbn_its_personal_evaluation(tmp_path):
     within = Setting("fsdd-within", "fsdd-within", "fsdd", [], {}, tmp_path, personalised=True)
-    held = Setting("emodb-loso-03", "emodb-loso", "emodb", [], {"EVAL_DATA": "x"}, tmp_path)
-    assert arm_for("quality", within).settings["VALIDATION_DATA"] == str(tmp_path)
-    assert arm_for("mkd", within).settings["SERVER_DATA"] == str(tmp_path)
-    assert "EVAL_CORPUS" not in arm_for("fedbn", within).settings, "the global model is scored as well"
-    assert arm_for("fedbn", within).settings["EVAL_EVERY"] == 1
-    assert arm_for("fedbn", held).settings == {"STRATEGY": "fedbn", "MODEL": "cnn_bn"}
-    assert arm_for("grouped-N", held).settings == {"STRATEGY": "grouped", "STRATEGY_OPTIONS": {"groups": 0}}
+    held = Setting("emodb-loso-03", "emodb-loso", "emodb", [], {"eval_data": Path("x")}, tmp_path)
+    assert arm_for("quality", within).settings["validation_data"] == tmp_path
+    assert arm_for("mkd", within).settings["server_data"] == tmp_path
+    assert "eval_corpus" not in arm_for("fedbn", within).settings, "the global model is scored as well"
+    assert arm_for("fedbn", within).settings["eval_every"] == 1
+    assert arm_for("fedbn", held).settings == {"strategy": "fedbn", "model": "cnn_bn"}
+    assert arm_for("grouped-N", held).settings == {"strategy": "grouped", "strategy_options": {"groups": 0}}
+    # each arm's settings are fields of the coordinator's config, and within its bounds
+    for name in bench_seeds.ARMS:
+        config = CoordinatorConfig().changed(**arm_for(name, held).settings)
+        assert config.rounds.strategy == bench_seeds.ARMS[name]["strategy"]
 
 
 def test_unknown_arms_and_unregistered_strategies_fail_at_config_time(monkeypatch, tmp_path):

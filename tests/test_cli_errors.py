@@ -380,6 +380,25 @@ def test_a_mistake_ends_in_one_line_that_names_the_fix(case, tmp_path, listening
     assert not (tmp_path / "state").exists(), "the coordinator stopped before its state was touched"
 
 
+@pytest.mark.parametrize(
+    ("text", "fixes"),
+    [
+        ("[rounds]\nroundz = 3\n", ["[rounds] roundz", "did you mean rounds?"]),
+        ("[rounds]\nrounds = -1\n", ["coordinator.toml", "rounds must be at least 0"]),
+        ("[strategy]\nname = 'fedprox'\nmu = -1\n", ["coordinator.toml", "strategy fedprox", "mu must be"]),
+        (
+            "[evaluation]\neval_data = 'clips'\n",
+            ["coordinator.toml [evaluation] eval_data", "no such folder"],
+        ),
+    ],
+)
+def test_a_bad_config_file_ends_in_one_line_naming_the_file_and_key(text, fixes, mosquitto_url, tmp_path):
+    (tmp_path / "coordinator.toml").write_text(f"[service]\nbroker_url = '{mosquitto_url}'\n{text}")
+    result = fedspeech("coordinator", "--config", "coordinator.toml", "--port", "0", cwd=tmp_path)
+    assert_one_line(result, "coordinator", *fixes)
+    assert not (tmp_path / "fedspeech-state").exists(), "the coordinator stopped before its state was touched"
+
+
 def test_a_bad_state_folder_ends_in_one_line_after_the_start_up_log(mosquitto_url, tmp_path):
     (tmp_path / "state").write_text("a file, not a folder\n")
     args = ["--state", str(tmp_path / "state"), "--broker", mosquitto_url, "--port", "0"]

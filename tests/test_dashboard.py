@@ -11,19 +11,19 @@ from prometheus_client.parser import text_string_to_metric_families
 from fedspeech.coordinator.app import create_app, serve
 from fedspeech.coordinator.records import RoundRecord, UpdateRecord
 from fedspeech.protocol import weights
+from tests.helpers.configs import coordinator_config
 
 TOKEN = "an-admin-token-of-some-length"
 
 
-def _app(tmp_path, **config):
-    settings = {"STATE_DIR": str(tmp_path / "state"), "BROKER_URL": "mqtt://127.0.0.1:1883"}
-    return create_app({**settings, **config})
+def _app(tmp_path, **settings):
+    return create_app(coordinator_config(tmp_path, broker_url="mqtt://127.0.0.1:1883", **settings))
 
 
 @pytest.fixture
 def guarded(tmp_path):
     (tmp_path / "admin-token").write_text(TOKEN + "\n")
-    return _app(tmp_path, ADMIN_TOKEN_FILE=str(tmp_path / "admin-token"))
+    return _app(tmp_path, admin_token_file=tmp_path / "admin-token")
 
 
 def _store_round(store, round, accuracy, wall_s, updates=()):
@@ -136,9 +136,9 @@ def test_an_unusable_admin_token_file_stops_the_coordinator(tmp_path, content):
     path = tmp_path / "admin-token"
     path.write_text(content)
     with pytest.raises(ValueError, match="at least 16 printable characters"):
-        _app(tmp_path, ADMIN_TOKEN_FILE=str(path))
+        _app(tmp_path, admin_token_file=path)
     with pytest.raises(ValueError, match="cannot read the admin token file"):
-        _app(tmp_path, ADMIN_TOKEN_FILE=str(tmp_path / "missing"))
+        _app(tmp_path, admin_token_file=tmp_path / "missing")
 
 
 def test_a_rejected_upload_shows_on_its_device_with_the_reason(tmp_path):

@@ -17,6 +17,7 @@ from fedspeech.coordinator.app import create_app, serve
 from fedspeech.protocol import messages
 from fedspeech.protocol.messages import Profile, Registration
 from fedspeech_bench.dashboard import chromium, shown_round
+from tests.helpers.configs import coordinator_config
 from tests.helpers.devices import Processes, start_clients
 from tests.helpers.waiting import get_json, wait_for
 
@@ -34,19 +35,18 @@ def fleet(tmp_path_factory, mosquitto_url):
     """A coordinator serving HTTP and three device processes; yields (service, URL), rounds under way."""
     tmp = tmp_path_factory.mktemp("fleet")
     topic_root = f"fedspeech-test/{tmp.name}"
-    app = create_app(
-        {
-            "STATE_DIR": str(tmp / "state"),
-            "BROKER_URL": mosquitto_url,
-            "TOPIC_ROOT": topic_root,
-            "EVAL_CORPUS": "fsdd",
-            "EVAL_LIMIT": 60,
-            "ROUNDS": ROUNDS,
-            "MIN_DEVICES": len(SPEAKERS),
-            "OPEN_ENROLMENT": True,
-            "ROUND_TIMEOUT_S": 120,
-        }
+    config = coordinator_config(
+        tmp,
+        broker_url=mosquitto_url,
+        topic_root=topic_root,
+        eval_corpus="fsdd",
+        eval_limit=60,
+        rounds=ROUNDS,
+        min_devices=len(SPEAKERS),
+        open_enrolment=True,
+        round_timeout_s=120.0,
     )
+    app = create_app(config)
     service = app.extensions["fedspeech"]
     service.start()
     server = serve(app, "127.0.0.1", 0)

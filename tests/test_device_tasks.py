@@ -4,8 +4,8 @@ import numpy as np
 import pytest
 
 from fedspeech.coordinator import device_tasks
+from fedspeech.coordinator.config import RoundConfig
 from fedspeech.coordinator.records import DeviceRecord, RoundRecord
-from fedspeech.coordinator.round_config import RoundConfig
 from fedspeech.coordinator.store import Store
 from fedspeech.coordinator.strategies import STRATEGIES, RoundPlan, Work
 from fedspeech.coordinator.update_check import reported_samples

@@ -15,6 +15,7 @@ from fedspeech.models.clips.datasets import client_clips, load_corpus
 from fedspeech.protocol import messages, signing, weights
 from fedspeech.protocol.messages import ModelAnnouncement
 from fedspeech.protocol.topics import Topics, parse_broker_url
+from tests.helpers.configs import coordinator_config
 from tests.helpers.devices import start_clients
 from tests.helpers.ports import free_port
 from tests.helpers.waiting import get_json, wait_for
@@ -45,13 +46,8 @@ def _retained_model(broker_url: str, topic_root: str, key: Ed25519PublicKey) -> 
 @contextmanager
 def running_coordinator(tmp_path, **config):
     """An in-process coordinator on a free port, open to any device; yields (service, base URL)."""
-    defaults = {
-        "STATE_DIR": str(tmp_path / "state"),
-        "EVAL_CORPUS": "fsdd",
-        "ROUND_TIMEOUT_S": 120,
-        "OPEN_ENROLMENT": True,
-    }
-    app = create_app({**defaults, **config})
+    defaults = {"eval_corpus": "fsdd", "round_timeout_s": 120.0, "open_enrolment": True}
+    app = create_app(coordinator_config(tmp_path, **defaults).changed(**config))
     service = app.extensions["fedspeech"]
     service.start()
     server = serve(app, "127.0.0.1", 0)
@@ -79,14 +75,14 @@ def test_rounds_over_a_real_broker(broker, request, tmp_path, topic_root, proces
         (heldout / corpus.labels[clip.label]).mkdir(parents=True, exist_ok=True)
         shutil.copyfile(clip.path, heldout / corpus.labels[clip.label] / clip.path.name)
     config = {
-        "EVAL_DATA": str(heldout),
-        "EVAL_CORPUS": None,
-        "BROKER_URL": broker_url,
-        "EMBEDDED_BROKER_PORT": free_port(),
-        "TOPIC_ROOT": topic_root,
-        "ROUNDS": ROUNDS,
-        "MIN_DEVICES": len(SPEAKERS),
-        "MIN_RESULTS": len(SPEAKERS),
+        "eval_data": heldout,
+        "eval_corpus": None,
+        "broker_url": broker_url,
+        "embedded_broker_port": free_port(),
+        "topic_root": topic_root,
+        "rounds": ROUNDS,
+        "min_devices": len(SPEAKERS),
+        "min_results": len(SPEAKERS),
     }
     with running_coordinator(tmp_path, **config) as (service, url):
         clients = start_clients(processes, SPEAKERS, url, service.broker_url, topic_root, max_samples=40)
@@ -130,13 +126,13 @@ def test_rounds_over_a_real_broker(broker, request, tmp_path, topic_root, proces
 
 def test_hardware_aware_rounds_aggregate_the_first_k(tmp_path, mosquitto_url, topic_root, processes):
     config = {
-        "BROKER_URL": mosquitto_url,
-        "TOPIC_ROOT": topic_root,
-        "ROUNDS": ROUNDS,
-        "MIN_DEVICES": len(SPEAKERS),
-        "MIN_RESULTS": 1,
-        "STRATEGY": "hardware",
-        "K": 2,
+        "broker_url": mosquitto_url,
+        "topic_root": topic_root,
+        "rounds": ROUNDS,
+        "min_devices": len(SPEAKERS),
+        "min_results": 1,
+        "strategy": "hardware",
+        "k": 2,
     }
     with running_coordinator(tmp_path, **config) as (service, url):
         clients = start_clients(processes, SPEAKERS, url, mosquitto_url, topic_root, max_samples=40)
@@ -150,13 +146,13 @@ def test_fedbuff_does_not_wait_for_a_slow_device_and_counts_its_late_update(
     tmp_path, mosquitto_url, topic_root, processes, caplog
 ):
     config = {
-        "BROKER_URL": mosquitto_url,
-        "TOPIC_ROOT": topic_root,
-        "ROUNDS": 5,
-        "MIN_DEVICES": 3,
-        "EVAL_EVERY": 0,
-        "STRATEGY": "fedbuff",
-        "K": 2,
+        "broker_url": mosquitto_url,
+        "topic_root": topic_root,
+        "rounds": 5,
+        "min_devices": 3,
+        "eval_every": 0,
+        "strategy": "fedbuff",
+        "k": 2,
     }
     caplog.set_level("INFO", "fedspeech.coordinator")
     with running_coordinator(tmp_path, **config) as (service, url):
@@ -175,7 +171,7 @@ def test_fedbuff_does_not_wait_for_a_slow_device_and_counts_its_late_update(
 
 
 def test_one_process_hosts_a_device_per_speaker(tmp_path, topic_root, processes):
-    config = {"EMBEDDED_BROKER_PORT": free_port(), "TOPIC_ROOT": topic_root, "ROUNDS": 2, "MIN_DEVICES": 3}
+    config = {"embedded_broker_port": free_port(), "topic_root": topic_root, "rounds": 2, "min_devices": 3}
     with running_coordinator(tmp_path, **config) as (service, url):
         host = processes.start(
             "host",
@@ -197,13 +193,13 @@ def test_one_process_hosts_a_device_per_speaker(tmp_path, topic_root, processes)
 
 def test_float16_halves_every_download_and_upload(tmp_path, mosquitto_url, topic_root, processes):
     config = {
-        "BROKER_URL": mosquitto_url,
-        "TOPIC_ROOT": topic_root,
-        "ROUNDS": ROUNDS,
-        "MIN_DEVICES": 2,
-        "MIN_RESULTS": 2,
-        "EVAL_EVERY": 0,
-        "PRECISION": "float16",
+        "broker_url": mosquitto_url,
+        "topic_root": topic_root,
+        "rounds": ROUNDS,
+        "min_devices": 2,
+        "min_results": 2,
+        "eval_every": 0,
+        "precision": "float16",
     }
     with running_coordinator(tmp_path, **config) as (service, url):
         clients = start_clients(processes, SPEAKERS[:2], url, mosquitto_url, topic_root, max_samples=24)

@@ -21,6 +21,7 @@ from fedspeech.protocol.messages import (
 )
 from fedspeech.protocol.mqtt import BrokerSettings
 from fedspeech.protocol.topics import Topics, parse_broker_url
+from tests.helpers.configs import coordinator_config
 from tests.helpers.devices import one_round_coordinator
 from tests.helpers.waiting import wait_for
 
@@ -29,9 +30,8 @@ from tests.helpers.waiting import wait_for
 def make_app(tmp_path, mosquitto_url):
     """A coordinator app (not started: HTTP through Flask's test client) with extra settings."""
 
-    def make(**config):
-        settings = {"STATE_DIR": str(tmp_path / "state"), "BROKER_URL": mosquitto_url, **config}
-        return create_app(settings)
+    def make(**settings):
+        return create_app(coordinator_config(tmp_path, broker_url=mosquitto_url, **settings))
 
     return make
 
@@ -55,7 +55,7 @@ def _authorised(http, token: str) -> bool:
 
 
 def test_no_stranger_takes_over_a_registered_device(make_app, caplog):
-    http = make_app(OPEN_ENROLMENT=True).test_client()
+    http = make_app(open_enrolment=True).test_client()
     token = _token(_register(http, "kitchen"))
     caplog.set_level(logging.WARNING)
 
@@ -69,7 +69,7 @@ def test_no_stranger_takes_over_a_registered_device(make_app, caplog):
 
 
 def test_registering_again_with_the_token_replaces_it(make_app, caplog):
-    http = make_app(OPEN_ENROLMENT=True).test_client()
+    http = make_app(open_enrolment=True).test_client()
     first = _token(_register(http, "kitchen"))
     caplog.set_level(logging.WARNING)
     second = _token(_register(http, "kitchen", first))
@@ -105,7 +105,7 @@ def test_enrolment_with_a_secret(make_app):
 
 
 def test_open_enrolment_takes_new_devices_up_to_the_cap(make_app):
-    http = make_app(OPEN_ENROLMENT=True, MAX_DEVICES=3).test_client()
+    http = make_app(open_enrolment=True, max_devices=3).test_client()
     tokens = [_token(_register(http, f"d{i}")) for i in range(3)]
     full = _register(http, "d3")
     assert full.status_code == 403 and "maximum of 3 devices" in full.get_json()["error"]
@@ -113,7 +113,7 @@ def test_open_enrolment_takes_new_devices_up_to_the_cap(make_app):
 
 
 def test_the_coordinator_names_its_signing_key(make_app, tmp_path):
-    app = make_app(OPEN_ENROLMENT=True)
+    app = make_app(open_enrolment=True)
     http = app.test_client()
     key = signing.load_or_create_key(tmp_path / "state" / "coordinator.key")
     public = signing.public_key_text(key)
@@ -141,7 +141,7 @@ class _Listener:
 
 
 def test_tasks_and_announcements_arrive_signed(tmp_path, mosquitto_url, topic_root):
-    with one_round_coordinator(tmp_path, mosquitto_url, topic_root, "kitchen", EVAL_EVERY=0) as running:
+    with one_round_coordinator(tmp_path, mosquitto_url, topic_root, "kitchen", eval_every=0) as running:
         app, service, device = running
         topics = Topics(topic_root)
         listener = _Listener(mosquitto_url, topics.task("kitchen"), topics.model)
@@ -203,7 +203,7 @@ def test_statuses_from_strangers_on_the_broker_are_bounded(tmp_path, mosquitto_u
 
 
 def test_only_registered_devices_count_as_online(tmp_path, mosquitto_url, topic_root):
-    with one_round_coordinator(tmp_path, mosquitto_url, topic_root, "kitchen", EVAL_EVERY=0) as running:
+    with one_round_coordinator(tmp_path, mosquitto_url, topic_root, "kitchen", eval_every=0) as running:
         app, service, device = running
         http = app.test_client()
         device.go_online(20)  # its status is on the broker, but it never registered

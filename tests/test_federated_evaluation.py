@@ -5,9 +5,9 @@ import logging
 import numpy as np
 import pytest
 
+from fedspeech.coordinator.config import RoundConfig
 from fedspeech.coordinator.evaluation import combine
 from fedspeech.coordinator.evaluation_phase import evaluates, evaluation_plan, evaluators
-from fedspeech.coordinator.round_config import RoundConfig
 from fedspeech.models import scores
 from fedspeech.protocol import bounds, messages, weights
 from fedspeech.protocol.messages import Credentials, EvaluationReport, Profile, Registration
@@ -51,7 +51,7 @@ DEVICE = "kitchen"
 
 @pytest.fixture
 def coordinator(tmp_path, mosquitto_url, topic_root):
-    with one_round_coordinator(tmp_path, mosquitto_url, topic_root, DEVICE, EVAL_TIMEOUT_S=120) as running:
+    with one_round_coordinator(tmp_path, mosquitto_url, topic_root, DEVICE, eval_timeout_s=120.0) as running:
         yield running
 
 

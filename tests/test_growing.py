@@ -153,17 +153,17 @@ def test_growing_run_trains_sends_and_exports_only_the_current_depth(
 ) -> None:
     speakers = ["jackson", "nicolas"]
     config = {
-        "STRATEGY": strategy,
-        "K": 2,
-        "EMBEDDED_BROKER_PORT": free_port(),
-        "TOPIC_ROOT": topic_root,
-        "MODEL": "transformer",
-        "MODEL_DEPTH": 2,
-        "DEPTH_SCHEDULE": "linear",
-        "ROUNDS": 4,
-        "EPOCHS": 1,
-        "MIN_DEVICES": 2,
-        "MIN_RESULTS": 2,
+        "strategy": strategy,
+        "k": 2,
+        "embedded_broker_port": free_port(),
+        "topic_root": topic_root,
+        "model": "transformer",
+        "model_depth": 2,
+        "depth_schedule": "linear",
+        "rounds": 4,
+        "epochs": 1,
+        "min_devices": 2,
+        "min_results": 2,
     }
     with running_coordinator(tmp_path, **config) as (service, url):
         clients = start_clients(processes, speakers, url, service.broker_url, topic_root, max_samples=24)

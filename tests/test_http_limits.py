@@ -25,6 +25,7 @@ from fedspeech.coordinator.api import MAX_UPDATE_BYTES
 from fedspeech.coordinator.app import create_app, serve
 from fedspeech.protocol import messages, weights
 from fedspeech.protocol.messages import Credentials, Profile, Registration
+from tests.helpers.configs import coordinator_config
 from tests.helpers.devices import one_round_coordinator, upload
 from tests.helpers.ports import free_port
 from tests.helpers.waiting import get_json, wait_for
@@ -167,7 +168,7 @@ def test_a_damaged_state_database_stops_the_coordinator_with_one_line(tmp_path, 
 @pytest.fixture
 def served_round(tmp_path, mosquitto_url, topic_root):
     """A one-round coordinator in this process behind the real HTTP server; yields (service, url, device)."""
-    config = {"EVAL_EVERY": 0, "ROUND_TIMEOUT_S": 120, "HTTP_TIMEOUT_S": HTTP_TIMEOUT_S}
+    config = {"eval_every": 0, "round_timeout_s": 120.0, "http_timeout_s": HTTP_TIMEOUT_S}
     with one_round_coordinator(tmp_path, mosquitto_url, topic_root, "kitchen", **config) as (
         app,
         service,
@@ -238,8 +239,8 @@ def _self_signed(folder: Path) -> tuple[Path, Path]:
 
 def test_https_with_the_operators_certificate(tmp_path, mosquitto_url, topic_root):
     cert, key = _self_signed(tmp_path)
-    config = {"STATE_DIR": str(tmp_path / "state"), "BROKER_URL": mosquitto_url, "TOPIC_ROOT": topic_root}
-    server = serve(create_app({**config, "TLS_CERT": str(cert), "TLS_KEY": str(key)}), "127.0.0.1", 0)
+    config = coordinator_config(tmp_path, broker_url=mosquitto_url, topic_root=topic_root)
+    server = serve(create_app(config.changed(tls_cert=cert, tls_key=key)), "127.0.0.1", 0)
     try:
         assert server.url.startswith("https://")
         trusting = ssl.create_default_context(cafile=str(cert))

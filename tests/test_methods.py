@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 
 from fedspeech.coordinator.aggregate import population_distribution, quality_weights
+from fedspeech.coordinator.config import RoundConfig
 from fedspeech.coordinator.errors import BadUpload, NotWanted
-from fedspeech.coordinator.round_config import RoundConfig
 from fedspeech.coordinator.rounds.chained import Chain
 from fedspeech.coordinator.strategies import Result, make_strategy
 from fedspeech.coordinator.strategies.grouped import deal_groups

@@ -29,12 +29,12 @@ def _run(tmp_path, processes, mosquitto_url, topic_root, config, caplog, *device
     """Two rounds of the method over Mosquitto, devices started with device_args; returns the service."""
     caplog.set_level(logging.INFO, logger="fedspeech")
     settings = {
-        "BROKER_URL": mosquitto_url,
-        "TOPIC_ROOT": topic_root,
-        "ROUNDS": ROUNDS,
-        "MIN_DEVICES": len(SPEAKERS),
-        "MIN_RESULTS": 1,
-        "EVAL_EVERY": 0,
+        "broker_url": mosquitto_url,
+        "topic_root": topic_root,
+        "rounds": ROUNDS,
+        "min_devices": len(SPEAKERS),
+        "min_results": 1,
+        "eval_every": 0,
         **config,
     }
     with running_coordinator(tmp_path, **settings) as (service, url):
@@ -50,7 +50,7 @@ def _run(tmp_path, processes, mosquitto_url, topic_root, config, caplog, *device
 
 
 def test_fedbn_keeps_normalisation_on_the_devices(tmp_path, processes, mosquitto_url, topic_root, caplog):
-    config = {"STRATEGY": "fedbn", "MODEL": "cnn_bn", "EVAL_EVERY": ROUNDS}
+    config = {"strategy": "fedbn", "model": "cnn_bn", "eval_every": ROUNDS}
     service = _run(tmp_path, processes, mosquitto_url, topic_root, config, caplog)
     first, last = (
         weights.decode(service.store.model_path(r, "weights").read_bytes())[0] for r in (0, ROUNDS)
@@ -70,7 +70,7 @@ def test_silobn_has_each_device_run_with_its_own_statistics(
 ):
     from fedspeech.edge_client.local_norm import NORM_FILE
 
-    config = {"STRATEGY": "silobn", "MODEL": "cnn_bn", "EVAL_EVERY": ROUNDS}
+    config = {"strategy": "silobn", "model": "cnn_bn", "eval_every": ROUNDS}
     service = _run(tmp_path, processes, mosquitto_url, topic_root, config, caplog)
     last = weights.decode(service.store.model_path(ROUNDS, "weights").read_bytes())[0]
     statistics = {n for n in service.orchestrator.model.norm_names() if n.endswith(("_mean", "_var"))}
@@ -87,13 +87,13 @@ def test_silobn_has_each_device_run_with_its_own_statistics(
 
 def test_quality_weights_by_validation_scores(tmp_path, processes, mosquitto_url, topic_root, caplog):
     validation = _folder_of_training_clips(tmp_path / "validation", 10)
-    config = {"STRATEGY": "quality", "VALIDATION_DATA": str(validation)}
+    config = {"strategy": "quality", "validation_data": validation}
     _run(tmp_path, processes, mosquitto_url, topic_root, config, caplog)
     assert caplog.text.count("validation scores") == ROUNDS
 
 
 def test_quality_on_clips_devices_chose_to_share(tmp_path, processes, mosquitto_url, topic_root, caplog):
-    config = {"STRATEGY": "quality", "SHARED_VALIDATION": 5}
+    config = {"strategy": "quality", "shared_validation": 5}
     service = _run(tmp_path, processes, mosquitto_url, topic_root, config, caplog, "--share-validation", "3")
     waveforms, labels = service.shared_validation.clips()
     assert len(labels) == 3 * len(SPEAKERS) and len(set(labels.tolist())) == 3, "in turn from each label"
@@ -103,19 +103,19 @@ def test_quality_on_clips_devices_chose_to_share(tmp_path, processes, mosquitto_
 
 @pytest.mark.parametrize("groups", [1])
 def test_grouped_sequential_relays_the_model(tmp_path, processes, mosquitto_url, topic_root, caplog, groups):
-    config = {"STRATEGY": "grouped", "STRATEGY_OPTIONS": {"groups": groups}}
+    config = {"strategy": "grouped", "strategy_options": {"groups": groups}}
     _run(tmp_path, processes, mosquitto_url, topic_root, config, caplog)
     assert caplog.text.count("trains from the update of") == ROUNDS, "the second device of each round"
 
 
 def test_class_prior_pools_predicted_counts(tmp_path, processes, mosquitto_url, topic_root, caplog):
-    service = _run(tmp_path, processes, mosquitto_url, topic_root, {"STRATEGY": "class_prior"}, caplog)
+    service = _run(tmp_path, processes, mosquitto_url, topic_root, {"strategy": "class_prior"}, caplog)
     prior = service.orchestrator.strategy.prior
     assert prior is not None and len(prior) == 11 and abs(sum(prior) - 1) < 1e-9
 
 
 def test_mkd_sends_the_server_model(tmp_path, processes, mosquitto_url, topic_root, caplog):
     server = _folder_of_training_clips(tmp_path / "server", 10)
-    config = {"STRATEGY": "mkd", "SERVER_DATA": str(server)}
+    config = {"strategy": "mkd", "server_data": server}
     service = _run(tmp_path, processes, mosquitto_url, topic_root, config, caplog)
     assert service.store.model_path(1, "teacher").exists() and service.store.model_path(2, "teacher").exists()

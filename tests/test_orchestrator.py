@@ -15,10 +15,10 @@ import numpy as np
 import pytest
 
 from fedspeech.coordinator import orchestrator as orchestrator_module
+from fedspeech.coordinator.config import RoundConfig
 from fedspeech.coordinator.errors import BadUpload, NotWanted
 from fedspeech.coordinator.orchestrator import Orchestrator
 from fedspeech.coordinator.ports import Evaluation
-from fedspeech.coordinator.round_config import RoundConfig
 from fedspeech.coordinator.store import Store
 from fedspeech.protocol import bounds, messages, routes, weights
 from fedspeech.protocol.messages import (

@@ -10,7 +10,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from fedspeech.coordinator.round_config import RoundConfig
+from fedspeech.coordinator.config import RoundConfig
 from fedspeech.coordinator.rounds.base import RoundContext, TaskMaker
 from fedspeech.coordinator.rounds.modes import MODES
 from fedspeech.coordinator.strategies import RoundPlan, Work

@@ -7,11 +7,11 @@ import pytest
 
 from fedspeech.coordinator.app import create_app
 from fedspeech.models.clips.datasets import client_clips, load_corpus
+from tests.helpers.configs import coordinator_config
 
 
 def _app(tmp_path, server):
-    config = {"STATE_DIR": str(tmp_path / "state"), "EMBEDDED_BROKER_PORT": 0, "STRATEGY": "mkd"}
-    return create_app({**config, "SERVER_DATA": str(server)})
+    return create_app(coordinator_config(tmp_path, strategy="mkd", server_data=server))
 
 
 @pytest.fixture(scope="module")

@@ -7,6 +7,7 @@ from fedspeech.coordinator.app import create_app
 from fedspeech.edge_client.validation_share import pick_clips
 from fedspeech.protocol import messages, routes, weights
 from fedspeech.protocol.messages import Credentials, Profile, Registration
+from tests.helpers.configs import coordinator_config
 
 NUM_SAMPLES = 8000  # the FSDD task: 1 s at 8 kHz
 MAX_CLIPS = 4
@@ -14,15 +15,8 @@ MAX_CLIPS = 4
 
 @pytest.fixture
 def app(tmp_path):
-    return create_app(
-        {
-            "STATE_DIR": str(tmp_path / "state"),
-            "EMBEDDED_BROKER_PORT": 0,
-            "OPEN_ENROLMENT": True,
-            "STRATEGY": "quality",
-            "SHARED_VALIDATION": MAX_CLIPS,
-        }
-    )
+    settings = {"open_enrolment": True, "strategy": "quality", "shared_validation": MAX_CLIPS}
+    return create_app(coordinator_config(tmp_path, **settings))
 
 
 def _token(client, device_id: str = "dev-1") -> str:
@@ -111,7 +105,7 @@ def test_clips_need_a_device_token_and_a_bounded_body(app):
 
 
 def test_a_coordinator_that_takes_no_clips_says_so(tmp_path):
-    app = create_app({"STATE_DIR": str(tmp_path / "s"), "EMBEDDED_BROKER_PORT": 0, "OPEN_ENROLMENT": True})
+    app = create_app(coordinator_config(tmp_path, open_enrolment=True))
     client = app.test_client()
     reply = _post(client, _clips(1), _token(client))
     assert reply.status_code == 409 and "no shared validation clips" in reply.json["error"]
@@ -119,7 +113,7 @@ def test_a_coordinator_that_takes_no_clips_says_so(tmp_path):
 
 def test_quality_without_any_validation_set_refuses_to_start(tmp_path):
     with pytest.raises(ValueError, match="--validation-data DIR.*--shared-validation N"):
-        create_app({"STATE_DIR": str(tmp_path / "s"), "EMBEDDED_BROKER_PORT": 0, "STRATEGY": "quality"})
+        create_app(coordinator_config(tmp_path, strategy="quality"))
 
 
 def test_clips_are_picked_in_turn_from_each_label():

@@ -75,7 +75,7 @@ def train_central(
 
     import torch
 
-    from fedspeech.coordinator.round_config import RoundConfig
+    from fedspeech.coordinator.config import RoundConfig
     from fedspeech.models import build_model
     from fedspeech.models.train import evaluate, train_local
 

@@ -32,7 +32,7 @@ def _bench_strategies(args: argparse.Namespace) -> None:
     for corpus in corpora:
         check_corpus("bench strategies", corpus, args.data_dir)
     results_folder("bench strategies", args.out)
-    server = {"SERVER_MOMENTUM": args.server_momentum, "FINAL_LR_FRACTION": args.final_lr_fraction}
+    server = {"server_momentum": args.server_momentum, "final_lr_fraction": args.final_lr_fraction}
     every_arm = {name: value for name, value in server.items() if value is not None}
     try:
         config = strategies_config(

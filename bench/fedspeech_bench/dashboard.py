@@ -65,12 +65,13 @@ def _measured(round: int) -> bool:
 
 def run_dashboard_bench(out: Path, rounds: int, tabs: int, max_samples: int) -> Path:
     """Run the fleet with `tabs` dashboards polling in every other block of rounds; the report's path."""
-    from fedspeech_bench.fleet_run import fleet_run
+    from fedspeech_bench.fleet_run import fleet_config, fleet_run
     from fedspeech_bench.fleets.fleet_files import DeviceSpec
 
     out.mkdir(parents=True, exist_ok=True)
     fleet = [DeviceSpec(s, s, cpu_share=1.0) for s in SPEAKERS]
-    config = {"ROUNDS": rounds, "EVAL_LIMIT": 100}
+    run_dir = out / "run"
+    config = fleet_config(fleet, "fsdd", run_dir).changed(rounds=rounds, eval_limit=100)
     arms = {False: "none", True: f"{tabs} dashboards"}
     walls: dict[str, list[tuple[int, float]]] = {arm: [] for arm in arms.values()}
     driver = chromium(1280, 1500)  # tall enough for the screenshot to show the rounds too
@@ -79,7 +80,7 @@ def run_dashboard_bench(out: Path, rounds: int, tabs: int, max_samples: int) -> 
             driver.switch_to.new_window("window")  # windows, not background tabs: no timer throttling
         windows = driver.window_handles
         device_args = ["--max-samples", str(max_samples)]
-        with fleet_run(fleet, "fsdd", out / "run", device_args=device_args, config=config) as run:
+        with fleet_run(fleet, "fsdd", run_dir, config, device_args=device_args) as run:
             store, seen, open_ = run.service.store, 0, False
             while not run.service.orchestrator.finished.is_set():
                 latest = store.latest_round()

@@ -5,12 +5,12 @@ import logging
 import shutil
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from fedspeech.coordinator.records import RoundRecord
 from fedspeech.models.clips.datasets import load_corpus, speakers
-from fedspeech_bench.fleet_run import fleet_run
+from fedspeech_bench.fleet_run import fleet_config, fleet_run
 from fedspeech_bench.fleets.fleet_files import DEFAULT_FLEETS, DeviceSpec, check_fleet, load_fleet
 from fedspeech_bench.progress import duration_text, eta_s
 
@@ -121,26 +121,21 @@ def run_demo(cfg: DemoConfig) -> dict:
     for state in ("state", "devices"):  # a new fleet: a new coordinator key, new device tokens
         shutil.rmtree(cfg.out / state, ignore_errors=True)
     cfg.out.mkdir(parents=True, exist_ok=True)
-    config = {
-        "ROUNDS": cfg.rounds,
-        "ROUND_TIMEOUT_S": cfg.round_timeout_s,
-        "STRATEGY": cfg.strategy,
-        "EVAL_EVERY": cfg.eval_every,
-        "FINAL_LR_FRACTION": DEMO_FINAL_LR_FRACTION,
-        "SERVER_MOMENTUM": DEMO_SERVER_MOMENTUM,
-    }
-    if cfg.epochs is not None:
-        config["EPOCHS"] = cfg.epochs
+    config = fleet_config(fleet, "fsdd", cfg.out, broker_url=cfg.broker_url)
+    rounds = replace(
+        config.rounds,
+        rounds=cfg.rounds,
+        round_timeout_s=cfg.round_timeout_s,
+        strategy=cfg.strategy,
+        eval_every=cfg.eval_every,
+        final_lr_fraction=DEMO_FINAL_LR_FRACTION,
+        server_momentum=DEMO_SERVER_MOMENTUM,
+        epochs=config.rounds.epochs if cfg.epochs is None else cfg.epochs,
+    )
     device_args = ["--max-samples", str(cfg.max_samples)] if cfg.max_samples else []
     t0 = time.time()
     with fleet_run(
-        fleet,
-        "fsdd",
-        cfg.out,
-        broker_url=cfg.broker_url,
-        port=cfg.port,
-        device_args=device_args,
-        config=config,
+        fleet, "fsdd", cfg.out, replace(config, rounds=rounds), port=cfg.port, device_args=device_args
     ) as run:
         names = ", ".join(
             d.name if cfg.fleet is None else f"{d.name} ({d.cpu_share:g} core, +{d.delay_ms:g} ms)"

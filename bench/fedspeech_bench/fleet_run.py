@@ -7,9 +7,9 @@ from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from fedspeech.coordinator.app import Service, create_app, serve
+from fedspeech.coordinator.config import CoordinatorConfig
 from fedspeech.coordinator.records import RoundRecord
 from fedspeech_bench.fleets.cpu_limits import DeviceProcess
 from fedspeech_bench.fleets.fleet_files import DeviceSpec
@@ -51,36 +51,47 @@ class FleetRun:
             orchestrator.finished.wait(0.5)
 
 
-@contextmanager
-def fleet_run(
+def fleet_config(
     fleet: list[DeviceSpec],
     corpus: str,
     run_dir: Path,
     *,
     data_dir: Path | None = None,
     broker_url: str | None = None,
+) -> CoordinatorConfig:
+    """A coordinator's config for a fleet's run: the corpus' task and held-out set, state under RUN_DIR.
+
+    Enrolment is open: the emulated devices register as they start. Without broker_url, an embedded
+    broker on a free port. Rounds start once every device of the fleet is online.
+    """
+    return CoordinatorConfig().changed(
+        state_dir=run_dir / "state",
+        broker_url=broker_url,
+        embedded_broker_port=free_port(),
+        task=corpus,
+        eval_corpus=corpus,
+        data_dir=data_dir,
+        min_devices=sum(len(spec.device_ids) for spec in fleet),
+        open_enrolment=True,
+    )
+
+
+@contextmanager
+def fleet_run(
+    fleet: list[DeviceSpec],
+    corpus: str,
+    run_dir: Path,
+    config: CoordinatorConfig,
+    *,
     port: int = 0,
     device_args: list[str] | None = None,
-    config: Mapping[str, Any] | None = None,
 ) -> Iterator[FleetRun]:
-    """Start a coordinator (config: its upper-case settings) and the fleet's devices; stop all at exit.
+    """Start a coordinator with config (fleet_config's, varied) and the fleet's devices; stop all at exit.
 
-    Enrolment is open: the emulated devices register as they start, and keep their tokens and the
+    The devices read the corpus from the config's data_dir, and keep their tokens and the
     coordinator's key under RUN_DIR/devices.
     """
-    app = create_app(
-        {
-            "STATE_DIR": str(run_dir / "state"),
-            "BROKER_URL": broker_url,
-            "EMBEDDED_BROKER_PORT": free_port(),
-            "TASK": corpus,
-            "EVAL_CORPUS": corpus,
-            "DATA_DIR": str(data_dir) if data_dir else None,
-            "MIN_DEVICES": sum(len(spec.device_ids) for spec in fleet),
-            "OPEN_ENROLMENT": True,
-            **(config or {}),
-        }
-    )
+    app = create_app(config)
     service = app.extensions["fedspeech"]
     service.start()
     server = serve(app, "127.0.0.1", port)
@@ -89,6 +100,7 @@ def fleet_run(
     try:
         log_dir = run_dir / "logs"
         args = ["--state", str(run_dir / "devices"), *(device_args or [])]
+        data_dir = config.evaluation.data_dir
         devices = launch_fleet(fleet, url, service.broker_url, corpus, data_dir, log_dir, args)
         yield FleetRun(service, url, devices, log_dir)
     finally:

@@ -3,7 +3,8 @@
 `fedspeech bench strategies`, `growing` and `poisoning` are configurations of it (BenchConfig): each
 compares arms (coordinator settings: a strategy, a model and its depth schedule, attackers) on the same
 emulated fleet, data split and seeds, and reports them against a baseline arm. `bench seeds` runs each
-of its arms through run_once as well.
+of its arms through run_once as well. An arm's settings, and a corpus', name fields of the coordinator's
+typed config (fedspeech.coordinator.config), which they vary with CoordinatorConfig.changed.
 """
 
 import logging
@@ -14,8 +15,9 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from fedspeech.coordinator.config import CoordinatorConfig
 from fedspeech.coordinator.strategies import STRATEGIES, strategy_class
-from fedspeech_bench.fleet_run import attacking_devices, fleet_run
+from fedspeech_bench.fleet_run import attacking_devices, fleet_config, fleet_run
 from fedspeech_bench.fleets.fleet_files import (
     DEFAULT_FLEETS,
     FLEETS_DIR,
@@ -38,30 +40,30 @@ class Arm:
     """One contender: a name, the coordinator settings that make it, and devices that attack it."""
 
     name: str
-    settings: Mapping[str, Any]
+    settings: Mapping[str, Any]  # fields of CoordinatorConfig by name, e.g. {"strategy": "fedbn"}
     attacks: Mapping[str, str] = field(default_factory=dict)  # speaker -> attack (fleets.poisoning)
     left_out: Sequence[str] = ()  # speakers whose devices do not take part
 
 
 def strategy_arms(names: Sequence[str], k: int, float16: Sequence[str] = ()) -> list[Arm]:
     """An arm per strategy (k devices aggregated where it selects), then one per float16 strategy."""
-    arms = [Arm(name, {"STRATEGY": name, "K": k}) for name in names]
-    half = [Arm(f"{name}_float16", {"STRATEGY": name, "K": k, "PRECISION": "float16"}) for name in float16]
+    arms = [Arm(name, {"strategy": name, "k": k}) for name in names]
+    half = [Arm(f"{name}_float16", {"strategy": name, "k": k, "precision": "float16"}) for name in float16]
     return arms + half
 
 
 # the dynamic transformer: full depth from round 1 against growing a block per stage, with and without
 # run-time weight scaling, and the growing one without each of its stabilisers
 GROWING_ARMS = [
-    Arm("fixed", {"MODEL": "transformer", "DEPTH_SCHEDULE": "constant"}),
-    Arm("fixed_unscaled", {"MODEL": "transformer_unscaled", "DEPTH_SCHEDULE": "constant"}),
-    Arm("growing", {"MODEL": "transformer", "DEPTH_SCHEDULE": "linear"}),
-    Arm("growing_post_ln", {"MODEL": "transformer_post_ln", "DEPTH_SCHEDULE": "linear"}),
-    Arm("growing_unscaled", {"MODEL": "transformer_unscaled", "DEPTH_SCHEDULE": "linear"}),
+    Arm("fixed", {"model": "transformer", "depth_schedule": "constant"}),
+    Arm("fixed_unscaled", {"model": "transformer_unscaled", "depth_schedule": "constant"}),
+    Arm("growing", {"model": "transformer", "depth_schedule": "linear"}),
+    Arm("growing_post_ln", {"model": "transformer_post_ln", "depth_schedule": "linear"}),
+    Arm("growing_unscaled", {"model": "transformer_unscaled", "depth_schedule": "linear"}),
     # ours: unscaled, each new block started from the trained block below it
     Arm(
         "growing_copied",
-        {"MODEL": "transformer_unscaled", "DEPTH_SCHEDULE": "linear", "NEW_BLOCKS": "copied"},
+        {"model": "transformer_unscaled", "depth_schedule": "linear", "new_blocks": "copied"},
     ),
 ]
 
@@ -84,7 +86,8 @@ class BenchConfig:
     rounds: int = 20
     data_dir: Path | None = None
     fleets: Mapping[str, list[DeviceSpec]] = field(default_factory=dict)  # default: load DEFAULT_FLEETS
-    corpus_settings: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)  # per-corpus extras
+    # per corpus, coordinator settings of every arm (under the arm's own), by name as Arm.settings
+    corpus_settings: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
     targets: Mapping[str, float] = field(default_factory=lambda: dict(DEFAULT_TARGETS))
     round_timeout_s: float = 120.0
     # the corpus each entry of `corpora` trains on, where the entry is another name (a split, a fold)
@@ -170,7 +173,7 @@ def growing_config(out: Path, data_dir: Path | None = None, hosts: int = 6, **kw
         corpora=list(fleets),
         data_dir=data_dir,
         fleets=fleets,
-        corpus_settings={"speech_commands": {"STRATEGY": "random_k", "K": 30}},
+        corpus_settings={"speech_commands": {"strategy": "random_k", "k": 30}},
         **kw,
     )
 
@@ -186,10 +189,10 @@ def poisoning_config(out: Path, strategies: Sequence[str] = ROBUST_STRATEGIES, *
     if unknown:
         raise ValueError(f"unknown strategies {unknown}, expected some of {', '.join(STRATEGIES)}")
     arms = [
-        Arm("clean-fedavg", {"STRATEGY": "fedavg"}),
-        Arm("honest-only-fedavg", {"STRATEGY": "fedavg"}, left_out=list(POISONING_ATTACKS)),
+        Arm("clean-fedavg", {"strategy": "fedavg"}),
+        Arm("honest-only-fedavg", {"strategy": "fedavg"}, left_out=list(POISONING_ATTACKS)),
     ]
-    arms += [Arm(f"attacked-{name}", {"STRATEGY": name}, POISONING_ATTACKS) for name in strategies]
+    arms += [Arm(f"attacked-{name}", {"strategy": name}, POISONING_ATTACKS) for name in strategies]
     fleets = {"fsdd": load_fleet(FLEETS_DIR / "pi4-wifi.toml")}
     title = "fedspeech poisoning benchmark"
     return BenchConfig(out, arms, "clean-fedavg", title, corpora=["fsdd"], fleets=fleets, **kw)
@@ -204,28 +207,35 @@ def run_once(
     """
     run_dir = cfg.out / "runs" / f"{corpus}-{arm.name}-{seed}"
     shutil.rmtree(run_dir, ignore_errors=True)
-    settings: dict[str, Any] = {
-        "ROUNDS": arm_rounds(cfg, corpus, arm),
-        "ROUND_TIMEOUT_S": cfg.round_timeout_s,
-        "MIN_RESULTS": 1,
-        "SEED": seed,
-    }
-    settings |= {**cfg.corpus_settings.get(corpus, {}), **arm.settings}
+    fleet = _arm_fleet(cfg, corpus, arm)
+    name = cfg.corpus_name(corpus)
+    base = fleet_config(fleet, name, run_dir, data_dir=cfg.data_dir).changed(
+        rounds=arm_rounds(cfg, corpus, arm), round_timeout_s=cfg.round_timeout_s, min_results=1, seed=seed
+    )
+    config = arm_config(cfg, corpus, arm, base)
     # The corpus' held-out set is the union of the devices' test splits: asking the devices as well
     # would add their evaluation time to every arm and tell nothing new, except where each device runs
     # a model of its own (FedBN, SiloBN), which only it can score.
-    settings["EVAL_EVERY"] = int(bool(strategy_class(settings.get("STRATEGY", "fedavg")).personal))
-    fleet = _arm_fleet(cfg, corpus, arm)
-    settings["MIN_DEVICES"] = sum(len(spec.device_ids) for spec in fleet) + len(arm.attacks)
-    name = cfg.corpus_name(corpus)
+    config = config.changed(
+        eval_every=int(bool(strategy_class(config.rounds.strategy).personal)),
+        min_devices=sum(len(spec.device_ids) for spec in fleet) + len(arm.attacks),
+    )
     with (
-        fleet_run(fleet, name, run_dir, data_dir=cfg.data_dir, config=settings) as run,
+        fleet_run(fleet, name, run_dir, config) as run,
         attacking_devices(arm.attacks, run, name, run_dir, cfg.data_dir),
     ):
         run.wait(cfg.round_timeout_s + 60, lambda record: on_round(record.round))
     rounds = run.service.store.rounds()[1:]
     # Timed from the first round: device start-up (imports, loading data) is the same for every arm.
     return Run(corpus, arm.name, seed, rounds, rounds[0].started_at)
+
+
+def arm_config(
+    cfg: BenchConfig, corpus: str, arm: Arm, base: CoordinatorConfig | None = None
+) -> CoordinatorConfig:
+    """An arm's coordinator config on a corpus: base (default: defaults), the corpus' settings, the arm's."""
+    config = (base or CoordinatorConfig()).changed(**cfg.corpus_settings.get(corpus, {}))
+    return config.changed(**arm.settings)
 
 
 def _arm_fleet(cfg: BenchConfig, corpus: str, arm: Arm) -> list[DeviceSpec]:
@@ -239,12 +249,11 @@ def arm_rounds(cfg: BenchConfig, corpus: str, arm: Arm) -> int:
     A buffered strategy's round aggregates about K results where the others' aggregate one per device,
     so it runs rounds x devices / K rounds.
     """
-    settings = {**cfg.corpus_settings.get(corpus, {}), **arm.settings}
-    k = int(settings.get("K", 1))
-    if strategy_class(settings.get("STRATEGY", "fedavg")).mode != "buffered":
+    rounds = arm_config(cfg, corpus, arm).rounds
+    if strategy_class(rounds.strategy).mode != "buffered":
         return cfg.rounds
     devices = sum(len(spec.device_ids) for spec in _arm_fleet(cfg, corpus, arm)) + len(arm.attacks)
-    return math.ceil(cfg.rounds * devices / min(k, devices))
+    return math.ceil(cfg.rounds * devices / min(rounds.k, devices))
 
 
 def run_all(cfg: BenchConfig) -> dict[str, list[Run]]:

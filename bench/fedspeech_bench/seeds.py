@@ -60,20 +60,20 @@ if TYPE_CHECKING:  # the command line is built without the benchmark's heavy imp
     from fedspeech_bench.harness import Arm
     from fedspeech_bench.runs import Run
 
-# arm -> coordinator settings; quality and mkd also get the split's shared folder (ARM_FOLDERS)
+# arm -> coordinator settings (as harness.Arm's); quality and mkd also get their shared folder (ARM_FOLDERS)
 ARMS: dict[str, dict[str, Any]] = {
-    "fedavg": {"STRATEGY": "fedavg"},
-    "fedprox": {"STRATEGY": "fedprox"},
-    "fedbn": {"STRATEGY": "fedbn", "MODEL": "cnn_bn"},
-    "fedavg-bn": {"STRATEGY": "fedavg", "MODEL": "cnn_bn"},  # what FedBN is measured against
-    "quality": {"STRATEGY": "quality"},
-    "grouped-1": {"STRATEGY": "grouped", "STRATEGY_OPTIONS": {"groups": 1}},
-    "grouped-2": {"STRATEGY": "grouped", "STRATEGY_OPTIONS": {"groups": 2}},
-    "grouped-N": {"STRATEGY": "grouped", "STRATEGY_OPTIONS": {"groups": 0}},  # one group per device
-    "class_prior": {"STRATEGY": "class_prior"},
-    "mkd": {"STRATEGY": "mkd"},
+    "fedavg": {"strategy": "fedavg"},
+    "fedprox": {"strategy": "fedprox"},
+    "fedbn": {"strategy": "fedbn", "model": "cnn_bn"},
+    "fedavg-bn": {"strategy": "fedavg", "model": "cnn_bn"},  # what FedBN is measured against
+    "quality": {"strategy": "quality"},
+    "grouped-1": {"strategy": "grouped", "strategy_options": {"groups": 1}},
+    "grouped-2": {"strategy": "grouped", "strategy_options": {"groups": 2}},
+    "grouped-N": {"strategy": "grouped", "strategy_options": {"groups": 0}},  # one group per device
+    "class_prior": {"strategy": "class_prior"},
+    "mkd": {"strategy": "mkd"},
 }
-ARM_FOLDERS = {"quality": "VALIDATION_DATA", "mkd": "SERVER_DATA"}
+ARM_FOLDERS = {"quality": "validation_data", "mkd": "server_data"}
 
 
 @dataclass(frozen=True)
@@ -130,7 +130,7 @@ def check_arms(names: Sequence[str]) -> None:
     if unknown:
         raise ValueError(f"unknown arms {unknown}, expected some of {', '.join(ARMS)}")
     for name in names:
-        strategy, model = ARMS[name]["STRATEGY"], ARMS[name].get("MODEL", "cnn")
+        strategy, model = ARMS[name]["strategy"], ARMS[name].get("model", "cnn")
         if strategy not in STRATEGIES:
             raise ValueError(
                 f"arm {name!r} needs strategy {strategy!r}, which is not registered in "
@@ -146,9 +146,9 @@ def arm_for(name: str, setting: Setting) -> Arm:
 
     settings = dict(ARMS[name])
     if name in ARM_FOLDERS:
-        settings[ARM_FOLDERS[name]] = str(setting.validation)
+        settings[ARM_FOLDERS[name]] = setting.validation
     if name == "fedbn" and setting.personalised:  # the devices score their own; the global model as well
-        settings |= {"EVAL_EVERY": 1}
+        settings |= {"eval_every": 1}
     return Arm(name, settings)
 
 
@@ -323,7 +323,7 @@ def _run(
 
 
 def _local_epochs() -> int:
-    from fedspeech.coordinator.round_config import RoundConfig
+    from fedspeech.coordinator.config import RoundConfig
 
     return RoundConfig().epochs
 

@@ -46,8 +46,8 @@ class Setting:
     split: str
     corpus: str
     fleet: list[DeviceSpec]
-    settings: Mapping[str, Any]  # coordinator settings of the split (central evaluation)
-    validation: Path  # quality's VALIDATION_DATA and mkd's SERVER_DATA
+    settings: Mapping[str, Any]  # coordinator settings of the split (central evaluation), as Arm's
+    validation: Path  # quality's validation_data and mkd's server_data
     personalised: bool = False  # FedBN scored by federated evaluation (within-speaker splits)
     held_out: str | None = None  # LOSO: the speaker left out
 
@@ -90,7 +90,7 @@ def speaker_train_clips(corpus: Corpus, fleet: Sequence[DeviceSpec]) -> dict[str
 
 
 def within_setting(split: str, corpus: Corpus, fleet: list[DeviceSpec], out: Path) -> Setting:
-    """A device per speaker, scored on the union of their test splits (fleet_run's EVAL_CORPUS)."""
+    """A device per speaker, scored on the union of their test splits (fleet_config's eval_corpus)."""
     folder = out / "data" / split / "validation"
     validation = link_folder(folder, validation_clips(speaker_train_clips(corpus, fleet)), corpus.labels)
     return Setting(split, split, corpus.name, fleet, {}, validation, personalised=True)
@@ -110,7 +110,7 @@ def loso_settings(
         others = [spec for spec in fleet if spec.speaker != speaker]
         shared = validation_clips(speaker_train_clips(corpus, others))
         validation = link_folder(out / "data" / key / "validation", shared, corpus.labels)
-        central = {"EVAL_DATA": str(evaluation), "EVAL_CORPUS": None}
+        central = {"eval_data": evaluation, "eval_corpus": None}
         settings.append(
             Setting(key, "emodb-loso", corpus.name, others, central, validation, held_out=speaker)
         )
@@ -192,7 +192,7 @@ def skewed_setting(corpus: Corpus, out: Path) -> tuple[Setting, SkewedDeal]:
         train[name] = folder_train_clips(clips, corpus.labels)
     evaluation = link_folder(root / "eval", deal.evaluation, corpus.labels)
     validation = link_folder(root / "validation", validation_clips(train), corpus.labels)
-    central = {"EVAL_DATA": str(evaluation), "EVAL_CORPUS": None}
+    central = {"eval_data": evaluation, "eval_corpus": None}
     setting = Setting(
         "speech-commands-skewed", "speech-commands-skewed", corpus.name, fleet, central, validation
     )

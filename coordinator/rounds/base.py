@@ -4,10 +4,10 @@ import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
+from fedspeech.coordinator.config import RoundConfig
 from fedspeech.coordinator.inbox import Inbox
 from fedspeech.coordinator.open_round import OpenRound
 from fedspeech.coordinator.ports import DeviceLink
-from fedspeech.coordinator.round_config import RoundConfig
 from fedspeech.coordinator.store import Store
 from fedspeech.coordinator.strategies import Result, RoundPlan
 from fedspeech.protocol.messages import Task

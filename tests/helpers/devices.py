@@ -76,17 +76,18 @@ def start_clients(
 
 
 @contextmanager
-def one_round_coordinator(tmp_path: Path, broker_url: str, topic_root: str, device_id: str, **config: Any):
+def one_round_coordinator(tmp_path: Path, broker_url: str, topic_root: str, device_id: str, **settings: Any):
     """An in-process coordinator for one round of one device, and that device, which the test speaks for.
 
-    Yields (app, service, device); config adds or overrides the coordinator's settings (open enrolment by
-    default).
+    Yields (app, service, device); settings, by name, add to or override the coordinator's (open enrolment
+    by default).
     """
     from fedspeech.coordinator.app import create_app
+    from tests.helpers.configs import coordinator_config
 
-    settings = {"STATE_DIR": str(tmp_path / "state"), "BROKER_URL": broker_url, "TOPIC_ROOT": topic_root}
-    rounds = {"ROUNDS": 1, "MIN_DEVICES": 1, "MIN_RESULTS": 1, "OPEN_ENROLMENT": True}
-    app = create_app({**settings, **rounds, **config})
+    places = {"broker_url": broker_url, "topic_root": topic_root}
+    one_round = {"rounds": 1, "min_devices": 1, "min_results": 1, "open_enrolment": True}
+    app = create_app(coordinator_config(tmp_path, **places, **one_round).changed(**settings))
     service = app.extensions["fedspeech"]
     service.start()
     device = ScriptedDevice(device_id, broker_url, Topics(topic_root), service.key.public_key())

@@ -1,0 +1,201 @@
+"""The coordinator's settings, typed and bounded: its service, how rounds run, and its central evaluation.
+
+Each setting is a field with its default; a value out of bounds is refused where the config is made, with
+one line naming it. Field names are unique across the three parts, so that a setting has one name in a
+config file, an environment variable (FEDSPEECH_ROUNDS) and `CoordinatorConfig.changed` (config_sources
+reads the files and variables).
+"""
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields, replace
+from pathlib import Path
+from typing import Any
+
+from fedspeech.coordinator.enrolment import MAX_DEVICES
+from fedspeech.coordinator.strategies import strategy_params
+from fedspeech.models.architectures import MODELS, NEW_BLOCKS
+from fedspeech.models.clips.datasets import CORPORA
+from fedspeech.protocol import bounds
+from fedspeech.protocol.topics import DEFAULT_ROOT
+from fedspeech.protocol.weights import PRECISIONS, Precision
+
+APP_KEY = "FEDSPEECH"  # the CoordinatorConfig in the Flask app's config
+
+
+def _at_least(name: str, value: int | None, low: int) -> None:
+    """ValueError unless value (None: unset) is at least low."""
+    if value is not None and value < low:
+        raise ValueError(f"{name} must be at least {low}, got {value}")
+
+
+def _port(name: str, value: int) -> None:
+    """ValueError unless value is a port to listen on, or 0 for any free one."""
+    if not 0 <= value <= 65535:
+        raise ValueError(f"{name} must be a port number, 1 to 65535 (0: any free one), got {value}")
+
+
+@dataclass(frozen=True)
+class ServiceConfig:
+    """What the coordinator keeps and serves, where: its state, broker, HTTP server, task and model."""
+
+    state_dir: Path = Path("fedspeech-state")
+    broker_url: str | None = None  # None: start an embedded broker on embedded_broker_host:port (mqtt://)
+    # how the coordinator logs in to its broker; with a password file and no user name, as "coordinator"
+    broker_username: str | None = None
+    broker_password_file: Path | None = None
+    broker_ca: Path | None = None
+    broker_cert: Path | None = None
+    broker_key: Path | None = None
+    embedded_broker_host: str = "127.0.0.1"
+    embedded_broker_port: int = 1883
+    # who may register: only devices enrolled with a secret, or anyone (demo, emulated fleets) up to a cap
+    open_enrolment: bool = False
+    max_devices: int = MAX_DEVICES
+    # the HTTP server (http_server.serve): HTTPS when both TLS files are given
+    http_host: str = "127.0.0.1"
+    http_port: int = 8080  # 0: any free port
+    http_threads: int = 16
+    http_timeout_s: float = 30.0
+    tls_cert: Path | None = None
+    tls_key: Path | None = None
+    # a file holding the operator's token: with it, the dashboard, /metrics and the device and round
+    # listings answer only its holder, and devices can be revoked over HTTP
+    admin_token_file: Path | None = None
+    # Flask's bound on any body (the largest update, api.MAX_UPDATE_BYTES); each route has its own below it
+    max_content_length: int = bounds.MAX_BLOB_BYTES
+    topic_root: str = DEFAULT_ROOT
+    task: str = "fsdd"  # a built-in task (fsdd, emodb, speech_commands) or the path of a task file
+    model: str | None = None  # an architecture in fedspeech.models.MODELS; None: the task's default
+    model_depth: int | None = None  # a transformer's full-grown depth, None for models.MAX_DEPTH
+    # the coordinator's own clips for two methods: quality-weighted aggregation scores each update on
+    # validation_data (DIR/<label>/*); mutual distillation trains its server model on server_data
+    # (DIR/<label>/*, or a folder of unlabelled clips)
+    validation_data: Path | None = None
+    server_data: Path | None = None
+    shared_validation: int = (
+        0  # clips a device may share for validation (fedspeech client --share-validation)
+    )
+
+    def __post_init__(self) -> None:
+        _port("embedded_broker_port", self.embedded_broker_port)
+        _port("http_port", self.http_port)
+        for name, low in (("max_devices", 1), ("http_threads", 1), ("max_content_length", 1)):
+            _at_least(name, getattr(self, name), low)
+        _at_least("shared_validation", self.shared_validation, 0)
+        _at_least("model_depth", self.model_depth, 1)
+        if not 0 < self.http_timeout_s < math.inf:
+            raise ValueError(
+                f"http_timeout_s must be a positive number of seconds, got {self.http_timeout_s}"
+            )
+        if (self.tls_cert is None) != (self.tls_key is None):
+            raise ValueError("tls_cert and tls_key go together: give both, or neither for plain HTTP")
+        if self.model is not None and self.model not in MODELS:
+            raise ValueError(f"model must be one of {', '.join(MODELS)}, got {self.model!r}")
+
+
+@dataclass(frozen=True)
+class RoundConfig:
+    """How rounds run."""
+
+    rounds: int = 10
+    min_devices: int = 2
+    min_results: int = 2
+    round_timeout_s: float = 120.0
+    epochs: int = 2
+    batch_size: int = 16
+    learning_rate: float = 3e-3
+    # the last round's learning rate as a fraction of the first's, reached along a cosine (1: constant)
+    final_lr_fraction: float = 1.0
+    # server momentum on the aggregate's step, FedAvgM (0: none)
+    server_momentum: float = 0.0
+    seed: int = 0
+    strategy: str = "fedavg"  # a name in coordinator.strategies.STRATEGIES
+    # devices aggregated per round by top-K and random-K strategies; the results a fedbuff round closes on
+    k: int = 3
+    # a transformer's depth by round: constant, linear (in depth_stages stages, 0: one block per stage)
+    # or a list of depths such as "1,2,4"; see scheduling.depth_for_round
+    depth_schedule: str = "linear"
+    depth_stages: int = 0
+    new_blocks: str = "fresh"  # how a block added by growth starts: fresh, or copied from the one below
+    precision: Precision = "float32"  # of the weights devices download and upload; float16 halves the bytes
+    # federated evaluation of the new global model on the devices' own test splits
+    eval_every: int = 1  # every N rounds (and always the last); 0: never
+    eval_devices: int = 0  # devices asked, sampled from those online; 0: all of them
+    eval_timeout_s: float = 60.0
+    eval_min_reports: int = 1  # fewer reports than this give no federated scores
+    # an update counts for at most the samples its device reported, and at most this many
+    max_device_samples: int = 100_000
+    # the strategy's own settings, name -> value (text or number), checked against its Params
+    strategy_options: Mapping[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        ranges = [
+            ("epochs", self.epochs, 1, bounds.MAX_EPOCHS),
+            ("batch_size", self.batch_size, 1, bounds.MAX_BATCH_SIZE),
+            ("learning_rate", self.learning_rate, 1e-12, bounds.MAX_LEARNING_RATE),
+            ("round_timeout_s", self.round_timeout_s, 1e-3, bounds.MAX_TASK_SECONDS),
+            ("eval_timeout_s", self.eval_timeout_s, 1e-3, bounds.MAX_TASK_SECONDS),
+            ("max_device_samples", self.max_device_samples, 1, bounds.MAX_COUNT),
+            ("final_lr_fraction", self.final_lr_fraction, 1e-6, 1.0),
+            ("server_momentum", self.server_momentum, 0.0, 0.99),
+        ]
+        for name, value, low, high in ranges:
+            if not low <= value <= high:  # also refuses NaN
+                raise ValueError(
+                    f"{name} must be between {low:g} and {high:g} (a task's bounds), got {value}"
+                )
+        # the counts the command line bounds, bounded here too for a file's or a variable's
+        counts = [("rounds", 0), ("min_devices", 1), ("min_results", 1), ("k", 1), ("depth_stages", 0)]
+        counts += [("eval_every", 0), ("eval_devices", 0), ("eval_min_reports", 1)]
+        for name, low in counts:
+            _at_least(name, getattr(self, name), low)
+        if self.precision not in PRECISIONS:
+            raise ValueError(f"precision must be one of {', '.join(PRECISIONS)}, got {self.precision!r}")
+        if self.new_blocks not in NEW_BLOCKS:
+            raise ValueError(f"new_blocks must be one of {', '.join(NEW_BLOCKS)}, got {self.new_blocks!r}")
+        strategy_params(self.strategy, self.strategy_options)  # refuses a bad name or setting
+
+
+@dataclass(frozen=True)
+class EvaluationConfig:
+    """The coordinator's central evaluation, besides the federated one: a folder of clips or a corpus'."""
+
+    eval_data: Path | None = None  # a folder DIR/<label>/* of clips
+    eval_corpus: str | None = None  # or the held-out set of a corpus: fsdd, emodb, speech_commands
+    data_dir: Path | None = None  # where eval_corpus lives; None: the bundled data/ folder
+    eval_limit: int | None = None  # at most this many clips; None: all
+
+    def __post_init__(self) -> None:
+        if self.eval_data is not None and self.eval_corpus is not None:
+            raise ValueError("central evaluation takes eval_data or eval_corpus, not both")
+        if self.eval_corpus is not None and self.eval_corpus not in CORPORA:
+            raise ValueError(f"eval_corpus must be one of {', '.join(CORPORA)}, got {self.eval_corpus!r}")
+        _at_least("eval_limit", self.eval_limit, 1)
+
+
+@dataclass(frozen=True)
+class CoordinatorConfig:
+    """Everything the coordinator is configured with, made once: its service, rounds and evaluation."""
+
+    service: ServiceConfig = field(default_factory=ServiceConfig)
+    rounds: RoundConfig = field(default_factory=RoundConfig)
+    evaluation: EvaluationConfig = field(default_factory=EvaluationConfig)
+
+    def changed(self, **settings: Any) -> "CoordinatorConfig":
+        """A copy with these settings, each named by its field in whichever part holds it.
+
+        Each part is made again once, with dataclasses.replace: its bounds are checked on the new
+        values together. ValueError for a name no part has.
+        """
+        parts: dict[str, dict[str, Any]] = {}
+        for name, value in settings.items():
+            if name not in SECTION_OF:
+                raise ValueError(f"no setting {name!r}")
+            parts.setdefault(SECTION_OF[name], {})[name] = value
+        return replace(self, **{part: replace(getattr(self, part), **v) for part, v in parts.items()})
+
+
+SECTIONS: dict[str, type] = {"service": ServiceConfig, "rounds": RoundConfig, "evaluation": EvaluationConfig}
+# setting -> the part of CoordinatorConfig that holds it
+SECTION_OF = {f.name: section for section, cls in SECTIONS.items() for f in fields(cls)}
