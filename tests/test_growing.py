@@ -1,21 +1,16 @@
 """The growing transformer: depth schedule, growth keeping the function, weight scaling, payload sizes."""
 
 import numpy as np
-import onnx
 import pytest
 import torch
-from test_end_to_end import running_coordinator, wait_until_finished
 
 from fedspeech.coordinator.scheduling import depth_for_round
-from fedspeech.export.onnx_export import PREFIX
 from fedspeech.models import build_model, depth_of
 from fedspeech.models.growth import grow
 from fedspeech.models.train import get_arrays, set_arrays
 from fedspeech.models.transformer import ScaledLinear
 from fedspeech.protocol import weights
 from fedspeech.protocol.messages import ModelSpec
-from tests.helpers.devices import start_clients
-from tests.helpers.ports import free_port
 
 
 def spec(depth: int, name: str = "transformer") -> ModelSpec:
@@ -137,47 +132,3 @@ def test_payload_holds_exactly_the_active_blocks() -> None:
         sizes.append(len(weights.encode(arrays)))
     block = sizes[1] - sizes[0]
     assert sizes[2] - sizes[1] == pytest.approx(2 * block, rel=0.01), "bytes grow linearly with depth"
-
-
-def _onnx_depth(data: bytes) -> int:
-    """Encoder blocks in the graph's weights, checked against the depth its metadata states."""
-    proto = onnx.load_from_string(data)
-    depth = depth_of(init.name.removeprefix(PREFIX) for init in proto.graph.initializer)
-    assert {p.key: p.value for p in proto.metadata_props}["depth"] == str(depth)
-    return depth
-
-
-@pytest.mark.parametrize("strategy", ["fedavg", "hardware"])
-def test_growing_run_trains_sends_and_exports_only_the_current_depth(
-    strategy, tmp_path, topic_root, processes
-) -> None:
-    speakers = ["jackson", "nicolas"]
-    config = {
-        "STRATEGY": strategy,
-        "K": 2,
-        "EMBEDDED_BROKER_PORT": free_port(),
-        "TOPIC_ROOT": topic_root,
-        "MODEL": "transformer",
-        "MODEL_DEPTH": 2,
-        "DEPTH_SCHEDULE": "linear",
-        "ROUNDS": 4,
-        "EPOCHS": 1,
-        "MIN_DEVICES": 2,
-        "MIN_RESULTS": 2,
-    }
-    with running_coordinator(tmp_path, **config) as (service, url):
-        clients = start_clients(processes, speakers, url, service.broker_url, topic_root, max_samples=24)
-        wait_until_finished(service, clients)
-        store = service.store
-        rounds = store.rounds()
-        # round r's stored model is what round r + 1 trains: depth 1 for rounds 1-2, then 2
-        stored = [weights.decode(store.model_path(r.round, "weights").read_bytes())[0] for r in rounds]
-        depths = [depth_of(arrays) for arrays in stored]
-        assert depths == [1, 1, 2, 2, 2]
-        assert [_onnx_depth(store.model_path(r.round, "onnx").read_bytes()) for r in rounds] == depths
-        shallow, deep = (store.model_path(r, "weights").stat().st_size for r in (0, 4))
-        for r in rounds[1:]:
-            size = shallow if depths[r.round - 1] == 1 else deep
-            assert r.bytes_down == 2 * size, "each device downloads the model at the round's depth"
-            assert 2 * size * 0.95 < r.bytes_up < 2 * size * 1.05
-        assert rounds[-1].accuracy is not None
