@@ -30,7 +30,7 @@ from tests.helpers.devices import Processes
 from tests.helpers.ports import free_port
 from tests.helpers.waiting import wait_for
 
-DEPLOY = Path(__file__).resolve().parent.parent / "deploy"
+DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
 TOPICS = Topics("fedspeech/v1")  # the root the ACL names
 # kitchen-pi-listen: a `fedspeech listen` on kitchen-pi; jackson: the FSDD speaker of the full round
 USERS = ["coordinator", "kitchen-pi", "hall-pi", "kitchen-pi-listen", "jackson"]

@@ -24,7 +24,7 @@ from tests.helpers.shared_data import SHARED_DATA, needs_shared
 from tests.helpers.waiting import get_json, wait_for
 
 CLIENT_LOG = "fedspeech.edge_client.coordinator_http"
-FSDD_CLIP = Path(__file__).resolve().parents[1] / "data" / "fsdd" / "recordings" / "0_george_0.flac"
+FSDD_CLIP = Path(__file__).resolve().parents[2] / "data" / "fsdd" / "recordings" / "0_george_0.flac"
 
 
 def fedspeech(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:

@@ -30,7 +30,7 @@ from tests.helpers.onnx_files import with_metadata
 from tests.helpers.ports import free_port
 from tests.helpers.waiting import wait_for
 
-RECORDINGS = Path(__file__).resolve().parent.parent / "data" / "fsdd" / "recordings"
+RECORDINGS = Path(__file__).resolve().parents[2] / "data" / "fsdd" / "recordings"
 SPEAKER, TAKE = "lucas", 1  # a held-out take: FSDD's recordings 0-4 are its test split, never trained on
 DIGITS = [str(digit) for digit in range(10)]
 RATE = 8000

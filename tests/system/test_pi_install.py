@@ -32,7 +32,7 @@ from tests.helpers.waiting import get_json, wait_for
 
 wheel = test_wheel.wheel  # the fixture: the wheel built from a copy of the tree, once per module
 
-INSTALL = Path(__file__).resolve().parent.parent / "deploy" / "install.sh"
+INSTALL = Path(__file__).resolve().parents[2] / "deploy" / "install.sh"
 MIRROR = "http://deb.debian.org/debian"
 VENV = "/opt/fedspeech"
 TORCH_CPU_INDEX = "https://download.pytorch.org/whl/cpu"  # install.sh's default

@@ -14,7 +14,7 @@ import soxr
 from fedspeech.edge_client.recording import TakeRefused, trim_take
 from tests.helpers.waiting import wait_for
 
-RECORDINGS = Path(__file__).resolve().parent.parent / "data" / "fsdd" / "recordings"
+RECORDINGS = Path(__file__).resolve().parents[2] / "data" / "fsdd" / "recordings"
 RATE = 8000  # FSDD's
 TASK = 'name = "digits16k"\nlabels = ["three", "seven"]\nsample_rate = 16000\nclip_seconds = 1.0\n'
 TASK_RATE, CLIP_S = 16000, 1.0

@@ -1,7 +1,7 @@
 """The files of deploy/: systemd units, install.sh, the Prometheus config and the Grafana dashboard.
 
 Mosquitto with the shipped deploy/mosquitto.conf and ACL, and clients really connecting to it over TLS
-and in plain, are tests/test_broker_config.py's. Units are checked with systemd-analyze and install.sh
+and in plain, are tests/system/test_broker_config.py's. Units are checked with systemd-analyze and install.sh
 with shellcheck where they exist (Debian: apt-get install systemd shellcheck), else skipped saying so.
 """
 
@@ -29,7 +29,7 @@ from tests.helpers.waiting import wait_for
 
 wheel = test_wheel.wheel  # the fixture: the wheel built from a copy of the tree, once per module
 
-DEPLOY = Path(__file__).resolve().parent.parent / "deploy"
+DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
 UNITS = sorted(DEPLOY.glob("*.service"))
 FEDSPEECH = "/opt/fedspeech/bin/fedspeech"  # where install.sh puts the command the units run
 ADMIN_TOKEN = "/etc/fedspeech/admin-token"

@@ -33,7 +33,7 @@ from fedspeech_bench.fleets.fleet_files import (
 from fedspeech_bench.fleets.launch import launch_fleet, stop_fleet
 from fedspeech_bench.fleets.network_proxy import DelayProxy
 
-FLEETS = Path(__file__).resolve().parents[1] / "bench" / "fedspeech_bench" / "fleets"
+FLEETS = Path(__file__).resolve().parents[2] / "bench" / "fedspeech_bench" / "fleets"
 EMODB_SPEAKERS = {"03", "08", "09", "10", "11", "12", "13", "14", "15", "16"}
 
 

@@ -15,7 +15,7 @@ from fedspeech.models.clips.tasks import SPEECH_COMMANDS_LABELS
 from tests.helpers.ports import free_port
 from tests.helpers.waiting import get_json, wait_for
 
-SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
+SHARED_DATA = Path(__file__).resolve().parents[3] / "shared" / "data"
 ROUNDS = 4
 # each device holds some of the labels, all of them together every label
 DEVICE_LABELS = {

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 CLIP = "1_lucas_1.flac"  # a held-out take (FSDD's recordings 0-4 are its test split): "1"
 REPORT = "@@fedspeech-wheel-test@@ "  # marks the line the wrapper scripts print after main() returns
 DETECTION = re.compile(r"^\s*(\d+\.\d+) s  (\S+)  (\d\.\d\d)$", re.MULTILINE)  # `listen` output
