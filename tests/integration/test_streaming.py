@@ -17,7 +17,7 @@ from fedspeech.edge_client.runtime.streaming import (
 )
 from tests.helpers.onnx_files import with_metadata
 
-RECORDINGS = Path(__file__).resolve().parent.parent / "data" / "fsdd" / "recordings"
+RECORDINGS = Path(__file__).resolve().parents[2] / "data" / "fsdd" / "recordings"
 RATE, FRAME = 8000, 80  # FSDD's rate; 10 ms frames
 DIGITS = [str(digit) for digit in range(10)]
 PAUSE_S = 0.6

@@ -114,7 +114,7 @@ def test_real_noise_of_the_shared_test_set_leaves_out_the_bundled_clips():
     paths = real_noise_paths(SHARED_DATA, bundled_data_dir() / BACKGROUND_NOISE)
     every = sorted(p.name for p in (SHARED_DATA / "speech_commands_test" / "_silence_").glob("*.flac"))
     assert [p.name for p in paths] == every[1::2]
-    in_repository = Path(__file__).resolve().parents[1] / "data" / BACKGROUND_NOISE  # before it is installed
+    in_repository = Path(__file__).resolve().parents[2] / "data" / BACKGROUND_NOISE  # before it is installed
     assert real_noise_paths(SHARED_DATA, in_repository) == paths
 
 
