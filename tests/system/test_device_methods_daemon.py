@@ -10,7 +10,7 @@ from fedspeech.edge_client.local_norm import LocalNorm
 from fedspeech.edge_client.model_keeper import KEPT_MODEL
 from fedspeech.protocol import weights
 from fedspeech.protocol.messages import BlobRef, ModelSpec
-from tests.test_device_methods import TEACHER, fresh, initializers, names_of_norm, uploaded
+from tests.unit.test_device_methods import TEACHER, fresh, initializers, names_of_norm, uploaded
 
 
 def test_the_daemon_distils_keeps_its_norm_and_personalises_its_model(tmp_path: Path) -> None:

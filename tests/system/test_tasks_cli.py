@@ -3,7 +3,7 @@
 import subprocess
 import sys
 
-from tests.test_tasks import GOOD
+from tests.unit.test_tasks import GOOD
 
 
 def test_coordinator_with_a_bad_task_file_stops_with_one_line(tmp_path):

@@ -7,7 +7,7 @@ import numpy as np
 from fedspeech.coordinator.round_storage import RoundTally, announcement, store_round
 from fedspeech.coordinator.store import Store, UpdateRecord
 from fedspeech.protocol import routes, weights
-from tests.test_orchestrator import FakeModel
+from tests.unit.test_orchestrator import FakeModel
 
 
 def test_a_stored_round_is_announced_with_the_digests_and_sizes_of_the_files_served(tmp_path):

@@ -38,7 +38,7 @@ from fedspeech.protocol import messages
 from fedspeech.protocol.labels import NONE_LABEL
 from fedspeech.protocol.messages import ModelSpec, ProtocolError, TaskDefinition, TaskInfo, check_definition
 
-DATA = Path(__file__).resolve().parents[1] / "data"
+DATA = Path(__file__).resolve().parents[2] / "data"
 NOISE = DATA / "_background_noise_"
 RATE, FRAME = 8000, 80  # FSDD's rate, and its 10 ms frame
 FSDD = BUILTIN_TASKS["fsdd"]

@@ -19,7 +19,7 @@ from fedspeech.coordinator.strategies.grouped import deal_groups
 from fedspeech.protocol import routes, weights
 from fedspeech.protocol.messages import BlobRef, Task
 from fedspeech.protocol.weights import Arrays
-from tests.test_orchestrator import FakeModel, Fleet
+from tests.unit.test_orchestrator import FakeModel, Fleet
 
 pytestmark = pytest.mark.timeout(30)
 
