@@ -1,4 +1,7 @@
-"""Shared fixtures: the machine's Mosquitto, topic roots, coordinator and device processes, a microphone."""
+"""Shared fixtures: the machine's Mosquitto, topic roots, coordinator and device processes, a microphone.
+
+And the tiers: each test is marked with the folder it is in (unit, integration, system).
+"""
 
 import os
 import shutil
@@ -17,6 +20,28 @@ from tests.helpers.devices import Processes
 from tests.helpers.waiting import wait_for
 
 MOSQUITTO = ("127.0.0.1", 1883)
+TIERS = ("unit", "integration", "system")  # the folders of tests/, and their markers: `pytest -m unit`
+
+
+@pytest.hookimpl(tryfirst=True)  # before -m selects by marker, and before xdist reads the groups
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Mark each test with its tier; run each file of the integration and system tiers on one worker.
+
+    Under `--dist loadgroup` (tests/run) a file's tests then share its module fixtures (a trained model, a
+    built wheel, a running fleet), made once. A file whose tests use something the machine has only one of
+    (PulseAudio, CPU shares measured, a browser) names it in an xdist_group mark of its own instead: files
+    of one group run one after the other.
+    """
+    here = Path(__file__).parent
+    for item in items:
+        tier = item.path.relative_to(here).parts[0]
+        if tier not in TIERS:
+            raise pytest.UsageError(
+                f"{item.path}: a test file belongs in tests/unit, tests/integration or tests/system"
+            )
+        item.add_marker(tier)
+        if tier != "unit" and not any(item.iter_markers("xdist_group")):
+            item.add_marker(pytest.mark.xdist_group(item.path.stem))
 
 
 @pytest.fixture(scope="session")

@@ -8,6 +8,7 @@ import shutil
 import subprocess
 import sys
 import urllib.request
+import uuid
 from pathlib import Path
 
 import pytest
@@ -24,6 +25,8 @@ SPEAKERS = ["george", "jackson", "theo"]
 ROUNDS = 2
 # where the browser test leaves its screenshot: the README shows it (deploy/dashboard.png)
 SCREENSHOT_DIR = os.environ.get("FEDSPEECH_SCREENSHOT_DIR")
+# one headless browser at a time on this machine (and the module's fleet started once)
+pytestmark = pytest.mark.xdist_group("chromium")
 needs_chromium = pytest.mark.skipif(
     not shutil.which("chromium"), reason="needs Chromium: apt-get install chromium chromium-driver"
 )
@@ -33,7 +36,7 @@ needs_chromium = pytest.mark.skipif(
 def fleet(tmp_path_factory, mosquitto_url):
     """A coordinator serving HTTP and three device processes; yields (service, URL), rounds under way."""
     tmp = tmp_path_factory.mktemp("fleet")
-    topic_root = f"fedspeech-test/{tmp.name}"
+    topic_root = f"fedspeech-test/{uuid.uuid4().hex[:12]}"
     app = create_app(
         {
             "STATE_DIR": str(tmp / "state"),

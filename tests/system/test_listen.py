@@ -38,7 +38,8 @@ SPEC = ModelSpec("cnn", RATE, RATE, 10)
 NOISY_AT_LEAST = 7  # of the ten digits in white noise at 10 dB SNR, by the tests' briefly trained model
 DETECTION = re.compile(r"^\s*(\d+\.\d+) s  (\S+)  (\d\.\d\d)$", re.MULTILINE)
 
-pytestmark = pytest.mark.timeout(180)
+# PulseAudio servers of their own: one at a time on a machine, so with test_record.py's on one worker
+pytestmark = [pytest.mark.timeout(180), pytest.mark.xdist_group("pulseaudio")]
 
 
 # ---- models and audio ----

@@ -20,7 +20,8 @@ TASK = 'name = "digits16k"\nlabels = ["three", "seven"]\nsample_rate = 16000\ncl
 TASK_RATE, CLIP_S = 16000, 1.0
 TAKES = [f"3_jackson_{take}" for take in (10, 11, 12, 13, 14)]  # FSDD clips hold the spoken part only
 
-pytestmark = pytest.mark.timeout(120)
+# PulseAudio servers of their own: one at a time on a machine, so with test_listen.py's on one worker
+pytestmark = [pytest.mark.timeout(120), pytest.mark.xdist_group("pulseaudio")]
 
 
 def clip(name: str) -> np.ndarray:
