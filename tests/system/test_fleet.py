@@ -36,9 +36,8 @@ from fedspeech_bench.fleets.network_proxy import DelayProxy
 FLEETS = Path(__file__).resolve().parents[2] / "bench" / "fedspeech_bench" / "fleets"
 EMODB_SPEAKERS = {"03", "08", "09", "10", "11", "12", "13", "14", "15", "16"}
 
-# processes held to a share of a core, their speed measured: never beside another such test, so this file
-# and test_profile.py share a worker
-pytestmark = pytest.mark.xdist_group("cpu")
+# processes held to a share of a core, their speed measured: with nothing else running beside them
+pytestmark = pytest.mark.alone
 
 
 # ---- fleet files ----

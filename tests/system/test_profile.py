@@ -20,9 +20,8 @@ from fedspeech_bench.fleets.cpu_limits import ONE_THREAD, run_limited
 from fedspeech_bench.fleets.fleet_files import DeviceSpec
 from fedspeech_bench.fleets.launch import proxied_urls
 
-# processes held to a share of a core, their speed measured: never beside another such test, so this file
-# and test_fleet.py share a worker
-pytestmark = pytest.mark.xdist_group("cpu")
+# processes held to a share of a core, their speed measured: with nothing else running beside them
+pytestmark = pytest.mark.alone
 
 # What a device measures, run as its own process: CPU_i from the fixed benchmark, then T_i from a
 # short real local training of the CNN on 40 FSDD clips with one torch thread (after a warm-up step,
