@@ -58,9 +58,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.timeout(seconds, func_only=True))
     alone = config.getoption("alone")
     if alone is not None:
-        wanted = [item for item in items if (item.get_closest_marker("alone") is None) == (alone == "skip")]
+        wanted = {item for item in items if (item.get_closest_marker("alone") is None) == (alone == "skip")}
         config.hook.pytest_deselected(items=[item for item in items if item not in wanted])
-        items[:] = wanted
+        items[:] = [item for item in items if item in wanted]
 
 
 @pytest.fixture(scope="session")
