@@ -1,4 +1,7 @@
-"""Shared fixtures: the machine's Mosquitto, topic roots, coordinator and device processes, a microphone."""
+"""Shared fixtures: the machine's Mosquitto, topic roots, coordinator and device processes, a microphone.
+
+And the tiers: each test is marked with the folder it is in (unit, integration, system).
+"""
 
 import os
 import shutil
@@ -17,6 +20,47 @@ from tests.helpers.devices import Processes
 from tests.helpers.waiting import wait_for
 
 MOSQUITTO = ("127.0.0.1", 1883)
+TIERS = ("unit", "integration", "system")  # the folders of tests/, and their markers: `pytest -m unit`
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    """--alone skip|only: leave out the tests marked alone, or run only those (tests/run runs them last)."""
+    parser.addoption(
+        "--alone", choices=("skip", "only"), help="skip the tests marked alone, or run only those"
+    )
+
+
+@pytest.hookimpl(tryfirst=True)  # before -m selects by marker, and before xdist reads the groups
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Mark each test with its tier; run each file of the integration and system tiers on one worker.
+
+    Under `--dist loadgroup` (tests/run) a file's tests then share its module fixtures (a trained model, a
+    built wheel, a running fleet), made once. A file whose tests use something the machine has only one of
+    (a PulseAudio server, a browser) names it in an xdist_group mark of its own instead: files of one group
+    run one after the other. Tests that measure the machine's speed are marked alone: tests/run runs them
+    after the others, with nothing beside them.
+    """
+    here = Path(__file__).parent
+    for item in items:
+        tier = item.path.relative_to(here).parts[0]
+        if tier not in TIERS:
+            raise pytest.UsageError(
+                f"{item.path}: a test file belongs in tests/unit, tests/integration or tests/system"
+            )
+        item.add_marker(tier)
+        if tier != "unit" and not any(item.iter_markers("xdist_group")):
+            item.add_marker(pytest.mark.xdist_group(item.path.stem))
+        if "fsdd_model" in item.fixturenames:
+            # trained for the first test on a worker that needs it, whichever that is: minutes on a busy
+            # machine, no part of that test's own time limit, which then bounds its body alone
+            limit = item.get_closest_marker("timeout")
+            seconds = limit.args[0] if limit is not None else config.getini("timeout")
+            item.add_marker(pytest.mark.timeout(seconds, func_only=True))
+    alone = config.getoption("alone")
+    if alone is not None:
+        wanted = {item for item in items if (item.get_closest_marker("alone") is None) == (alone == "skip")}
+        config.hook.pytest_deselected(items=[item for item in items if item not in wanted])
+        items[:] = [item for item in items if item in wanted]
 
 
 @pytest.fixture(scope="session")

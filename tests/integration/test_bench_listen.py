@@ -1,0 +1,172 @@
+"""`fedspeech bench listen`: scoring by alignment, noise at an SNR, the real-noise clips, and a short run."""
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from fedspeech.models.clips.datasets import bundled_data_dir, load_corpus, server_test_clips
+from fedspeech.models.clips.tasks import BACKGROUND_NOISE
+from fedspeech_bench.listen import ListenBenchConfig, check_config, parse_models, run_listen_bench
+from fedspeech_bench.listen_streams import (
+    Stream,
+    build_stream,
+    real_noise,
+    real_noise_paths,
+    speech_power,
+    white_noise,
+    with_noise,
+)
+from fedspeech_bench.word_alignment import Alignment, align
+from tests.helpers.shared_data import SHARED_DATA, needs_shared
+
+RATE = 8000
+
+
+@pytest.mark.parametrize(
+    ("spoken", "detected", "expected"),
+    [
+        ("3141", "3141", Alignment(hits=4)),
+        ("3141", "3741", Alignment(hits=3, substitutions=1)),
+        ("3141", "31441", Alignment(hits=4, insertions=1)),
+        ("3141", "341", Alignment(hits=3, deletions=1)),
+        ("3141", "", Alignment(deletions=4)),
+        ("", "27", Alignment(insertions=2)),
+        ("", "", Alignment()),
+        ("12", "21", Alignment(hits=1, insertions=1, deletions=1)),  # as many edits as 2 substitutions
+        ("123", "9", Alignment(substitutions=1, deletions=2)),
+    ],
+)
+def test_alignment_counts_hits_substitutions_insertions_and_deletions(spoken, detected, expected):
+    result = align(list(spoken), list(detected))
+    assert result == expected
+    assert result.words == len(spoken)
+
+
+@pytest.fixture(scope="module")
+def stream() -> Stream:
+    """Eight held-out FSDD takes with 0.6 s of silence around each."""
+    corpus = load_corpus("fsdd")
+    return build_stream(server_test_clips(corpus), corpus.labels, RATE, pause_s=0.6, seed=0, words=8)
+
+
+def test_the_stream_is_the_takes_with_pauses_around_them(stream):
+    pause = round(0.6 * RATE)
+    assert len(stream.words) == 8
+    assert stream.words[0].start == pause
+    assert len(stream.audio) == stream.words[-1].end + pause
+    for before, after in zip(stream.words, stream.words[1:], strict=False):
+        assert after.start - before.end == pause
+        assert not stream.audio[before.end : after.start].any()
+    assert all(stream.audio[w.start : w.end].any() for w in stream.words)
+    corpus = load_corpus("fsdd")
+    other = build_stream(server_test_clips(corpus), corpus.labels, RATE, pause_s=0.6, seed=1, words=8)
+    assert [(w.start, w.end) for w in other.words] != [(w.start, w.end) for w in stream.words]
+
+
+def measured_snr_db(clean: Stream, noisy: Stream) -> float:
+    """Speech power over the words against the power of what was added, over the whole stream."""
+    return 10 * np.log10(
+        speech_power(clean) / np.mean(np.square(noisy.audio - clean.audio, dtype=np.float64))
+    )
+
+
+@pytest.mark.parametrize("snr_db", [20.0, 10.0, 0.0])
+def test_white_noise_is_mixed_at_the_snr_asked_for(stream, snr_db):
+    noisy = with_noise(stream, white_noise(len(stream.audio), seed=0), snr_db)
+    assert measured_snr_db(stream, noisy) == pytest.approx(snr_db, abs=0.1)
+
+
+@needs_shared
+def test_real_noise_is_mixed_at_the_snr_asked_for(stream):
+    paths = real_noise_paths(SHARED_DATA, bundled_data_dir() / BACKGROUND_NOISE)
+    noise = real_noise(paths[:20], RATE, len(stream.audio), seed=0)
+    assert len(noise) == len(stream.audio)
+    noisy = with_noise(stream, noise, 10.0)
+    assert measured_snr_db(stream, noisy) == pytest.approx(10.0, abs=0.1)
+
+
+def _silence_folder(root: Path, names: list[str]) -> Path:
+    folder = root / "speech_commands_test" / "_silence_"
+    folder.mkdir(parents=True)
+    for name in names:
+        (folder / name).touch()
+    return root
+
+
+def test_real_noise_is_the_odd_clips_and_never_a_bundled_one(tmp_path):
+    names = ["a.flac", "b.flac", "c.flac", "d.flac", "e.flac"]
+    data = _silence_folder(tmp_path / "data", names[::-1])
+    bundled = tmp_path / "bundled"
+    bundled.mkdir()
+    for name in names[::2]:  # the even ones train the models
+        (bundled / name).touch()
+    assert [p.name for p in real_noise_paths(data, bundled)] == ["b.flac", "d.flac"]
+    assert [p.name for p in real_noise_paths(data, tmp_path / "no such folder")] == ["b.flac", "d.flac"]
+    (bundled / "d.flac").touch()  # a bundled clip among them is refused
+    with pytest.raises(ValueError, match="d.flac"):
+        real_noise_paths(data, bundled)
+
+
+@needs_shared
+def test_real_noise_of_the_shared_test_set_leaves_out_the_bundled_clips():
+    paths = real_noise_paths(SHARED_DATA, bundled_data_dir() / BACKGROUND_NOISE)
+    every = sorted(p.name for p in (SHARED_DATA / "speech_commands_test" / "_silence_").glob("*.flac"))
+    assert [p.name for p in paths] == every[1::2]
+    in_repository = Path(__file__).resolve().parents[2] / "data" / BACKGROUND_NOISE  # before it is installed
+    assert real_noise_paths(SHARED_DATA, in_repository) == paths
+
+
+def test_models_are_named_by_stem_or_given_names_and_checked(fsdd_model, tmp_path):
+    model = str(fsdd_model.onnx_path)
+    assert parse_models([model, f"half={model}"]) == {Path(model).stem: Path(model), "half": Path(model)}
+    with pytest.raises(ValueError, match="two models named"):
+        parse_models([model, model])
+    with pytest.raises(ValueError, match="NAME=PATH"):
+        parse_models([f"={model}"])
+    with pytest.raises(ValueError, match="no model at"):
+        check_config(ListenBenchConfig(models={"x": tmp_path / "missing.onnx"}))
+    (tmp_path / "junk.onnx").write_bytes(b"not a model")
+    with pytest.raises(ValueError, match="junk.onnx"):
+        check_config(ListenBenchConfig(models={"x": tmp_path / "junk.onnx"}))
+    with pytest.raises(ValueError, match="noise-minutes"):
+        check_config(ListenBenchConfig(models={"x": Path(model)}, noise_minutes=0))
+
+
+def test_a_short_bench_writes_its_table_and_plots_and_hears_most_clean_words(fsdd_model, tmp_path, capsys):
+    data_dir = SHARED_DATA if SHARED_DATA.is_dir() else None
+    cfg = ListenBenchConfig(
+        models={"trained": fsdd_model.onnx_path},
+        out=tmp_path / "out",
+        data_dir=data_dir,
+        words=8,
+        noise_minutes=0.1,
+        keep_audio=True,
+        command="fedspeech bench listen --words 8",
+    )
+    check_config(cfg)
+    results_md = run_listen_bench(cfg)
+    text = results_md.read_text()
+    assert (
+        "| condition | words | detected in order | wrong or extra | misses | false detections/min |" in text
+    )
+    assert "`fedspeech bench listen --words 8`" in text
+    for png in ("detected-in-order.png", "wrong-or-extra.png"):
+        assert (cfg.out / png).stat().st_size > 1000
+    report = json.loads((cfg.out / "results.json").read_text())["models"]["trained"]
+    results = {r["condition"]: r for r in report["results"]}
+    kinds = ["white"] + (["real"] if data_dir else [])
+    expected = (
+        ["clean"] + [f"{k} {snr} dB" for k in kinds for snr in (20, 10)] + [f"{k} noise alone" for k in kinds]
+    )
+    assert list(results) == expected
+    assert len(list((cfg.out / "audio").glob("*.wav"))) == len(expected)
+    clean = results["clean"]
+    assert clean["words"] == len(report["spoken"]) == 8
+    assert clean["hits"] >= 5, clean
+    assert clean["hits"] + clean["substitutions"] + clean["deletions"] == 8
+    assert results["white noise alone"]["words"] == 0
+    assert results["white noise alone"]["false_per_minute"] is not None
+    if data_dir is None:
+        assert "real-noise conditions skipped" in capsys.readouterr().out

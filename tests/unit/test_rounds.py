@@ -1,0 +1,114 @@
+"""Each round mode alone, as the loop calls it: train(round, plan, context) with fake devices answering
+through a real inbox over a real store; no loop, no broker, no HTTP."""
+
+import threading
+import time
+import uuid
+from collections.abc import Sequence
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+from fedspeech.coordinator.config import RoundConfig
+from fedspeech.coordinator.rounds.base import RoundContext, TaskMaker
+from fedspeech.coordinator.rounds.modes import MODES
+from fedspeech.coordinator.strategies import RoundPlan, Work
+from fedspeech.protocol import routes, weights
+from fedspeech.protocol.messages import BlobRef, Task
+from tests.helpers.fake_fleet import DEFINITION, SPEC, FakeLink, inbox_of
+
+pytestmark = pytest.mark.timeout(30)
+
+GLOBAL = BlobRef(routes.model(0, "weights"), "0" * 64, 1)  # where the fake tasks say the model is
+
+
+def tasks_of(round: int) -> TaskMaker:
+    """Tasks of a round that say they train from round 0's model."""
+
+    def tasks(devices: Sequence[str], deadline: float) -> dict[str, Task]:
+        return {
+            d: Task(uuid.uuid4().hex, round, SPEC, DEFINITION, GLOBAL, "/up", 1, 8, 0.1, deadline)
+            for d in devices
+        }
+
+    return tasks
+
+
+def context_of(tmp_path, link: FakeLink, timeout_s: float = 5.0) -> RoundContext:
+    """Round 1's context, starting now; its inbox's global model is w = 1."""
+    inbox = inbox_of(tmp_path, link)
+    inbox.publish({"w": np.ones(2, np.float32)}, SPEC)
+    config = RoundConfig(round_timeout_s=timeout_s)
+    return RoundContext(time.time(), config, inbox, link, inbox.store, tasks_of(1), threading.Event())
+
+
+def answer(context: RoundContext, device: str, task: Task, value: float, samples: int = 10) -> None:
+    body = weights.encode(
+        {"w": np.full(2, value, np.float32)}, {"task_id": task.task_id, "num_samples": str(samples)}
+    )
+    context.inbox.receive_update(task.round, device, body, weights.sha256(body))
+
+
+def plan(devices: Sequence[str], needed: int, groups: list[list[str]] | None = None) -> RoundPlan:
+    return RoundPlan({d: Work(1) for d in devices}, needed, groups=groups or [])
+
+
+def test_parallel_waits_for_every_result_until_the_deadline_and_withdraws_every_task(tmp_path):
+    link = FakeLink()
+    context = context_of(tmp_path, link, timeout_s=0.3)
+    link.responders["a"] = lambda task: answer(context, "a", task, 3.0)  # b never answers
+    collected = MODES["parallel"](1, plan(["a", "b"], needed=2), context)
+    assert time.time() - context.started >= 0.3, "closed at the deadline"
+    assert [(r.device_id, r.arrays["w"][0]) for r in collected.results] == [("a", 3.0)]
+    assert collected.missed and set(collected.closed.tasks) == {"a", "b"}
+    assert link.cleared == ["a", "b"] and context.inbox.carried() == {}
+    assert collected.devices_in(collected.results) == {"a"}
+
+
+def test_buffered_closes_on_its_results_and_counts_a_late_update_in_the_next_round_rebased(tmp_path):
+    link = FakeLink()
+    context = context_of(tmp_path, link)
+    round_0 = {"w": np.zeros(2, np.float32)}
+    context.store.save_model_file(0, "weights", weights.encode(round_0, {"round": "0"}))
+    late: list[Task] = []
+    link.responders["a"] = lambda task: answer(context, "a", task, 3.0)
+    link.responders["b"] = late.append  # still training when round 1 closes
+    first = MODES["buffered"](1, plan(["a", "b"], needed=1), context)
+    assert time.time() - context.started < 1.0, "closed on its one result"
+    assert [r.device_id for r in first.results] == ["a"] and not first.missed
+    assert link.cleared == ["a"] and set(context.inbox.carried()) == {"b"}, "b trains on"
+    answer(context, "b", late[0], 5.0)  # between rounds: it waits for round 2
+    context = replace(context, started=time.time(), tasks=tasks_of(2))
+    second = MODES["buffered"](2, plan(["a"], needed=2), context)  # a and b's late update
+    results = {r.device_id: r for r in second.results}
+    assert sorted(results) == ["a", "b"] and results["b"].staleness == 1
+    # b's change from round 0's model (5 - 0) laid onto the global model (1)
+    assert results["b"].arrays["w"][0] == pytest.approx(6.0)
+    assert link.cleared == ["a", "a", "b"], "b's task is withdrawn once its update counted"
+
+
+def test_chained_passes_each_groups_model_on_and_takes_one_result_per_group(tmp_path):
+    link = FakeLink()
+    context = context_of(tmp_path, link)
+    started_from: dict[str, float] = {}
+
+    def train_on(device: str, task: Task) -> None:  # one more than the model it starts from
+        if task.weights == GLOBAL:
+            start = 1.0
+        else:
+            step = int(task.weights.path.rsplit("/", 1)[1])
+            path = context.inbox.relay_file(task.round, step, device)
+            start = float(weights.decode(path.read_bytes())[0]["w"][0])
+        started_from[device] = start
+        answer(context, device, task, start + 1.0)
+
+    for device in ("a", "b", "c"):
+        link.responders[device] = lambda task, d=device: train_on(d, task)
+    collected = MODES["chained"](1, plan(["a", "b", "c"], needed=2, groups=[["a", "b"], ["c"]]), context)
+    assert started_from == {"a": 1.0, "b": 2.0, "c": 1.0}, "b starts from a's update"
+    results = {r.device_id: (r.arrays["w"][0], r.num_samples) for r in collected.results}
+    assert results == {"b": (3.0, 20), "c": (2.0, 10)}, "a group's model counts its samples"
+    assert not collected.missed and sorted(collected.closed.updates) == ["a", "b", "c"]
+    assert collected.devices_in([r for r in collected.results if r.device_id == "b"]) == {"a", "b"}
+    assert sorted(link.cleared) == ["a", "b", "c"]
