@@ -1,4 +1,7 @@
-"""`fedspeech demo`: a coordinator and an emulated Pi fleet, one device per FSDD speaker, on one machine."""
+"""`fedspeech demo`: a coordinator and an emulated Pi fleet, one device per FSDD speaker, on one machine.
+
+It ends with where its time went: the coordinator's start, the devices', the rounds, and what follows.
+"""
 
 import json
 import logging
@@ -111,6 +114,14 @@ def write_plot(records: list[dict], path: Path) -> None:
     plt.close(fig)
 
 
+def durations(t0: float, ends: dict[str, float]) -> dict[str, float]:
+    """Seconds of each phase (in order, name -> when it ended), from the end of the one before (or t0)."""
+    seconds, start = {}, t0
+    for name, end in ends.items():
+        seconds[name], start = end - start, end
+    return seconds
+
+
 def run_demo(cfg: DemoConfig) -> dict:
     """Train on a fleet of FSDD speaker devices; write model.onnx, metrics.json and accuracy.png."""
     if cfg.fleet is None:
@@ -150,10 +161,17 @@ def run_demo(cfg: DemoConfig) -> dict:
         print(f"watch it at {run.url}/ while it runs")
         print(f"{len(fleet)} devices: {names}")
         run.wait(cfg.round_timeout_s + 60, round_printer(cfg.rounds, t0))
-    return _write_results(run.service.store, run.service.orchestrator.model, cfg.out, t0)
+        rounds = run.service.store.rounds()
+        ends = {
+            "coordinator start": rounds[0].finished_at,  # its first model evaluated and exported
+            "devices start": rounds[1].started_at,  # every device warmed up, registered and online
+            f"{cfg.rounds} rounds": time.time(),
+        }
+    ends["fleet stop"] = time.time()
+    return _write_results(run.service.store, run.service.orchestrator.model, cfg.out, t0, ends)
 
 
-def _write_results(store, model, out: Path, t0: float) -> dict:
+def _write_results(store, model, out: Path, t0: float, ends: dict[str, float]) -> dict:
     from fedspeech.protocol import weights
 
     rounds = store.rounds()
@@ -161,7 +179,10 @@ def _write_results(store, model, out: Path, t0: float) -> dict:
     shutil.copyfile(store.model_path(final.round, "onnx"), out / "model.onnx")
     arrays, _ = weights.decode(store.model_path(final.round, "weights").read_bytes())
     check = model.parity(arrays, out / "model.onnx")
+    ends["ONNX check"] = time.time()
     records = [{**asdict(r), "elapsed_s": r.finished_at - t0} for r in rounds]
+    write_plot(records, out / "accuracy.png")
+    ends["writing"] = time.time()
     summary = {
         "round": final.round,
         "accuracy": final.accuracy,
@@ -169,7 +190,8 @@ def _write_results(store, model, out: Path, t0: float) -> dict:
         "federated_accuracy": final.federated_accuracy,
         "federated_macro_f1": final.federated_macro_f1,
         "loss": final.loss,
-        "wall_s": time.time() - t0,
+        "wall_s": ends["writing"] - t0,
+        "phases_s": durations(t0, ends),
         "bytes_up": sum(r.bytes_up for r in rounds),
         "bytes_down": sum(r.bytes_down for r in rounds),
         "onnx_agreement": check.agreement,
@@ -177,12 +199,12 @@ def _write_results(store, model, out: Path, t0: float) -> dict:
         "heldout_clips": int(len(model.heldout[1])),
     }
     (out / "metrics.json").write_text(json.dumps({"rounds": records, "final": summary}, indent=2))
-    write_plot(records, out / "accuracy.png")
     print(
         f"final: round {final.round}, accuracy {final.accuracy:.4f}, macro-F1 {final.macro_f1:.4f}, "
         f"on the devices {federated_text(final)}, "
-        f"ONNX agrees with torch on {check.agreement:.2%} of {summary['heldout_clips']} held-out clips, "
-        f"{summary['wall_s']:.0f} s in all"
+        f"ONNX agrees with torch on {check.agreement:.2%} of {summary['heldout_clips']} held-out clips"
     )
+    phases = ", ".join(f"{name} {seconds:.1f} s" for name, seconds in summary["phases_s"].items())
+    print(f"time: {phases}; {summary['wall_s']:.0f} s in all")
     print(f"wrote {out / 'model.onnx'}, {out / 'metrics.json'}, {out / 'accuracy.png'}")
     return summary
