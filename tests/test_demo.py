@@ -1,6 +1,8 @@
-"""`fedspeech demo`: where its time went."""
+"""`fedspeech demo`: where its time went, and its listening."""
 
-from fedspeech_bench.demo import durations
+from fedspeech.models.clips.datasets import load_corpus
+from fedspeech_bench.demo import durations, listen_to_digits
+from fedspeech_bench.word_alignment import align
 
 
 def test_each_phase_lasts_from_the_end_of_the_one_before():
@@ -8,3 +10,12 @@ def test_each_phase_lasts_from_the_end_of_the_one_before():
     assert durations(10.0, ends) == {"start": 2.0, "rounds": 28.5, "after": 0.5}
     assert list(durations(10.0, ends)) == list(ends)
     assert durations(10.0, {}) == {}
+
+
+def test_the_demo_listens_to_held_out_digits_in_a_file_anyone_can_play_again(fsdd_model, tmp_path):
+    wav = tmp_path / "digits.wav"
+    spoken, heard = listen_to_digits(fsdd_model.onnx_path, wav)
+    assert wav.stat().st_size > 0
+    assert len(spoken) == 10 and set(spoken) <= set(load_corpus("fsdd").labels)
+    assert align(spoken, heard).hits >= 7, (spoken, heard)
+    assert listen_to_digits(fsdd_model.onnx_path, tmp_path / "again.wav") == (spoken, heard)

@@ -1,6 +1,7 @@
 """`fedspeech demo`: a coordinator and an emulated Pi fleet, one device per FSDD speaker, on one machine.
 
-It ends with where its time went: the coordinator's start, the devices', the rounds, and what follows.
+After training it checks the exported ONNX model against torch, and listens with it to a file of
+held-out digits as `fedspeech listen --input` does; it ends with where its time went.
 """
 
 import json
@@ -12,7 +13,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from fedspeech.coordinator.store import RoundRecord
-from fedspeech.models.clips.datasets import load_corpus, speakers
+from fedspeech.models.clips.datasets import load_corpus, server_test_clips, speakers
 from fedspeech_bench.fleet_run import fleet_run
 from fedspeech_bench.fleets.fleet_files import DEFAULT_FLEETS, DeviceSpec, check_fleet, load_fleet
 from fedspeech_bench.progress import duration_text, eta_s
@@ -28,6 +29,8 @@ DEMO_STRATEGY = "epochs_only"
 # this fleet's data from 0.970 to 0.990 in 30 rounds.
 DEMO_FINAL_LR_FRACTION = 0.1
 DEMO_SERVER_MOMENTUM = 0.8
+LISTEN_WORDS = 10  # held-out digits in the file the demo listens to
+LISTEN_PAUSE_S = 0.6  # of silence around each, as in `fedspeech bench listen`
 
 
 @dataclass(frozen=True)
@@ -114,6 +117,20 @@ def write_plot(records: list[dict], path: Path) -> None:
     plt.close(fig)
 
 
+def listen_to_digits(model: Path, wav: Path) -> tuple[list[str], list[str]]:
+    """Write held-out digits to wav, hear them as `fedspeech listen --input` does: (spoken, heard) words."""
+    from fedspeech.edge_client.runtime.session import load_model
+    from fedspeech_bench.listen import hear
+    from fedspeech_bench.listen_streams import build_stream
+
+    corpus = load_corpus("fsdd")
+    rate = load_model(model).sample_rate
+    clips = server_test_clips(corpus)  # the coordinator's held-out set: no device trained on them
+    stream = build_stream(clips, corpus.labels, rate, LISTEN_PAUSE_S, seed=0, words=LISTEN_WORDS)
+    detections = sorted(hear(model, stream, wav, None), key=lambda d: d.time_s)
+    return [w.label for w in stream.words], [d.label for d in detections]
+
+
 def durations(t0: float, ends: dict[str, float]) -> dict[str, float]:
     """Seconds of each phase (in order, name -> when it ended), from the end of the one before (or t0)."""
     seconds, start = {}, t0
@@ -123,7 +140,7 @@ def durations(t0: float, ends: dict[str, float]) -> dict[str, float]:
 
 
 def run_demo(cfg: DemoConfig) -> dict:
-    """Train on a fleet of FSDD speaker devices; write model.onnx, metrics.json and accuracy.png."""
+    """Train on a fleet of FSDD speaker devices, check and listen; write the model, audio, metrics, plot."""
     if cfg.fleet is None:
         fleet = [DeviceSpec(s, s, cpu_share=1.0) for s in speakers(load_corpus("fsdd"))]
     else:
@@ -173,6 +190,7 @@ def run_demo(cfg: DemoConfig) -> dict:
 
 def _write_results(store, model, out: Path, t0: float, ends: dict[str, float]) -> dict:
     from fedspeech.protocol import weights
+    from fedspeech_bench.word_alignment import align
 
     rounds = store.rounds()
     final = rounds[-1]
@@ -180,6 +198,8 @@ def _write_results(store, model, out: Path, t0: float, ends: dict[str, float]) -
     arrays, _ = weights.decode(store.model_path(final.round, "weights").read_bytes())
     check = model.parity(arrays, out / "model.onnx")
     ends["ONNX check"] = time.time()
+    spoken, heard = listen_to_digits(out / "model.onnx", out / "digits.wav")
+    ends["listening"] = time.time()
     records = [{**asdict(r), "elapsed_s": r.finished_at - t0} for r in rounds]
     write_plot(records, out / "accuracy.png")
     ends["writing"] = time.time()
@@ -197,6 +217,7 @@ def _write_results(store, model, out: Path, t0: float, ends: dict[str, float]) -
         "onnx_agreement": check.agreement,
         "onnx_max_abs_diff": check.max_abs_diff,
         "heldout_clips": int(len(model.heldout[1])),
+        "listening": {"spoken": spoken, "heard": heard, "in_order": align(spoken, heard).hits},
     }
     (out / "metrics.json").write_text(json.dumps({"rounds": records, "final": summary}, indent=2))
     print(
@@ -204,7 +225,12 @@ def _write_results(store, model, out: Path, t0: float, ends: dict[str, float]) -
         f"on the devices {federated_text(final)}, "
         f"ONNX agrees with torch on {check.agreement:.2%} of {summary['heldout_clips']} held-out clips"
     )
+    print(
+        f"listening to {out / 'digits.wav'} ({len(spoken)} held-out digits): spoken {' '.join(spoken)}, "
+        f"heard {' '.join(heard) or 'nothing'} ({summary['listening']['in_order']} of {len(spoken)} in order)"
+    )
     phases = ", ".join(f"{name} {seconds:.1f} s" for name, seconds in summary["phases_s"].items())
     print(f"time: {phases}; {summary['wall_s']:.0f} s in all")
-    print(f"wrote {out / 'model.onnx'}, {out / 'metrics.json'}, {out / 'accuracy.png'}")
+    print(f"wrote {out / 'model.onnx'}, {out / 'digits.wav'}, {out / 'metrics.json'}, {out / 'accuracy.png'}")
+    print(f"listen yourself: fedspeech listen --model {out / 'model.onnx'} --input {out / 'digits.wav'}")
     return summary
