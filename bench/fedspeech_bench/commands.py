@@ -19,6 +19,7 @@ from fedspeech.coordinator_command import STRATEGY_NAMES
 from fedspeech.installed_commands import KNOWN
 from fedspeech.protocol.topics import parse_broker_url
 from fedspeech_bench.dashboard import add_parser as add_dashboard_bench_parser
+from fedspeech_bench.fleets.fleet_files import fleet_path, shipped_fleets
 from fedspeech_bench.seeds import add_parser as add_seeds_parser
 
 DEMO_OUT = Path("fedspeech-demo")
@@ -232,9 +233,11 @@ def _demo(args: argparse.Namespace) -> None:
     if args.strategy is not None and args.strategy not in STRATEGIES:
         known = ", ".join(STRATEGIES)
         raise SystemExit(f"fedspeech demo: unknown strategy {args.strategy!r}, expected one of {known}")
-    if args.fleet is not None and not args.fleet.is_file():
+    fleet = None if args.fleet is None else fleet_path(args.fleet)
+    if fleet is not None and not fleet.is_file():
         raise SystemExit(
-            f"fedspeech demo: --fleet {args.fleet}: no such file (bench/fedspeech_bench/fleets/ has examples)"
+            f"fedspeech demo: --fleet {args.fleet}: no such file, nor a fleet of fedspeech-bench's "
+            f"({', '.join(shipped_fleets())})"
         )
     if args.port != 0:
         try:
@@ -248,7 +251,7 @@ def _demo(args: argparse.Namespace) -> None:
     run_demo(
         DemoConfig(
             out=args.out,
-            fleet=None if args.full_speed else args.fleet or DemoConfig.fleet,
+            fleet=None if args.full_speed else fleet or DemoConfig.fleet,
             strategy=args.strategy or DemoConfig.strategy,
             rounds=args.rounds,
             epochs=args.epochs,
@@ -277,7 +280,7 @@ def add_demo_parser(subparsers: argparse._SubParsersAction) -> None:
     m = subparsers.add_parser("demo", help=KNOWN["demo"])
     m.add_argument("--out", type=Path, default=DEMO_OUT, help="where results go")
     m.add_argument(
-        "--fleet", type=Path, help="emulated fleet file (default bench/fedspeech_bench/fleets/pi-mix.toml)"
+        "--fleet", help=f"emulated fleet: a file, or one of {', '.join(shipped_fleets())} (default pi-mix)"
     )
     m.add_argument("--full-speed", action="store_true", help="one unthrottled device per speaker instead")
     m.add_argument("--strategy", help=f"{STRATEGY_NAMES} (default epochs_only)")
