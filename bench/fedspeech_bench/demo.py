@@ -14,8 +14,9 @@ from pathlib import Path
 
 from fedspeech.coordinator.store import RoundRecord
 from fedspeech.models.clips.datasets import load_corpus, server_test_clips, speakers
+from fedspeech_bench.commands import DEMO_EPOCHS, DEMO_FLEET, DEMO_ROUNDS
 from fedspeech_bench.fleet_run import fleet_run
-from fedspeech_bench.fleets.fleet_files import DEFAULT_FLEETS, DeviceSpec, check_fleet, load_fleet
+from fedspeech_bench.fleets.fleet_files import FLEETS_DIR, DeviceSpec, check_fleet, load_fleet
 from fedspeech_bench.progress import duration_text, eta_s
 
 log = logging.getLogger(__name__)
@@ -38,10 +39,10 @@ class DemoConfig:
     """What the demo runs and where it writes."""
 
     out: Path
-    fleet: Path | None = DEFAULT_FLEETS["fsdd"]  # None: one full-speed device per FSDD speaker
+    fleet: Path | None = FLEETS_DIR / f"{DEMO_FLEET}.toml"  # None: one full-speed device per FSDD speaker
     strategy: str = DEMO_STRATEGY
-    rounds: int = 30
-    epochs: int | None = None  # None: the coordinator's default
+    rounds: int = DEMO_ROUNDS
+    epochs: int = DEMO_EPOCHS  # of the fastest devices; the strategy may give slower ones fewer
     broker_url: str | None = None
     port: int = 0
     max_samples: int | None = None
@@ -156,9 +157,8 @@ def run_demo(cfg: DemoConfig) -> dict:
         "EVAL_EVERY": cfg.eval_every,
         "FINAL_LR_FRACTION": DEMO_FINAL_LR_FRACTION,
         "SERVER_MOMENTUM": DEMO_SERVER_MOMENTUM,
+        "EPOCHS": cfg.epochs,
     }
-    if cfg.epochs is not None:
-        config["EPOCHS"] = cfg.epochs
     device_args = ["--max-samples", str(cfg.max_samples)] if cfg.max_samples else []
     t0 = time.time()
     with fleet_run(
