@@ -1,4 +1,8 @@
-"""`fedspeech demo`: a coordinator and an emulated Pi fleet, one device per FSDD speaker, on one machine."""
+"""`fedspeech demo`: a coordinator and an emulated Pi fleet, one device per FSDD speaker, on one machine.
+
+After training it checks the exported ONNX model against torch, and listens with it to a file of
+held-out digits as `fedspeech listen --input` does; it ends with where its time went.
+"""
 
 import json
 import logging
@@ -9,9 +13,10 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from fedspeech.coordinator.records import RoundRecord
-from fedspeech.models.clips.datasets import load_corpus, speakers
+from fedspeech.models.clips.datasets import load_corpus, server_test_clips, speakers
+from fedspeech_bench.commands import DEMO_EPOCHS, DEMO_FLEET, DEMO_ROUNDS
 from fedspeech_bench.fleet_run import fleet_config, fleet_run
-from fedspeech_bench.fleets.fleet_files import DEFAULT_FLEETS, DeviceSpec, check_fleet, load_fleet
+from fedspeech_bench.fleets.fleet_files import FLEETS_DIR, DeviceSpec, check_fleet, load_fleet
 from fedspeech_bench.progress import duration_text, eta_s
 
 log = logging.getLogger(__name__)
@@ -25,6 +30,8 @@ DEMO_STRATEGY = "epochs_only"
 # this fleet's data from 0.970 to 0.990 in 30 rounds.
 DEMO_FINAL_LR_FRACTION = 0.1
 DEMO_SERVER_MOMENTUM = 0.8
+LISTEN_WORDS = 10  # held-out digits in the file the demo listens to
+LISTEN_PAUSE_S = 0.6  # of silence around each, as in `fedspeech bench listen`
 
 
 @dataclass(frozen=True)
@@ -32,10 +39,10 @@ class DemoConfig:
     """What the demo runs and where it writes."""
 
     out: Path
-    fleet: Path | None = DEFAULT_FLEETS["fsdd"]  # None: one full-speed device per FSDD speaker
+    fleet: Path | None = FLEETS_DIR / f"{DEMO_FLEET}.toml"  # None: one full-speed device per FSDD speaker
     strategy: str = DEMO_STRATEGY
-    rounds: int = 30
-    epochs: int | None = None  # None: the coordinator's default
+    rounds: int = DEMO_ROUNDS
+    epochs: int = DEMO_EPOCHS  # of the fastest devices; the strategy may give slower ones fewer
     broker_url: str | None = None
     port: int = 0
     max_samples: int | None = None
@@ -111,8 +118,30 @@ def write_plot(records: list[dict], path: Path) -> None:
     plt.close(fig)
 
 
+def listen_to_digits(model: Path, wav: Path) -> tuple[list[str], list[str]]:
+    """Write held-out digits to wav, hear them as `fedspeech listen --input` does: (spoken, heard) words."""
+    from fedspeech.edge_client.runtime.session import load_model
+    from fedspeech_bench.listen import hear
+    from fedspeech_bench.listen_streams import build_stream
+
+    corpus = load_corpus("fsdd")
+    rate = load_model(model).sample_rate
+    clips = server_test_clips(corpus)  # the coordinator's held-out set: no device trained on them
+    stream = build_stream(clips, corpus.labels, rate, LISTEN_PAUSE_S, seed=0, words=LISTEN_WORDS)
+    detections = sorted(hear(model, stream, wav, None), key=lambda d: d.time_s)
+    return [w.label for w in stream.words], [d.label for d in detections]
+
+
+def durations(t0: float, ends: dict[str, float]) -> dict[str, float]:
+    """Seconds of each phase (in order, name -> when it ended), from the end of the one before (or t0)."""
+    seconds, start = {}, t0
+    for name, end in ends.items():
+        seconds[name], start = end - start, end
+    return seconds
+
+
 def run_demo(cfg: DemoConfig) -> dict:
-    """Train on a fleet of FSDD speaker devices; write model.onnx, metrics.json and accuracy.png."""
+    """Train on a fleet of FSDD speaker devices, check and listen; write the model, audio, metrics, plot."""
     if cfg.fleet is None:
         fleet = [DeviceSpec(s, s, cpu_share=1.0) for s in speakers(load_corpus("fsdd"))]
     else:
@@ -130,7 +159,7 @@ def run_demo(cfg: DemoConfig) -> dict:
         eval_every=cfg.eval_every,
         final_lr_fraction=DEMO_FINAL_LR_FRACTION,
         server_momentum=DEMO_SERVER_MOMENTUM,
-        epochs=config.rounds.epochs if cfg.epochs is None else cfg.epochs,
+        epochs=cfg.epochs,
     )
     device_args = ["--max-samples", str(cfg.max_samples)] if cfg.max_samples else []
     t0 = time.time()
@@ -145,18 +174,29 @@ def run_demo(cfg: DemoConfig) -> dict:
         print(f"watch it at {run.url}/ while it runs")
         print(f"{len(fleet)} devices: {names}")
         run.wait(cfg.round_timeout_s + 60, round_printer(cfg.rounds, t0))
-    return _write_results(run.service.store, run.service.orchestrator.model, cfg.out, t0)
+        first = run.service.store.rounds()[1]
+        # the start ends with the first round's: the coordinator's first model and the devices' warm-up
+        # run side by side, and the slowest device to start sets its length
+        ends = {"start": first.started_at, f"{cfg.rounds} rounds": time.time()}
+    ends["fleet stop"] = time.time()
+    return _write_results(run.service.store, run.service.orchestrator.model, cfg.out, t0, ends)
 
 
-def _write_results(store, model, out: Path, t0: float) -> dict:
+def _write_results(store, model, out: Path, t0: float, ends: dict[str, float]) -> dict:
     from fedspeech.protocol import weights
+    from fedspeech_bench.word_alignment import align
 
     rounds = store.rounds()
     final = rounds[-1]
     shutil.copyfile(store.model_path(final.round, "onnx"), out / "model.onnx")
     arrays, _ = weights.decode(store.model_path(final.round, "weights").read_bytes())
     check = model.parity(arrays, out / "model.onnx")
+    ends["ONNX check"] = time.time()
+    spoken, heard = listen_to_digits(out / "model.onnx", out / "digits.wav")
+    ends["listening"] = time.time()
     records = [{**asdict(r), "elapsed_s": r.finished_at - t0} for r in rounds]
+    write_plot(records, out / "accuracy.png")
+    ends["writing"] = time.time()
     summary = {
         "round": final.round,
         "accuracy": final.accuracy,
@@ -164,20 +204,27 @@ def _write_results(store, model, out: Path, t0: float) -> dict:
         "federated_accuracy": final.federated_accuracy,
         "federated_macro_f1": final.federated_macro_f1,
         "loss": final.loss,
-        "wall_s": time.time() - t0,
+        "wall_s": ends["writing"] - t0,
+        "phases_s": durations(t0, ends),
         "bytes_up": sum(r.bytes_up for r in rounds),
         "bytes_down": sum(r.bytes_down for r in rounds),
         "onnx_agreement": check.agreement,
         "onnx_max_abs_diff": check.max_abs_diff,
         "heldout_clips": int(len(model.heldout[1])),
+        "listening": {"spoken": spoken, "heard": heard, "in_order": align(spoken, heard).hits},
     }
     (out / "metrics.json").write_text(json.dumps({"rounds": records, "final": summary}, indent=2))
-    write_plot(records, out / "accuracy.png")
     print(
         f"final: round {final.round}, accuracy {final.accuracy:.4f}, macro-F1 {final.macro_f1:.4f}, "
         f"on the devices {federated_text(final)}, "
-        f"ONNX agrees with torch on {check.agreement:.2%} of {summary['heldout_clips']} held-out clips, "
-        f"{summary['wall_s']:.0f} s in all"
+        f"ONNX agrees with torch on {check.agreement:.2%} of {summary['heldout_clips']} held-out clips"
     )
-    print(f"wrote {out / 'model.onnx'}, {out / 'metrics.json'}, {out / 'accuracy.png'}")
+    print(
+        f"listening to {out / 'digits.wav'} ({len(spoken)} held-out digits): spoken {' '.join(spoken)}, "
+        f"heard {' '.join(heard) or 'nothing'} ({summary['listening']['in_order']} of {len(spoken)} in order)"
+    )
+    phases = ", ".join(f"{name} {seconds:.1f} s" for name, seconds in summary["phases_s"].items())
+    print(f"time: {phases}; {summary['wall_s']:.0f} s in all")
+    print(f"wrote {out / 'model.onnx'}, {out / 'digits.wav'}, {out / 'metrics.json'}, {out / 'accuracy.png'}")
+    print(f"listen yourself: fedspeech listen --model {out / 'model.onnx'} --input {out / 'digits.wav'}")
     return summary

@@ -308,7 +308,7 @@ def _cases(tmp: Path, busy: int, broker: str, nothing: str) -> dict[str, tuple[l
         "demo fleet file missing": (
             ["demo", "--fleet", str(tmp / "fleet.toml")],
             "demo",
-            ["--fleet", "no such file"],
+            ["--fleet", "no such file", "pi-mix, pi-mix-10"],
         ),
         "demo HTTP port taken": (["demo", "--port", str(busy)], "demo", ["already in use", "--port N"]),
         "demo broker not answering": (["demo", "--broker", nothing], "demo", [nothing, "connection refused"]),

@@ -24,11 +24,14 @@ from fedspeech.protocol.messages import TaskInfo
 from fedspeech.protocol.topics import parse_broker_url
 from fedspeech_bench.fleets.cpu_limits import ONE_THREAD, run_limited
 from fedspeech_bench.fleets.fleet_files import (
+    FLEETS_DIR,
     DeviceSpec,
     check_fleet,
+    fleet_path,
     hosted_fleet,
     load_fleet,
     machine_cores,
+    shipped_fleets,
 )
 from fedspeech_bench.fleets.launch import launch_fleet, stop_fleet
 from fedspeech_bench.fleets.network_proxy import DelayProxy
@@ -43,7 +46,9 @@ pytestmark = pytest.mark.alone
 # ---- fleet files ----
 
 
-@pytest.mark.parametrize(("name", "size"), [("pi-mix", 6), ("pi-mix-10", 10), ("pi4-wifi", 6)])
+@pytest.mark.parametrize(
+    ("name", "size"), [("pi-mix", 6), ("pi-mix-10", 10), ("pi4-wifi", 6), ("pi5-pi4", 6)]
+)
 def test_shipped_fleets_load_and_fit_two_cores(name, size):
     fleet = load_fleet(FLEETS / f"{name}.toml")
     assert len(fleet) == size
@@ -56,7 +61,21 @@ def test_shipped_fleets_load_and_fit_two_cores(name, size):
     assert devices == (set(speakers(load_corpus("fsdd"))) if size == 6 else EMODB_SPEAKERS)
     shares = sorted({spec.cpu_share for spec in fleet}, reverse=True)
     steps = [round(a / b, 2) for a, b in zip(shares, shares[1:], strict=False)]
-    assert steps == ([] if name == "pi4-wifi" else [2.5, 2.5])  # Pi 5 : Pi 4 : Pi 3
+    classes = {"pi4-wifi": [], "pi5-pi4": [2.5]}  # Pi 5 : Pi 4 (: Pi 3)
+    assert steps == classes.get(name, [2.5, 2.5])
+
+
+def test_a_fleet_is_a_file_or_a_shipped_fleets_name(tmp_path, monkeypatch):
+    assert {"pi-mix", "pi-mix-10", "pi4-wifi"} <= set(shipped_fleets())
+    assert fleet_path("pi-mix") == FLEETS_DIR / "pi-mix.toml"
+    assert load_fleet(fleet_path("pi-mix")) == load_fleet(FLEETS / "pi-mix.toml")
+    own = tmp_path / "mine.toml"
+    own.write_text((FLEETS / "pi-mix.toml").read_text())
+    assert fleet_path(own) == own and fleet_path(str(own)) == own
+    assert fleet_path("no-such-fleet") == Path("no-such-fleet")
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "pi-mix").write_text("")  # a file of that name in the working directory comes first
+    assert fleet_path("pi-mix") == Path("pi-mix")
 
 
 def test_hosted_fleet_spreads_speakers_round_robin():

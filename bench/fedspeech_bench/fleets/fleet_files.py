@@ -11,6 +11,19 @@ FLEETS_DIR = Path(str(importlib.resources.files("fedspeech_bench.fleets")))
 DEFAULT_FLEETS = {"fsdd": FLEETS_DIR / "pi-mix.toml", "emodb": FLEETS_DIR / "pi-mix-10.toml"}
 
 
+def shipped_fleets() -> list[str]:
+    """The names of the fleet files that come with fedspeech-bench (pi-mix for pi-mix.toml, ...)."""
+    return sorted(path.stem for path in FLEETS_DIR.glob("*.toml"))
+
+
+def fleet_path(fleet: str | Path) -> Path:
+    """A fleet file's path: a file's, else a shipped fleet's by its name (pi-mix); it may not exist."""
+    path = Path(fleet)
+    if not path.is_file() and str(fleet) in shipped_fleets():
+        return FLEETS_DIR / f"{fleet}.toml"
+    return path
+
+
 @dataclass(frozen=True)
 class DeviceSpec:
     """One emulated device: name, whose recordings it trains on (speaker or folder), CPU share, network."""
