@@ -229,7 +229,7 @@ def test_every_option_names_a_setting():
 
 
 def test_the_readmes_config_file_is_read_as_it_says(tmp_path):
-    readme = (Path(__file__).parents[1] / "README.md").read_text()
+    readme = (Path(__file__).parents[2] / "README.md").read_text()
     example = readme.split("## Configuration", 1)[1].split("```toml\n", 1)[1].split("```", 1)[0]
     config = from_file(_file(tmp_path, example))
     assert config.service.http_host == "0.0.0.0" and config.rounds.round_timeout_s == 300.0
