@@ -20,6 +20,7 @@ import pytest
 import yaml  # PyYAML: amqtt, of the coordinator extra, depends on it
 
 from fedspeech.__main__ import build_parser
+from fedspeech.coordinator.config import ServiceConfig
 from fedspeech.coordinator.metrics import METRIC_NAMES
 from tests.helpers.devices import Processes
 from tests.helpers.ports import free_port
@@ -247,8 +248,8 @@ def test_prometheus_scrapes_the_coordinators_metrics_with_the_admin_token():
     assert job["scheme"] == "http"
     assert job["authorization"] == {"type": "Bearer", "credentials_file": ADMIN_TOKEN}
     targets = [target for group in job["static_configs"] for target in group["targets"]]
-    defaults = build_parser().parse_args(["coordinator"])
-    assert targets == [f"{defaults.host}:{defaults.port}"]  # where `fedspeech coordinator` listens
+    service = ServiceConfig()  # where `fedspeech coordinator` listens unless told otherwise
+    assert targets == [f"{service.http_host}:{service.http_port}"]
 
 
 def test_promtool_checks_the_prometheus_config(tmp_path):

@@ -8,19 +8,17 @@ import numpy as np
 
 from fedspeech.edge_client.local_norm import LocalNorm
 from fedspeech.edge_client.model_keeper import KEPT_MODEL
+from fedspeech.export.onnx_export import PREFIX, export_onnx
+from fedspeech.models import build_model
+from fedspeech.models.train import set_arrays
 from fedspeech.protocol import weights
 from fedspeech.protocol.messages import BlobRef, ModelSpec
+from tests.helpers.device_doubles import FSDD, CoordinatorDouble, fleet_of, running_daemon, wait_until
+from tests.helpers.device_doubles import make_task as edge_task
 from tests.helpers.device_models import TEACHER, fresh, initializers, names_of_norm, uploaded
 
 
 def test_the_daemon_distils_keeps_its_norm_and_personalises_its_model(tmp_path: Path) -> None:
-    from test_edge_client import FSDD, CoordinatorDouble, fleet_of, running_daemon, wait_until
-    from test_edge_client import make_task as edge_task
-
-    from fedspeech.export.onnx_export import PREFIX, export_onnx
-    from fedspeech.models import build_model
-    from fedspeech.models.train import set_arrays
-
     spec = ModelSpec("cnn_bn", sample_rate=8000, num_samples=8000, num_classes=len(FSDD.labels))  # 1 s
     start, teacher = fresh(spec), weights.encode(fresh(spec, seed=5))
     coordinator = CoordinatorDouble(weights.encode(start), files={TEACHER.path: teacher})
