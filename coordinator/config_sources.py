@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from fedspeech.coordinator.config import SECTION_OF, SECTIONS, CoordinatorConfig, RoundConfig
+from fedspeech.coordinator.strategies.params import split_option
 
 ENV_PREFIX = "FEDSPEECH_"
 # settings whose `fedspeech coordinator` option has another name (its argparse dest): the rest share it
@@ -108,8 +109,6 @@ _BOOLS = {"true": True, "1": True, "yes": True, "false": False, "0": False, "no"
 
 def _options(texts: Iterable[str], label: str) -> dict[str, str]:
     """name=value texts, each name once, as a mapping."""
-    from fedspeech.coordinator.strategies.params import split_option
-
     options: dict[str, str] = {}
     for text in texts:
         try:
