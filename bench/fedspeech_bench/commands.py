@@ -177,7 +177,12 @@ def add_bench_parser(subparsers: argparse._SubParsersAction) -> None:
         "poisoning", help="robust aggregation against two of six devices sending poisoned updates"
     )
     bp.add_argument("--out", type=Path, default=Path("fedspeech-bench-poisoning"), help="where results go")
-    bp.add_argument("--strategy", action="append", help="repeatable; default: fedavg and the robust ones")
+    bp.add_argument(
+        "--strategy",
+        action="append",
+        metavar="NAME[:SETTING=VALUE,...]",
+        help="repeatable, e.g. krum:m=0 for Multi-Krum; default: fedavg and the robust ones",
+    )
     bp.add_argument("--seeds", type=at_least(1), default=3)
     bp.add_argument("--rounds", type=at_least(1), default=20)
     bp.set_defaults(run=_bench_poisoning)

@@ -16,7 +16,8 @@ from pathlib import Path
 from typing import Any
 
 from fedspeech.coordinator.config import CoordinatorConfig
-from fedspeech.coordinator.strategies import STRATEGIES, strategy_class
+from fedspeech.coordinator.strategies import STRATEGIES, strategy_class, strategy_params
+from fedspeech.coordinator.strategies.params import split_option
 from fedspeech_bench.fleet_run import attacking_devices, fleet_config, fleet_run
 from fedspeech_bench.fleets.fleet_files import (
     DEFAULT_FLEETS,
@@ -70,7 +71,16 @@ GROWING_ARMS = [
 
 # one of six FSDD devices sends its update's change x100, another its change reversed
 POISONING_ATTACKS = {"george": "scale", "lucas": "sign_flip"}
-ROBUST_STRATEGIES = ("fedavg", "clipped", "median", "trimmed_mean", "clipped_trimmed_mean", "krum")
+# a strategy with settings is NAME:SETTING=VALUE[,SETTING=VALUE]; krum:m=0 is Multi-Krum (n - f averaged)
+ROBUST_STRATEGIES = (
+    "fedavg",
+    "clipped",
+    "median",
+    "trimmed_mean",
+    "clipped_trimmed_mean",
+    "krum",
+    "krum:m=0",
+)
 
 
 @dataclass(frozen=True)
@@ -178,6 +188,16 @@ def growing_config(out: Path, data_dir: Path | None = None, hosts: int = 6, **kw
     )
 
 
+def strategy_settings(text: str) -> dict[str, Any]:
+    """An arm's settings from NAME or NAME:SETTING=VALUE[,...]; ValueError with one line for a bad one."""
+    name, _, rest = text.partition(":")
+    if name not in STRATEGIES:
+        raise ValueError(f"unknown strategy {name!r}, expected one of {', '.join(STRATEGIES)}")
+    options = dict(split_option(part) for part in rest.split(",")) if rest else {}
+    strategy_params(name, options)
+    return {"strategy": name, "strategy_options": options} if options else {"strategy": name}
+
+
 def poisoning_config(out: Path, strategies: Sequence[str] = ROBUST_STRATEGIES, **kw: Any) -> BenchConfig:
     """`bench poisoning`: FedAvg on an honest fleet, against each strategy with two attacking devices.
 
@@ -185,14 +205,11 @@ def poisoning_config(out: Path, strategies: Sequence[str] = ROBUST_STRATEGIES, *
     devices are replaced by attackers (POISONING_ATTACKS), which train on the same clips. The
     honest-only arm leaves those two out: the best a defence that ignores them can do.
     """
-    unknown = sorted(set(strategies) - set(STRATEGIES))
-    if unknown:
-        raise ValueError(f"unknown strategies {unknown}, expected some of {', '.join(STRATEGIES)}")
     arms = [
         Arm("clean-fedavg", {"strategy": "fedavg"}),
         Arm("honest-only-fedavg", {"strategy": "fedavg"}, left_out=list(POISONING_ATTACKS)),
     ]
-    arms += [Arm(f"attacked-{name}", {"strategy": name}, POISONING_ATTACKS) for name in strategies]
+    arms += [Arm(f"attacked-{text}", strategy_settings(text), POISONING_ATTACKS) for text in strategies]
     fleets = {"fsdd": load_fleet(FLEETS_DIR / "pi4-wifi.toml")}
     title = "fedspeech poisoning benchmark"
     return BenchConfig(out, arms, "clean-fedavg", title, corpora=["fsdd"], fleets=fleets, **kw)

@@ -158,3 +158,14 @@ def test_strategies_refuses_a_named_strategy_it_cannot_serve_before_anything_run
     few = {"fsdd": load_fleet(FLEETS_DIR / "pi-mix.toml")[:1]}
     with pytest.raises(ValueError, match="krum needs 5 results a round, and the fsdd fleet has"):
         strategies_config(tmp_path, ["krum"], corpora=["fsdd"], fleets=few)
+
+
+def test_poisoning_arms_take_a_strategys_settings_and_refuse_bad_ones(tmp_path):
+    cfg = poisoning_config(tmp_path, ["median", "krum:m=0,f=1"])
+    multi = arm_config(cfg, "fsdd", cfg.arms[-1])
+    assert [a.name for a in cfg.arms[2:]] == ["attacked-median", "attacked-krum:m=0,f=1"]
+    assert (multi.rounds.strategy, dict(multi.rounds.strategy_options)) == ("krum", {"m": "0", "f": "1"})
+    bad_arms = [("krum:m=-1", "m must be between"), ("krum:q=1", "unknown setting 'q'"), ("kram", "kram")]
+    for bad, why in bad_arms:
+        with pytest.raises(ValueError, match=why):
+            poisoning_config(tmp_path, [bad])
