@@ -6,6 +6,7 @@ import signal
 from pathlib import Path
 from typing import NoReturn
 
+from fedspeech.broker_config import add_parser as add_broker_config_parser
 from fedspeech.connection_options import (
     add_broker_options,
     add_coordinator_trust_options,
@@ -19,6 +20,7 @@ from fedspeech.connection_options import (
 from fedspeech.coordinator_command import add_parser as add_coordinator_parser
 from fedspeech.devices import add_parser as add_devices_parser
 from fedspeech.installed_commands import KNOWN, add_installed_commands, missing_command
+from fedspeech.protocol.mqtt import BrokerSettings
 from fedspeech.protocol.topics import DEFAULT_ROOT
 from fedspeech.status import add_parser as add_status_parser
 
@@ -116,7 +118,7 @@ def _listen(args: argparse.Namespace) -> None:
     config = ListenConfig(
         model=args.model,
         coordinator_url=coordinator_url(args) if args.coordinator is not None else None,
-        broker=broker_settings(args, args.broker, None),
+        broker=_listen_broker(args),
         coordinator_key=coordinator_key(args),
         coordinator_ca=args.coordinator_ca,
         topic_root=args.topic_root,
@@ -134,6 +136,24 @@ def _listen(args: argparse.Namespace) -> None:
             run_listen(config)
     except ListenError as exc:
         raise SystemExit(f"fedspeech listen: {exc}") from None
+
+
+def _listen_broker(args: argparse.Namespace) -> BrokerSettings:
+    """The broker options, else the listener's password that the daemon of --device-id was issued."""
+    from fedspeech.edge_client.credentials import LISTEN_PASSWORD_FILE, issued_login
+    from fedspeech.protocol.mqtt import listen_user
+
+    settings = broker_settings(args, args.broker, None)
+    if args.device_id is None:
+        return settings
+    password_file = args.state / args.device_id / LISTEN_PASSWORD_FILE
+    if not password_file.is_file():
+        logging.getLogger(__name__).warning(
+            "no listener's broker password in %s (the device has not registered with a coordinator that "
+            "issues them): logging in to the broker without one",
+            password_file,
+        )
+    return issued_login(settings, listen_user(args.device_id), password_file)
 
 
 class _Parser(argparse.ArgumentParser):
@@ -188,6 +208,7 @@ def build_parser() -> argparse.ArgumentParser:
     d.set_defaults(run=_client)
 
     add_devices_parser(sub)
+    add_broker_config_parser(sub)
     add_status_parser(sub)
 
     r = sub.add_parser("record", help="record takes of one label from the microphone into a data folder")
@@ -209,6 +230,14 @@ def build_parser() -> argparse.ArgumentParser:
         "--broker", default="mqtt://127.0.0.1:1883", help="mqtt(s)://host:port, with --coordinator"
     )
     li.add_argument("--topic-root", default=DEFAULT_ROOT)
+    li.add_argument(
+        "--device-id",
+        help="log in to the broker as this device's listener (<ID>-listen), with the password its daemon "
+        "was issued (in --state)",
+    )
+    li.add_argument(
+        "--state", type=Path, default=Path("fedspeech-device"), help="the daemon's --state (with --device-id)"
+    )
     add_coordinator_trust_options(li)
     add_broker_options(li, "none: anonymous")
     audio = li.add_mutually_exclusive_group()

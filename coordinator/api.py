@@ -6,6 +6,7 @@ from dataclasses import asdict
 from flask import Blueprint, Response, current_app, g, jsonify, request, send_file
 from werkzeug.exceptions import ClientDisconnected, RequestEntityTooLarge
 
+from fedspeech.coordinator import broker_users
 from fedspeech.coordinator.admin import admin_only
 from fedspeech.coordinator.enrolment import EnrolmentRefused, revoke_device
 from fedspeech.coordinator.errors import BadUpload, NotWanted
@@ -101,14 +102,19 @@ def _device() -> str:
 
 @bp.post(routes.DEVICES_RULE)
 def register():
-    """Register a device (or re-register it with its token or enrolment secret) and issue a new token."""
+    """Register a device (again: with its token or secret); a new token, and its broker passwords."""
     try:
         reg = messages.decode(_body(messages.MAX_MESSAGE_BYTES), Registration)
     except ProtocolError as exc:
         return _error(400, f"bad registration: {exc}")
     service = _service()
     token = service.enrolment.register(reg, _bearer())
-    credentials = Credentials(reg.device_id, token, signing.public_key_text(service.key))
+    key = signing.public_key_text(service.key)
+    logins = broker_users.device_logins(service.store.dir, reg.device_id)
+    if logins is None:
+        credentials = Credentials(reg.device_id, token, key)
+    else:
+        credentials = Credentials(reg.device_id, token, key, logins.password, logins.listen_password)
     return Response(messages.encode(credentials), mimetype="application/json")
 
 

@@ -10,6 +10,7 @@ import numpy as np
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from flask import Flask
 
+from fedspeech.coordinator import broker_users
 from fedspeech.coordinator.api import bp as api_bp
 from fedspeech.coordinator.broker import EmbeddedBroker
 from fedspeech.coordinator.config import APP_KEY, CoordinatorConfig, EvaluationConfig, ServiceConfig
@@ -27,7 +28,7 @@ from fedspeech.coordinator.upload_outcomes import UploadOutcomes
 from fedspeech.protocol import signing
 from fedspeech.protocol.files import write_atomically
 from fedspeech.protocol.messages import TaskDefinition
-from fedspeech.protocol.mqtt import BrokerSettings
+from fedspeech.protocol.mqtt import COORDINATOR_USER, BrokerSettings
 from fedspeech.protocol.topics import Topics
 
 __all__ = ["HttpServer", "Service", "create_app", "serve"]
@@ -226,9 +227,14 @@ def _broker(service: ServiceConfig) -> tuple[BrokerSettings, EmbeddedBroker | No
             )
         broker = EmbeddedBroker(service.embedded_broker_host, service.embedded_broker_port)
         return BrokerSettings(broker.url), broker
+    password_file = service.broker_password_file
+    if password_file is None and service.broker_username is None:
+        password_file = broker_users.coordinator_password_file(service.state_dir)
+        if password_file is not None:
+            log.info("logging in to the broker as %s with %s", COORDINATOR_USER, password_file)
     # a password file without a user name: the coordinator's own user on the broker
-    username = service.broker_username or ("coordinator" if service.broker_password_file else None)
-    settings = BrokerSettings(service.broker_url, username, *files)
+    username = service.broker_username or (COORDINATOR_USER if password_file else None)
+    settings = BrokerSettings(service.broker_url, username, password_file, *files[1:])
     settings.check()
     return settings, None
 

@@ -12,8 +12,10 @@ import secrets
 import threading
 from dataclasses import asdict
 
+from fedspeech.coordinator import broker_users
 from fedspeech.coordinator.store import Store, token_digest
 from fedspeech.protocol import bounds, messages
+from fedspeech.protocol.mqtt import shares_a_user
 
 log = logging.getLogger(__name__)
 
@@ -29,21 +31,35 @@ class EnrolmentRefused(Exception):
 
 
 def add_device(store: Store, device_id: str) -> str:
-    """Enrol a device and return its secret, shown once (the store keeps its sha256); ValueError if not."""
+    """Enrol a device and return its secret, shown once (the store keeps its sha256); ValueError if not.
+
+    Where the state keeps the broker's users, the device gets its own (Mosquitto must then reload).
+    """
     if not bounds.DEVICE_ID.match(device_id):
         raise ValueError(f"bad device id {device_id!r}: 1 to 64 letters, digits, '_', '.', '-'")
+    if shares_a_user(device_id):
+        raise ValueError(
+            f"bad device id {device_id!r}: 'coordinator' and ids ending in '-listen' name other broker users"
+        )
     secret = secrets.token_urlsafe(32)
     if not store.enrol_device(device_id, secret):
         raise ValueError(f"device {device_id!r} is already known: revoke it first to enrol it again")
     log.info("enrolled device %s", device_id)
+    broker_users.device_logins(store.dir, device_id)
     return secret
 
 
 def revoke_device(store: Store, device_id: str) -> bool:
-    """Forget a device's token and enrolment: its next request gets 401. False for an unknown device."""
+    """Forget a device's token, enrolment and broker users (after a Mosquitto reload); False if unknown."""
     revoked = store.delete_device(device_id)
     if revoked:
         log.warning("revoked device %s", device_id)
+    if revoked and broker_users.remove_device(store.dir, device_id):
+        log.warning(
+            "removed %s's broker users: reload Mosquitto (%s) to end its broker login",
+            device_id,
+            broker_users.reload_hint(store.dir),
+        )
     return revoked
 
 

@@ -1,4 +1,5 @@
-"""What a device keeps in its own state folder between runs: its token (mode 0600) and the coordinator's key.
+"""What a device keeps in its own state folder between runs: its token and broker passwords (mode 0600) and
+the coordinator's key.
 
 The key is pinned on first use: given by the operator (`--coordinator-key`), else the one kept from an
 earlier run, else the one the coordinator names when the device first registers. A coordinator that later
@@ -6,6 +7,7 @@ names another key is not the one this device enrolled with, and the device refus
 """
 
 import logging
+from dataclasses import replace
 from pathlib import Path
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
@@ -13,10 +15,14 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 from fedspeech.protocol import bounds, messages, signing
 from fedspeech.protocol.bounds import ProtocolError
 from fedspeech.protocol.files import write_atomically
+from fedspeech.protocol.mqtt import BrokerSettings
 
 log = logging.getLogger(__name__)
 
 TOKEN_FILE, KEY_FILE = "token", "coordinator.pub"
+# the broker passwords the coordinator issues with the token, for the device (user: its id) and its
+# listener (user: <id>-listen)
+BROKER_PASSWORD_FILE, LISTEN_PASSWORD_FILE = "broker-password", "listen-password"
 MAX_FILE_BYTES = 1024
 
 
@@ -99,3 +105,24 @@ class DeviceCredentials:
             raise Refused(message)
         self.token = credentials.token
         self._write(TOKEN_FILE, credentials.token + "\n", private=True)
+        issued = {
+            BROKER_PASSWORD_FILE: credentials.broker_password,
+            LISTEN_PASSWORD_FILE: credentials.listen_password,
+        }
+        for name, password in issued.items():
+            if password is None:
+                (self.folder / name).unlink(missing_ok=True)  # the coordinator's broker takes none
+            else:
+                self._write(name, password + "\n", private=True)
+
+    def broker_login(self, settings: BrokerSettings, device_id: str) -> BrokerSettings:
+        """settings with the broker password the coordinator issued, unless the operator gave a login."""
+        return issued_login(settings, device_id, self.folder / BROKER_PASSWORD_FILE)
+
+
+def issued_login(settings: BrokerSettings, user: str, password_file: Path) -> BrokerSettings:
+    """settings logging in as user with password_file, if it exists and the operator named no login."""
+    if settings.username is not None or settings.password_file is not None or not password_file.is_file():
+        return settings
+    log.info("logging in to the broker as %s with the password the coordinator issued", user)
+    return replace(settings, username=user, password_file=password_file)

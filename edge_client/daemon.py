@@ -190,7 +190,7 @@ def _run(config: ClientConfig, stop: threading.Event) -> None:
     assert credentials.key is not None  # pinned by the registration
     keeper = ModelKeeper(config.model_dir, local_norm) if config.model_dir is not None else None
     link = BrokerLink(
-        config.broker,
+        credentials.broker_login(config.broker, config.device_id),
         Topics(config.topic_root),
         config.device_id,
         credentials.key,

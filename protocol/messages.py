@@ -87,12 +87,16 @@ class Registration:
 class Credentials:
     """HTTP reply to a registration: the device's bearer token and the key the coordinator signs with.
 
-    coordinator_key is the Ed25519 public key (base64) of the tasks' and announcements' signatures.
+    coordinator_key is the Ed25519 public key (base64) of the tasks' and announcements' signatures. Where
+    the coordinator keeps the broker's users (`fedspeech broker-config`), the device's broker password
+    (user: its id) and its listener's (user: <id>-listen) come with them; None elsewhere.
     """
 
     device_id: str
     token: str
     coordinator_key: str
+    broker_password: str | None = None
+    listen_password: str | None = None
 
 
 State = Literal["online", "training", "evaluating", "offline"]
@@ -251,8 +255,11 @@ def _check_values(message: Any) -> None:
     definition = getattr(message, "definition", None)
     if definition is not None:
         message_checks.check_definition(definition)
-    if isinstance(message, Credentials) and not TOKEN.match(message.token):
-        raise ProtocolError("bad token")
+    if isinstance(message, Credentials):
+        for name in ("token", "broker_password", "listen_password"):
+            value = getattr(message, name)
+            if value is not None and not TOKEN.match(value):
+                raise ProtocolError(f"bad {name.replace('_', ' ')}")
     if isinstance(message, ModelAnnouncement):
         message_checks.check_announcement(message)
     if isinstance(message, DeviceStatus):
