@@ -13,6 +13,7 @@ def run(args: argparse.Namespace) -> None:
     from fedspeech.coordinator.store import StateError, Store
 
     try:
+        broker_users.check_topic_root(args.topic_root)  # before the state is touched
         device_ids = [device.device_id for device in Store(args.state).devices()]
         config = broker_users.write_config(args.state, args.host, args.port, args.topic_root, device_ids)
     except (StateError, ValueError) as exc:

@@ -20,7 +20,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from fedspeech.protocol.bounds import DEVICE_ID
+from fedspeech.protocol.bounds import DEVICE_ID, TOKEN
 from fedspeech.protocol.files import write_atomically
 from fedspeech.protocol.mqtt import COORDINATOR_USER, listen_user, shares_a_user
 from fedspeech.protocol.topics import Topics
@@ -102,15 +102,20 @@ def coordinator_password_file(state_dir: Path) -> Path | None:
     return path if path.is_file() else None
 
 
+def check_topic_root(topic_root: str) -> None:
+    """ValueError for a topic root that an ACL line cannot name (a wildcard, a space, a line break)."""
+    if not TOPIC_ROOT.match(topic_root):
+        raise ValueError(
+            f"--topic-root {topic_root!r}: use letters, digits, '_', '.' and '-', with '/' between levels"
+        )
+
+
 def write_config(state_dir: Path, host: str, port: int, topic_root: str, device_ids: Iterable[str]) -> Path:
     """Write the broker's files for these devices (passwords kept, new ones made); the config's path.
 
     Users of devices not among device_ids are removed. ValueError for a topic root an ACL cannot name.
     """
-    if not TOPIC_ROOT.match(topic_root):
-        raise ValueError(
-            f"topic root {topic_root!r}: use letters, digits, '_', '.', '-' and '/' between them"
-        )
+    check_topic_root(topic_root)
     folder = Path(state_dir).resolve() / FOLDER
     folder.mkdir(mode=0o700, parents=True, exist_ok=True)
     with _locked(folder):
@@ -175,20 +180,20 @@ def _device_folder(folder: Path) -> Path:
 
 def _device_passwords(folder: Path, device_id: str) -> tuple[DeviceLogins, bool]:
     """The passwords of the device's users, and whether any was made now."""
-    user, listener = _users(device_id)
     devices = _device_folder(folder)
-    made = not all((devices / f"{name}.password").is_file() for name in (user, listener))
-    password, listen_password = (_password(devices / f"{name}.password") for name in (user, listener))
-    return DeviceLogins(password, listen_password), made
+    (password, made), (listen_password, listen_made) = (
+        _password(devices / f"{user}.password") for user in _users(device_id)
+    )
+    return DeviceLogins(password, listen_password), made or listen_made
 
 
-def _password(path: Path) -> str:
-    """The password kept in path, made (random, 256 bits) if there is none."""
-    if path.is_file():
-        return path.read_text().strip()
+def _password(path: Path) -> tuple[str, bool]:
+    """The password kept in path, made (random, 256 bits) if there is none or it is damaged; whether made."""
+    if path.is_file() and TOKEN.match(kept := path.read_text().strip()):
+        return kept, False
     password = secrets.token_urlsafe(32)
     write_atomically(path, f"{password}\n".encode(), private=True)
-    return password
+    return password, True
 
 
 def _write_password_file(folder: Path) -> None:

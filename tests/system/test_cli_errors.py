@@ -368,6 +368,11 @@ def _cases(tmp: Path, busy: int, broker: str, nothing: str) -> dict[str, tuple[l
         ),
         "listen not a URL": (["listen", "--coordinator", "coordinator.lan"], "listen", ["http://HOST:PORT"]),
         "record required options": (["record", "--task", "fsdd", "--label", "1"], "record", ["--data"]),
+        "broker-config wildcard root": (
+            ["broker-config", "--state", str(tmp / "state"), "--topic-root", "fleet/#"],
+            "broker-config",
+            ["--topic-root 'fleet/#'", "letters, digits"],
+        ),
     }
 
 

@@ -1,17 +1,20 @@
 """A fleet on its own recordings: a task file, device data folders, and a coordinator that holds no speech."""
 
 import json
+import os
 import shutil
 import sqlite3
 import subprocess
 import sys
 from collections import defaultdict
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from fedspeech.models.clips.datasets import load_corpus
 from fedspeech.models.clips.tasks import SPEECH_COMMANDS_LABELS
+from tests.helpers.mosquitto import running_mosquitto
 from tests.helpers.ports import free_port
 from tests.helpers.waiting import get_json, wait_for
 
@@ -52,9 +55,37 @@ def _build_folders(root: Path) -> dict[str, Path]:
     return folders
 
 
+@pytest.fixture
+def readme_broker(tmp_path, topic_root) -> Iterator[tuple[dict[str, Path], str]]:
+    """As the README sets it up: devices enrolled, `fedspeech broker-config`, Mosquitto with its files.
+
+    Yields each device's secret file and the broker's URL.
+    """
+    secrets = {}
+    for device in DEVICE_LABELS:  # enrolled as an operator would: a secret per device
+        secrets[device] = tmp_path / f"{device}.secret"
+        with open(secrets[device], "w", opener=lambda path, flags: os.open(path, flags, 0o600)) as out:
+            fedspeech("devices", "add", device, "--state", str(tmp_path / "state"), stdout=out)
+    port = free_port()
+    fedspeech(
+        "broker-config", "--state", str(tmp_path / "state"), "--port", str(port), "--topic-root", topic_root
+    )
+    with running_mosquitto(tmp_path / "state" / "broker" / "mosquitto.conf", port):
+        yield secrets, f"mqtt://127.0.0.1:{port}"
+
+
+def fedspeech(*args: str, **options) -> subprocess.CompletedProcess:
+    """Run `python -m fedspeech ARGS` to the end; its output captured unless stdout is given."""
+    options = {"stdout": subprocess.PIPE} | options
+    return subprocess.run(
+        [sys.executable, "-m", "fedspeech", *args], stderr=subprocess.PIPE, text=True, check=True, **options
+    )
+
+
 @pytest.mark.skipif(not (SHARED_DATA / "speech_commands_test").is_dir(), reason="needs ../shared/data")
 @pytest.mark.timeout(600)
-def test_devices_train_and_evaluate_on_their_own_folders(tmp_path, mosquitto_url, topic_root, processes):
+def test_devices_train_and_evaluate_on_their_own_folders(tmp_path, readme_broker, topic_root, processes):
+    secrets, broker_url = readme_broker
     folders = _build_folders(tmp_path / "devices")
     task_file = tmp_path / "commands.toml"
     task_file.write_text(
@@ -65,22 +96,15 @@ def test_devices_train_and_evaluate_on_their_own_folders(tmp_path, mosquitto_url
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     state = tmp_path / "state"
-    common = ["--broker", mosquitto_url, "--topic-root", topic_root]
+    common = ["--broker", broker_url, "--topic-root", topic_root]
     processes.start(
         "coordinator", "coordinator", "--task", str(task_file), "--state", str(state), "--port", str(port),
         "--rounds", str(ROUNDS), "--min-devices", "3", "--min-results", "3", "--epochs", "3", *common,
     )  # fmt: skip
     clients = {}
-    for device, folder in folders.items():  # enrolled as an operator would: a secret per device
-        added = subprocess.run(
-            [sys.executable, "-m", "fedspeech", "devices", "add", device, "--state", str(state)],
-            capture_output=True, text=True, check=True,
-        )  # fmt: skip
-        secret = tmp_path / f"{device}.secret"
-        secret.write_text(added.stdout)
-        secret.chmod(0o600)
+    for device, folder in folders.items():
         args = ["--data", str(folder), "--device-id", device, "--coordinator", url, *common]
-        args += ["--state", str(tmp_path / "device-state"), "--enrolment-secret-file", str(secret)]
+        args += ["--state", str(tmp_path / "device-state"), "--enrolment-secret-file", str(secrets[device])]
         clients[device] = processes.start(f"device-{device}", "client", *args)
 
     def finished():
@@ -125,8 +149,14 @@ def test_devices_train_and_evaluate_on_their_own_folders(tmp_path, mosquitto_url
             seen_by_coordinator += json.dumps(db.execute(f"SELECT * FROM {table}").fetchall())
     leaked = sorted(n for n in names if n in seen_by_coordinator)
     assert not leaked, leaked
-    secrets = [(tmp_path / f"{device}.secret").read_text().strip() for device in folders]
-    assert not [s for s in secrets if s in seen_by_coordinator], (
-        "the coordinator keeps only hashes of secrets"
-    )
+    kept = [path.read_text().strip() for path in secrets.values()]
+    assert not [s for s in kept if s in seen_by_coordinator], "the coordinator keeps only hashes of secrets"
     assert str(tmp_path / "devices") not in seen_by_coordinator
+
+    # a listener on kitchen logs in with the password kitchen's daemon was issued, and runs the last model
+    clip = next(p for p in (folders["kitchen"] / "yes").iterdir() if p.name != "broken.flac")
+    device_state = str(tmp_path / "device-state")
+    listen = ["--device-id", "kitchen", "--state", device_state, "--input", str(clip)]
+    heard = fedspeech("listen", "--coordinator", url, *common, *listen, timeout=120)
+    assert "logging in to the broker as kitchen-listen" in heard.stderr, heard.stderr
+    assert "downloaded" in heard.stderr and "connected to broker" in heard.stderr, heard.stderr

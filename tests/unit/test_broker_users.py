@@ -51,7 +51,7 @@ def test_the_config_names_a_user_per_client_and_refuses_anonymous_clients(tmp_pa
     )
     for private in ("passwd", "coordinator.password", "devices/kitchen-pi.password"):
         assert stat.S_IMODE(os.stat(state / "broker" / private).st_mode) == 0o600
-    with pytest.raises(ValueError, match="topic root"):
+    with pytest.raises(ValueError, match="--topic-root"):
         broker_users.write_config(state, "0.0.0.0", 1884, "fleet/#", [])
 
 
