@@ -130,6 +130,8 @@ def test_no_client_without_credentials_takes_a_devices_client_id(fleet, clients)
             impostor = Client(settings, client_id=taken)
             clients.append(impostor)
             assert impostor.first_event().startswith("refused")
+    # an enrolled device asking for kitchen-pi's id gets its own user name as its id instead
+    clients.append(Client(fleet.settings("hall-pi"), client_id=client_id).connected())
     # Had an impostor ended kitchen-pi's session, its will would have been published before this.
     kitchen.publish(TOPICS.status("kitchen-pi"), b"still here")
     seen = coordinator.until(TOPICS.status("kitchen-pi"), b"still here")
