@@ -262,8 +262,8 @@ class CoordinatorClient:
     def check_token(self, register: Callable[[], bool]) -> None:
         """Ask the coordinator once whether it still takes the token: Refused if it revoked this device.
 
-        A token it no longer takes otherwise (its state was reset) is replaced by registering again; no
-        answer is left for the next check.
+        A plain 401 (a coordinator whose state was reset forgot the token) is answered by registering
+        again; no answer at all waits for the next check.
         """
         if not self.credentials.token:
             return

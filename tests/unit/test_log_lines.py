@@ -66,3 +66,11 @@ def test_an_exception_text_cannot_forge_a_line_but_the_traceback_stays(logged):
     assert lines.count("Traceback (most recent call last):") == 2
     assert any("direct cause of the following exception" in line for line in lines)
     assert any(line.startswith("  File ") for line in lines), "the stack is written as Python writes it"
+
+
+@pytest.mark.parametrize("name", ["werkzeug", "waitress", "cheroot.error"])
+def test_the_servers_and_libraries_records_go_through_it_too(logged, name):
+    _, stream = logged
+    logging.getLogger(name).warning('127.0.0.1 - - "GET /x%s HTTP/1.1" 404 -', "\n" + FORGED)
+    lines = stream.getvalue().splitlines()
+    assert len(lines) == 1 and LINE.match(lines[0]) and "/x\\n2026-01-01" in lines[0], lines
