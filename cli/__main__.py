@@ -20,6 +20,7 @@ from fedspeech.connection_options import (
 from fedspeech.coordinator_command import add_parser as add_coordinator_parser
 from fedspeech.devices import add_parser as add_devices_parser
 from fedspeech.installed_commands import KNOWN, add_installed_commands, missing_command
+from fedspeech.protocol import log_lines
 from fedspeech.protocol.mqtt import BrokerSettings
 from fedspeech.protocol.topics import DEFAULT_ROOT
 from fedspeech.status import add_parser as add_status_parser
@@ -274,7 +275,7 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit(f"{command}: unrecognized arguments: {' '.join(unknown)}; see `{command} --help`")
     quiet = args.command in KNOWN  # the benchmarks and the demo print their own progress lines
     level = logging.DEBUG if args.verbose else logging.WARNING if quiet else logging.INFO
-    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    log_lines.configure(level)  # every line escaped: a value from the network cannot forge one
     if not args.verbose:
         for chatty in ("onnxscript", "onnx_ir"):  # the ONNX export's internals, at INFO every round
             logging.getLogger(chatty).setLevel(logging.WARNING)

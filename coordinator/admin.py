@@ -10,6 +10,8 @@ from typing import Any
 
 from flask import Response, current_app, jsonify, request
 
+from fedspeech.coordinator.guesses import BURST
+
 log = logging.getLogger(__name__)
 
 # a browser asks its user for the token on this challenge, and sends it with every poll after
@@ -35,18 +37,50 @@ def holds_token(expected: str, authorization: str) -> bool:
     return token is not None and hmac.compare_digest(token.encode(), expected.encode())
 
 
+def _verdict() -> tuple[int, int]:
+    """(200, 0) if the request may read the fleet's state; (401, 0) if not; (429, seconds) if it must wait.
+
+    With no admin token configured, everyone may read. A wrong token counts against its address, which
+    once out of tries gets 429 before its token is compared: its guesses then tell it nothing.
+    """
+    service = current_app.extensions["fedspeech"]
+    if service.admin_token is None:
+        return 200, 0
+    address = request.remote_addr or ""
+    wait = service.admin_guesses.retry_after(address)
+    if wait:
+        return 429, wait
+    authorization = request.headers.get("Authorization", "")
+    if holds_token(service.admin_token, authorization):
+        return 200, 0
+    if authorization and service.admin_guesses.failed(address):
+        log.warning("%d wrong admin tokens from %s: it has to wait before it tries again", BURST, address)
+    return 401, 0
+
+
+def is_admin() -> bool:
+    """Whether the request holds the admin token (or none is configured); a wrong one counts as a guess."""
+    return _verdict()[0] == 200
+
+
 def refusal() -> Response | None:
-    """None if the request may read the fleet's state; else the 401 that asks for the admin token.
+    """None if the request may read the fleet's state; else the 401 that asks for the admin token, or 429.
 
     A Flask `before_request` hook: with no admin token configured, everyone may read.
     """
-    expected = current_app.extensions["fedspeech"].admin_token
-    authorization = request.headers.get("Authorization", "")
-    if expected is None or holds_token(expected, authorization):
+    status, wait = _verdict()
+    if status == 200:
         return None
-    # a browser's first request never carries the token; a wrong one is worth a warning
-    level = logging.WARNING if authorization else logging.INFO
-    log.log(level, "%s %s refused (401): no valid admin token", request.method, request.path)
+    authorization = request.headers.get("Authorization", "")
+    # a browser's first request never carries the token; a wrong one is worth a warning (once out of tries,
+    # the address was warned about)
+    level = logging.WARNING if authorization and status == 401 else logging.INFO
+    log.log(level, "%s %s refused (%d): no valid admin token", request.method, request.path, status)
+    if status == 429:
+        response = jsonify(error=f"too many wrong admin tokens from this address: try again in {wait} s")
+        response.status_code = 429
+        response.headers["Retry-After"] = str(wait)
+        return response
     response = jsonify(
         error="the admin token is needed: `Authorization: Bearer TOKEN`, or any user name and the token as "
         "password"

@@ -7,8 +7,8 @@ from flask import Blueprint, Response, current_app, g, jsonify, request, send_fi
 from werkzeug.exceptions import ClientDisconnected, RequestEntityTooLarge
 
 from fedspeech.coordinator import broker_users
-from fedspeech.coordinator.admin import admin_only
-from fedspeech.coordinator.enrolment import EnrolmentRefused, revoke_device
+from fedspeech.coordinator.admin import admin_only, is_admin, refusal
+from fedspeech.coordinator.enrolment import EnrolmentRefused, revoke_device, revoked_reason
 from fedspeech.coordinator.errors import BadUpload, NotWanted
 from fedspeech.protocol import messages, routes, signing
 from fedspeech.protocol.bounds import MAX_BLOB_BYTES, ProtocolError
@@ -24,15 +24,20 @@ def _service():
     return current_app.extensions["fedspeech"]
 
 
-def _error(status: int, reason: str) -> tuple[Response, int]:
+def _error(status: int, reason: str, revoked: bool = False) -> tuple[Response, int]:
     # 409 is routine: an over-selected device's update arriving after its round took the first K
     level = logging.INFO if status == 409 else logging.WARNING
     log.log(level, "%s %s rejected (%d): %s", request.method, request.path, status, reason)
-    return jsonify(error=reason), status
+    # revoked: told only to whoever presents the token a device held when the operator revoked it
+    return (jsonify(error=reason, revoked=True) if revoked else jsonify(error=reason)), status
 
 
 class _Unauthorized(Exception):
-    """No bearer token, or one the coordinator never issued."""
+    """No bearer token, or one the coordinator never issued or no longer takes (revoked: by the operator)."""
+
+    def __init__(self, reason: str, revoked: bool = False) -> None:
+        super().__init__(reason)
+        self.revoked = revoked
 
 
 class _TooLarge(Exception):
@@ -56,12 +61,12 @@ def _refused(exc: Exception) -> tuple[Response, int]:
     if request.endpoint == "api.upload_update":
         round = (request.view_args or {}).get("round", -1)
         _service().outcomes.rejected(g.get("device_id"), round, _KINDS[type(exc)], str(exc))
-    return _error(_STATUSES[type(exc)], str(exc))
+    return _error(_STATUSES[type(exc)], str(exc), getattr(exc, "revoked", False))
 
 
 @bp.errorhandler(EnrolmentRefused)
 def _enrolment_refused(exc: EnrolmentRefused) -> tuple[Response, int]:
-    return _error(exc.status, f"registration refused: {exc}")
+    return _error(exc.status, f"registration refused: {exc}", exc.revoked)
 
 
 def _body(limit: int) -> bytes:
@@ -93,8 +98,12 @@ def _device() -> str:
     token = _bearer()
     if token is None:
         raise _Unauthorized("missing bearer token")
-    device_id = _service().store.device_for_token(token)
+    store = _service().store
+    device_id = store.device_for_token(token)
     if device_id is None:
+        revoked = store.revoked_device(token)
+        if revoked is not None:
+            raise _Unauthorized(revoked_reason(revoked), revoked=True)
         raise _Unauthorized("unknown bearer token")
     g.device_id = device_id
     return device_id
@@ -156,6 +165,7 @@ def relayed_update(round: int, step: int):
 
 
 @bp.get(routes.LATEST_MODEL_RULE)
+@admin_only
 def latest_model():
     """The latest completed round's record."""
     latest = _service().store.latest_round()
@@ -195,18 +205,20 @@ def share_validation():
 
 @bp.get(routes.STATUS_RULE)
 def status():
-    """What the coordinator is doing now."""
+    """What the coordinator is doing now: its rounds to anyone, its devices and broker to the operator."""
     service = _service()
     latest = service.store.latest_round()
-    registered = service.store.registered()  # anyone on the broker can claim a device id there
-    return jsonify(
-        completed_round=latest.round if latest else None,
-        open_round=service.inbox.open_round(),
-        target_rounds=service.orchestrator.config.rounds,
-        finished=service.orchestrator.finished.is_set(),
-        devices_online=[d for d in service.link.online() if d in registered],
-        broker=service.broker_url,
-    )
+    answer = {
+        "completed_round": latest.round if latest else None,
+        "open_round": service.inbox.open_round(),
+        "target_rounds": service.orchestrator.config.rounds,
+        "finished": service.orchestrator.finished.is_set(),
+    }
+    if is_admin():  # devices measure their round trip here without the admin token; they learn no ids
+        registered = service.store.registered()  # anyone on the broker can claim a device id there
+        answer["devices_online"] = [d for d in service.link.online() if d in registered]
+        answer["broker"] = service.broker_url
+    return jsonify(answer)
 
 
 @bp.get(routes.DEVICES_RULE)
@@ -248,6 +260,21 @@ def round_detail(round: int):
     return jsonify(
         {**asdict(record), "updates": [asdict(u) for u in store.updates(round)], "evaluations": evaluations}
     )
+
+
+@bp.get(routes.DEVICE_RULE)
+def device_record(device_id: str):
+    """One device's record, for its own token (its daemon checks it was not revoked) or the admin token."""
+    service = _service()
+    token = _bearer()
+    if token is None or service.store.device_for_token(token) != device_id:
+        if token is not None and service.store.revoked_device(token) == device_id:
+            raise _Unauthorized(revoked_reason(device_id), revoked=True)
+        refused = refusal()  # the same answer for every id without the device's token or the admin's
+        if refused is not None:
+            return refused
+    record = service.store.device(device_id)
+    return jsonify(asdict(record)) if record else _error(404, f"no device {device_id[:64]!r}")
 
 
 @bp.delete(routes.DEVICE_RULE)

@@ -17,6 +17,7 @@ from fedspeech.coordinator.config import APP_KEY, CoordinatorConfig, EvaluationC
 from fedspeech.coordinator.dashboard import bp as dashboard_bp
 from fedspeech.coordinator.enrolment import Enrolment
 from fedspeech.coordinator.global_model import GlobalModel
+from fedspeech.coordinator.guesses import GuessLimit
 from fedspeech.coordinator.http_server import HttpServer, serve
 from fedspeech.coordinator.inbox import Inbox
 from fedspeech.coordinator.metrics import bp as metrics_bp
@@ -49,6 +50,7 @@ class Service:
     broker: EmbeddedBroker | None = None
     shared_validation: SharedValidation | None = None  # clips devices share, where the operator takes them
     admin_token: str | None = None  # None: the fleet's state is readable by anyone who reaches the API
+    admin_guesses: GuessLimit = field(default_factory=GuessLimit)  # wrong admin tokens per address
     outcomes: UploadOutcomes = field(default_factory=UploadOutcomes)
     stop_event: threading.Event = field(default_factory=threading.Event)
     thread: threading.Thread | None = None

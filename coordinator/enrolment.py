@@ -3,7 +3,9 @@
 A device id that the coordinator knows can only be registered again by whoever holds its current token
 or its enrolment secret, so that no stranger takes over a device by posting its id. An unknown id is
 accepted only under open enrolment (the demo, emulated fleets), up to a maximum number of devices.
-Every registration issues a new token; the previous one stops working.
+Without open enrolment, an unknown id gets the same refusal as a wrong credential: asking tells no one
+which ids are enrolled. Every registration issues a new token; the previous one stops working. A device
+the operator revoked is told so when it presents its old token, and only then.
 """
 
 import hmac
@@ -13,6 +15,7 @@ import threading
 from dataclasses import asdict
 
 from fedspeech.coordinator import broker_users
+from fedspeech.coordinator.records import CredentialDigests
 from fedspeech.coordinator.store import Store, token_digest
 from fedspeech.protocol import bounds, messages
 from fedspeech.protocol.mqtt import shares_a_user
@@ -23,11 +26,22 @@ MAX_DEVICES = 1000  # under open enrolment
 
 
 class EnrolmentRefused(Exception):
-    """A registration the coordinator does not take: status 401 (bad credential) or 403 (not enrolled)."""
+    """A registration the coordinator does not take: status 401 (no good credential) or 403 (fleet full).
 
-    def __init__(self, status: int, reason: str) -> None:
+    revoked: the credential was the device's token when the operator revoked it.
+    """
+
+    def __init__(self, status: int, reason: str, revoked: bool = False) -> None:
         super().__init__(reason)
-        self.status = status
+        self.status, self.revoked = status, revoked
+
+
+def revoked_reason(device_id: str) -> str:
+    """What a revoked device is told when it presents its old token."""
+    return (
+        f"device {device_id} was revoked on the coordinator: it must be enrolled again "
+        f"(`fedspeech devices add {device_id}`) and started with its new secret"
+    )
 
 
 def add_device(store: Store, device_id: str) -> str:
@@ -50,7 +64,7 @@ def add_device(store: Store, device_id: str) -> str:
 
 
 def revoke_device(store: Store, device_id: str) -> bool:
-    """Forget a device's token, enrolment and broker users (after a Mosquitto reload); False if unknown."""
+    """Revoke a device's enrolment, token (its next request is told so) and broker users; False if unknown."""
     revoked = store.delete_device(device_id)
     if revoked:
         log.warning("revoked device %s", device_id)
@@ -63,8 +77,10 @@ def revoke_device(store: Store, device_id: str) -> bool:
     return revoked
 
 
-def _matches(credential: str, digest: str) -> bool:
-    return bool(digest) and hmac.compare_digest(token_digest(credential), digest)
+def _holds(credential: str, known: CredentialDigests) -> bool:
+    """Whether credential is the device's token or its enrolment secret."""
+    digest = token_digest(credential)
+    return any(bool(d) and hmac.compare_digest(digest, d) for d in (known.token_sha256, known.secret_sha256))
 
 
 class Enrolment:
@@ -81,21 +97,8 @@ class Enrolment:
         device_id = registration.device_id
         with self._lock:
             known = self.store.credentials(device_id)
-            if known is None:
-                if not self.open:
-                    raise EnrolmentRefused(
-                        403, f"device {device_id} is not enrolled (`fedspeech devices add {device_id}`)"
-                    )
-                if self.store.count_devices() >= self.max_devices:
-                    raise EnrolmentRefused(
-                        403, f"the fleet already has the maximum of {self.max_devices} devices"
-                    )
-            elif credential is None:
-                raise EnrolmentRefused(
-                    401, f"device {device_id} is already known: its token or secret is needed"
-                )
-            elif not (_matches(credential, known.token_sha256) or _matches(credential, known.secret_sha256)):
-                raise EnrolmentRefused(401, f"wrong token or enrolment secret for device {device_id}")
+            if known is None or credential is None or not _holds(credential, known):
+                self._admit_new(device_id, known is not None, credential)
             token = secrets.token_urlsafe(32)
             self.store.register_device(
                 device_id, token, registration.num_samples, asdict(registration.profile)
@@ -104,3 +107,18 @@ class Enrolment:
             log.warning("device %s registered again: its previous token no longer works", device_id)
         log.info("registered device %s (%d samples)", device_id, registration.num_samples)
         return token
+
+    def _admit_new(self, device_id: str, known: bool, credential: str | None) -> None:
+        """Return if device_id may register as a new device; else EnrolmentRefused."""
+        if credential is not None and self.store.revoked_device(credential) == device_id:
+            raise EnrolmentRefused(401, revoked_reason(device_id), revoked=True)
+        if known or not self.open:
+            # the same answer for an id that is not enrolled as for a missing or wrong credential, so that
+            # no one learns which ids are enrolled by asking
+            raise EnrolmentRefused(
+                401,
+                f"device {device_id} is not enrolled, or its token or enrolment secret is missing or wrong "
+                f"(`fedspeech devices add {device_id}` enrols it)",
+            )
+        if self.store.count_devices() >= self.max_devices:
+            raise EnrolmentRefused(403, f"the fleet already has the maximum of {self.max_devices} devices")

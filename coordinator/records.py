@@ -15,6 +15,11 @@ CREATE TABLE IF NOT EXISTS devices (
     registered_at REAL NOT NULL,
     secret_sha256 TEXT NOT NULL DEFAULT ''
 );
+CREATE TABLE IF NOT EXISTS revoked_tokens (
+    token_sha256 TEXT PRIMARY KEY,
+    device_id TEXT NOT NULL,
+    revoked_at REAL NOT NULL
+);
 CREATE TABLE IF NOT EXISTS rounds (
     round INTEGER PRIMARY KEY,
     started_at REAL NOT NULL,

@@ -25,6 +25,9 @@ from fedspeech.coordinator.records import (
 )
 from fedspeech.protocol.files import write_atomically
 
+# tokens of revoked devices, kept so that the device holding one can be told (the newest are kept)
+MAX_REVOKED_TOKENS = 10_000
+
 
 class StateError(ValueError):
     """The state directory cannot be used as it is; the text says which file and what to do."""
@@ -104,9 +107,30 @@ class Store:
         return True
 
     def delete_device(self, device_id: str) -> bool:
-        """Forget a device, its token and its enrolment; False if there was none."""
+        """Forget a device and its enrolment, its token kept as revoked; False if there was none."""
         with self._connect() as db:
-            return db.execute("DELETE FROM devices WHERE device_id = ?", (device_id,)).rowcount > 0
+            row = db.execute("SELECT token_sha256 FROM devices WHERE device_id = ?", (device_id,)).fetchone()
+            if row is None:
+                return False
+            if row[0]:
+                db.execute(
+                    "INSERT OR REPLACE INTO revoked_tokens VALUES (?, ?, ?)", (row[0], device_id, time.time())
+                )
+                db.execute(  # the newest MAX_REVOKED_TOKENS are kept
+                    "DELETE FROM revoked_tokens WHERE token_sha256 NOT IN "
+                    "(SELECT token_sha256 FROM revoked_tokens ORDER BY revoked_at DESC LIMIT ?)",
+                    (MAX_REVOKED_TOKENS,),
+                )
+            db.execute("DELETE FROM devices WHERE device_id = ?", (device_id,))
+        return True
+
+    def revoked_device(self, token: str) -> str | None:
+        """The device whose token this was when the operator revoked it, or None."""
+        with self._connect() as db:
+            row = db.execute(
+                "SELECT device_id FROM revoked_tokens WHERE token_sha256 = ?", (token_digest(token),)
+            ).fetchone()
+        return row[0] if row else None
 
     def credentials(self, device_id: str) -> CredentialDigests | None:
         """The digests of a device's token and enrolment secret, or None for an unknown device."""

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from fedspeech.edge_client.credentials import DeviceCredentials, Refused
-from fedspeech.protocol import bounds, messages, routes, weights
+from fedspeech.protocol import bounds, log_lines, messages, routes, weights
 from fedspeech.protocol.bounds import ProtocolError
 from fedspeech.protocol.messages import BlobRef, Credentials, Registration, TaskInfo
 
@@ -92,11 +92,20 @@ def connection_error(exc: Exception) -> str:
 
 
 def error_reason(reply: Reply) -> str:
-    """The coordinator's error text from a reply, or its status."""
+    """The coordinator's error text from a reply, or its status; control characters escaped (one line)."""
     try:
-        return str(json.loads(reply.body)["error"])[:200]
+        reason = str(json.loads(reply.body)["error"])[:200]
     except (ValueError, KeyError, TypeError):
-        return reply.body[:200].decode(errors="replace") or f"HTTP {reply.status}"
+        reason = reply.body[:200].decode(errors="replace") or f"HTTP {reply.status}"
+    return log_lines.escape(reason)
+
+
+def says_revoked(reply: Reply) -> bool:
+    """Whether the coordinator answered that the token sent was this device's when it was revoked."""
+    try:
+        return reply.status == 401 and json.loads(reply.body).get("revoked") is True
+    except (ValueError, AttributeError):
+        return False
 
 
 def api_url(base_url: str, path: str) -> str:
@@ -217,7 +226,11 @@ class CoordinatorClient:
         body = messages.encode(Registration(self.device_id, num_samples, profile))
         offers = [(self.credentials.token, "kept token"), (self.enrolment_secret, "enrolment secret")]
         # last, nothing: a coordinator with open enrolment that forgot this device takes it as a new one
-        for credential, name in [(c, name) for c, name in offers if c] + [(None, "nothing")]:
+        offers = [(c, name) for c, name in offers if c] + [(None, "nothing")]
+        revoked = False
+        for credential, name in offers:
+            if revoked and credential is None:
+                break  # revoked: a new enrolment secret brings the device back, never registering as new
             answer = self._post_registration(body, credential)
             if answer is None:
                 return False
@@ -225,8 +238,11 @@ class CoordinatorClient:
                 self.credentials.keep(answer, self.base_url)
                 log.info("registered %s with %s (%d samples)", self.device_id, self.base_url, num_samples)
                 return True
+            revoked = revoked or says_revoked(answer)
             reason = f"HTTP {answer.status}: {error_reason(answer)}"
             log.info("the coordinator refused to register %s with its %s (%s)", self.device_id, name, reason)
+        if revoked:
+            raise self.revoked()
         message = (
             f"the coordinator at {self.base_url} refused to register {self.device_id} ({reason}). "
             f"Enrol it on the coordinator with `fedspeech devices add {self.device_id}` and start this "
@@ -234,6 +250,38 @@ class CoordinatorClient:
         )
         log.warning("%s", message)
         raise Refused(message)
+
+    def revoked(self) -> Refused:
+        """The one line a revoked device stops with."""
+        return Refused(
+            f"the coordinator at {self.base_url} revoked {self.device_id}: enrol it again with `fedspeech "
+            f"devices add {self.device_id}` and start it with --enrolment-secret-file FILE, FILE holding the "
+            "secret that command prints"
+        )
+
+    def check_token(self, register: Callable[[], bool]) -> None:
+        """Ask the coordinator once whether it still takes the token: Refused if it revoked this device.
+
+        A plain 401 (a coordinator whose state was reset forgot the token) is answered by registering
+        again; no answer at all waits for the next check.
+        """
+        if not self.credentials.token:
+            return
+        headers = {"Authorization": f"Bearer {self.credentials.token}"}
+        try:
+            reply = request(
+                "GET", self.url(routes.device(self.device_id)), None, headers, 10.0, context=self.context
+            )
+        except _CONNECTION_ERRORS as exc:
+            log.debug("checking the token with the coordinator failed: %s", connection_error(exc))
+            return
+        if says_revoked(reply):
+            raise self.revoked()
+        if reply.status == 401:
+            log.warning(
+                "the coordinator no longer takes our token: %s; registering again", error_reason(reply)
+            )
+            register()
 
     def _post_registration(self, body: bytes, credential: str | None) -> Credentials | Reply | None:
         """The coordinator's credentials, or its refusal (a 401 or 403 reply); None if stopped first."""
@@ -278,6 +326,8 @@ class CoordinatorClient:
             else:
                 if reply.status == 200:
                     return
+                if says_revoked(reply):
+                    raise self.revoked()
                 if reply.status == 401 and not registered_again:
                     log.warning(
                         "the coordinator refused our token: %s; registering again", error_reason(reply)

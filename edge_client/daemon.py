@@ -1,8 +1,9 @@
 """The device daemon: learn the task, load local data, register, then train or evaluate each task it is sent.
 
 It keeps its token and the coordinator's pinned key in its own state folder, takes only tasks signed by
-that key, and stops for good (Refused) if the coordinator refuses it or names another key. With a
-model directory it also keeps the latest global model there as ONNX, for `fedspeech listen`.
+that key, and stops for good (Refused) if the coordinator refuses it, revoked it (asked every minute
+while idle) or names another key. With a model directory it also keeps the latest global model there
+as ONNX, for `fedspeech listen`.
 """
 
 import functools
@@ -33,6 +34,7 @@ log = logging.getLogger(__name__)
 
 MAX_SECRET_CHARS = 256
 MAX_SHARED_CLIPS = 100
+TOKEN_CHECK_S = 60.0  # between two checks that the coordinator still takes the token (not revoked)
 
 
 @dataclass
@@ -53,6 +55,7 @@ class ClientConfig:
     coordinator_key: str | None = None  # base64 Ed25519 key to pin (None: the kept one, else the first named)
     coordinator_ca: Path | None = None  # the CA of an HTTPS coordinator's certificate (None: the system's)
     make_trainer: Callable[[str, int], Trainer] = Trainer  # (device_id, torch_threads) -> its trainer
+    token_check_s: float = TOKEN_CHECK_S  # how often an idle device asks whether it was revoked
 
     def check(self) -> None:
         """ValueError, in words a user can act on, for settings that cannot work."""
@@ -79,6 +82,8 @@ class ClientConfig:
             raise ValueError(f"the most clips to train on must be at least 1, got {self.max_samples}")
         if self.torch_threads < 1:
             raise ValueError(f"torch threads must be at least 1, got {self.torch_threads}")
+        if not 0.1 <= self.token_check_s <= 86_400:
+            raise ValueError(f"the token check's period must be 0.1 s to a day, got {self.token_check_s}")
         self.data.check()
 
 
@@ -198,10 +203,14 @@ def _run(config: ClientConfig, stop: threading.Event) -> None:
     )
     device = _Device(config, http, data, trainer, link, profile)
     link.start(_status(device, "online"))
+    next_check = time.monotonic() + config.token_check_s
     try:
         while not stop.is_set():
             if keeper is not None:
                 keeper.keep(http)
+            if time.monotonic() >= next_check:  # a revoked device is sent no task: it asks (Refused)
+                http.check_token(functools.partial(_register_again, device))
+                next_check = time.monotonic() + config.token_check_s
             try:
                 task = link.tasks.get(timeout=0.5)
             except queue.Empty:
