@@ -193,8 +193,19 @@ def status():
     service = _service()
     latest = service.store.latest_round()
     registered = service.store.registered()  # anyone on the broker can claim a device id there
+    evaluated = latest is not None and latest.federated_accuracy is not None
     return jsonify(
         completed_round=latest.round if latest else None,
+        # the latest round's federated accuracy, with the devices and test clips it rests on
+        federated=(
+            {
+                "accuracy": latest.federated_accuracy,
+                "devices": latest.evaluation_reports,
+                "clips": latest.evaluation_clips,
+            }
+            if evaluated
+            else None
+        ),
         open_round=service.inbox.open_round(),
         target_rounds=service.orchestrator.config.rounds,
         finished=service.orchestrator.finished.is_set(),

@@ -82,9 +82,13 @@ class Enrolment:
                 raise EnrolmentRefused(401, f"wrong token or enrolment secret for device {device_id}")
             token = secrets.token_urlsafe(32)
             self.store.register_device(
-                device_id, token, registration.num_samples, asdict(registration.profile)
-            )
+                device_id, token, registration.num_samples, asdict(registration.profile),
+                registration.test_counts,
+            )  # fmt: skip
         if known is not None and known.token_sha256:
             log.warning("device %s registered again: its previous token no longer works", device_id)
-        log.info("registered device %s (%d samples)", device_id, registration.num_samples)
+        log.info(
+        "registered device %s (%d samples, %d test clips)",
+        device_id, registration.num_samples, sum(registration.test_counts.values()),
+    )  # fmt: skip
         return token
