@@ -1,6 +1,7 @@
 """Bounded influence: the samples an update counts for, its change's norm, a device's evaluation counts."""
 
 import math
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -16,7 +17,9 @@ from fedspeech.coordinator.influence import (
     sample_ceiling,
 )
 from fedspeech.coordinator.strategies import Result
-from fedspeech.protocol.messages import DeviceStatus
+from fedspeech.protocol import messages
+from fedspeech.protocol.bounds import ProtocolError
+from fedspeech.protocol.messages import DeviceStatus, Profile, Registration
 from tests.helpers.fake_fleet import Fleet, profile
 
 LIMITS = SampleLimits(growth=0.25, over_median=3.0, most=100_000)
@@ -138,6 +141,14 @@ def test_an_evaluation_report_within_the_registered_test_counts_passes_and_one_b
         check_counts(faked, LABELS, {"0": 5, "1": 6})
     with pytest.raises(ValueError, match="_none_: 1 of 0"):
         check_counts(np.array([[0, 0, 0], [0, 0, 0], [0, 0, 1]]), LABELS, {"0": 5, "1": 6})
+
+
+def test_a_registration_with_counts_out_of_bounds_is_refused():
+    good = Registration("d", 40, Profile(1, 0.0, 256.0), {"0": 5, "_none_": 0})
+    assert messages.decode(messages.encode(good), Registration) == good
+    for counts in ({"0": -1}, {"0": 10**12}, {"../x": 1}):
+        with pytest.raises(ProtocolError, match="bad count"):
+            messages.decode(messages.encode(replace(good, test_counts=counts)), Registration)
 
 
 def test_an_unsigned_status_never_sets_a_weight(tmp_path):
