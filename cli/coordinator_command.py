@@ -174,6 +174,27 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         type=at_least(1),
         help="cap on the samples an update may count for (default 100000)",
     )
+    c.add_argument(
+        "--sample-growth",
+        type=float,
+        help="the fraction by which a device's counted samples may grow a round (default 0.25)",
+    )
+    c.add_argument(
+        "--samples-over-median",
+        type=float,
+        help="the most samples a device counts for, as a multiple of the fleet's median (default 3)",
+    )
+    c.add_argument(
+        "--norm-bound",
+        metavar="median|off|NORM",
+        help="bound on each update's change (L2) before aggregation: a multiple of the round's median "
+        "(default), a fixed norm, or off",
+    )
+    c.add_argument(
+        "--norm-bound-factor",
+        type=float,
+        help="with --norm-bound median: the bound as a multiple of the round's median change (default 2)",
+    )
     c.add_argument("--topic-root", help=f"root of the MQTT topics (default {DEFAULT_ROOT})")
     c.add_argument("--task", help="a task file, or a built-in task: fsdd (default), emodb, speech_commands")
     c.add_argument(

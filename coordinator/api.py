@@ -210,6 +210,16 @@ def status():
     latest = service.store.latest_round()
     answer = {
         "completed_round": latest.round if latest else None,
+        # the latest round's federated accuracy, with the devices and test clips it rests on
+        "federated": (
+            {
+                "accuracy": latest.federated_accuracy,
+                "devices": latest.evaluation_reports,
+                "clips": latest.evaluation_clips,
+            }
+            if latest is not None and latest.federated_accuracy is not None
+            else None
+        ),
         "open_round": service.inbox.open_round(),
         "target_rounds": service.orchestrator.config.rounds,
         "finished": service.orchestrator.finished.is_set(),

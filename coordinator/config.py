@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from fedspeech.coordinator.enrolment import MAX_DEVICES
+from fedspeech.coordinator.influence import parse_norm_bound
 from fedspeech.coordinator.strategies import strategy_params
 from fedspeech.models.architectures import MODELS, NEW_BLOCKS
 from fedspeech.models.clips.datasets import CORPORA
@@ -124,8 +125,17 @@ class RoundConfig:
     eval_devices: int = 0  # devices asked, sampled from those online; 0: all of them
     eval_timeout_s: float = 60.0
     eval_min_reports: int = 1  # fewer reports than this give no federated scores
-    # an update counts for at most the samples its device reported, and at most this many
+    # An update's weight: at most the samples its device registered (over HTTP, with its token), growing by
+    # at most sample_growth a round from what it last counted for, at most samples_over_median times the
+    # fleet's median count, and at most max_device_samples. An MQTT status never sets it.
     max_device_samples: int = 100_000
+    sample_growth: float = 0.25
+    samples_over_median: float = 3.0
+    # each update's change to the global model is bounded in L2 norm before the strategy combines it
+    # (influence.norm_bounded): "median" (norm_bound_factor times the round's median change), a fixed
+    # norm such as "5.0", or "off"
+    norm_bound: str = "median"
+    norm_bound_factor: float = 2.0
     # the strategy's own settings, name -> value (text or number), checked against its Params
     strategy_options: Mapping[str, Any] = field(default_factory=dict)
 
@@ -139,6 +149,9 @@ class RoundConfig:
             ("max_device_samples", self.max_device_samples, 1, bounds.MAX_COUNT),
             ("final_lr_fraction", self.final_lr_fraction, 1e-6, 1.0),
             ("server_momentum", self.server_momentum, 0.0, 0.99),
+            ("sample_growth", self.sample_growth, 0.0, 100.0),
+            ("samples_over_median", self.samples_over_median, 1.0, 1000.0),
+            ("norm_bound_factor", self.norm_bound_factor, 1.0, 100.0),
         ]
         for name, value, low, high in ranges:
             if not low <= value <= high:  # also refuses NaN
@@ -154,6 +167,7 @@ class RoundConfig:
             raise ValueError(f"precision must be one of {', '.join(PRECISIONS)}, got {self.precision!r}")
         if self.new_blocks not in NEW_BLOCKS:
             raise ValueError(f"new_blocks must be one of {', '.join(NEW_BLOCKS)}, got {self.new_blocks!r}")
+        parse_norm_bound(self.norm_bound)
         strategy_params(self.strategy, self.strategy_options)  # refuses a bad name or setting
 
 

@@ -101,11 +101,15 @@ class Enrolment:
                 self._admit_new(device_id, known is not None, credential)
             token = secrets.token_urlsafe(32)
             self.store.register_device(
-                device_id, token, registration.num_samples, asdict(registration.profile)
-            )
+                device_id, token, registration.num_samples, asdict(registration.profile),
+                registration.test_counts,
+            )  # fmt: skip
         if known is not None and known.token_sha256:
             log.warning("device %s registered again: its previous token no longer works", device_id)
-        log.info("registered device %s (%d samples)", device_id, registration.num_samples)
+        log.info(
+        "registered device %s (%d samples, %d test clips)",
+        device_id, registration.num_samples, sum(registration.test_counts.values()),
+    )  # fmt: skip
         return token
 
     def _admit_new(self, device_id: str, known: bool, credential: str | None) -> None:

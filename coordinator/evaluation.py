@@ -1,5 +1,6 @@
 """Federated evaluation: the devices' counts on their own test splits, combined into the fleet's scores."""
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -31,6 +32,21 @@ class FederatedEvaluation:
     loss: float
     clips: int
     devices: list[DeviceEvaluation]
+
+
+def check_counts(confusion: np.ndarray, labels: Sequence[str], test_counts: Mapping[str, int]) -> None:
+    """ValueError unless each class's clips in a report are at most the test clips its device registered.
+
+    A device could report any counts: a billion correct clips would outvote the whole fleet's figure.
+    """
+    over = [
+        f"{label}: {int(clips)} of {test_counts.get(label, 0)}"
+        for label, clips in zip(labels, confusion.sum(axis=1), strict=True)
+        if clips > test_counts.get(label, 0)
+    ]
+    if over:
+        shown = ", ".join(over[:3]) + (f" and {len(over) - 3} more" if len(over) > 3 else "")
+        raise ValueError(f"more test clips than the device registered ({shown})")
 
 
 def device_evaluation(device_id: str, confusion: np.ndarray, loss_sum: float) -> DeviceEvaluation:

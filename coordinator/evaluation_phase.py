@@ -10,7 +10,7 @@ import numpy as np
 
 from fedspeech.coordinator.config import RoundConfig
 from fedspeech.coordinator.errors import BadUpload, NotWanted
-from fedspeech.coordinator.evaluation import combine
+from fedspeech.coordinator.evaluation import check_counts, combine
 from fedspeech.coordinator.ports import DeviceLink
 from fedspeech.coordinator.store import Store
 from fedspeech.protocol import bounds, messages
@@ -61,8 +61,9 @@ class OpenEvaluation:
 class EvaluationPhase:
     """One evaluation at a time: run() waits for the reports that HTTP handlers pass to receive()."""
 
-    def __init__(self, store: Store, link: DeviceLink, num_classes: int, min_reports: int) -> None:
-        self.store, self.link, self.num_classes, self.min_reports = store, link, num_classes, min_reports
+    def __init__(self, store: Store, link: DeviceLink, labels: Sequence[str], min_reports: int) -> None:
+        """labels: the task's, in the order of the classes of a report's confusion matrix."""
+        self.store, self.link, self.labels, self.min_reports = store, link, list(labels), min_reports
         self._lock = threading.Condition()
         self._open: OpenEvaluation | None = None
 
@@ -72,8 +73,15 @@ class EvaluationPhase:
             report = messages.decode(body, EvaluationReport)
         except ProtocolError as exc:
             raise BadUpload(f"bad evaluation report: {exc}") from None
-        if len(report.confusion) != self.num_classes:
-            raise BadUpload(f"confusion of {len(report.confusion)} classes; the task has {self.num_classes}")
+        if len(report.confusion) != len(self.labels):
+            raise BadUpload(f"confusion of {len(report.confusion)} classes; the task has {len(self.labels)}")
+        confusion = np.array(report.confusion, dtype=np.int64)
+        device = self.store.device(device_id)
+        try:
+            check_counts(confusion, self.labels, device.test_counts if device is not None else {})
+        except ValueError as exc:
+            log.warning("round %d: %s's evaluation report refused: %s", round, device_id, exc)
+            raise BadUpload(f"evaluation report refused: {exc}") from None
         with self._lock:
             evaluation = self._open
             if evaluation is None or evaluation.round != round or report.round != round:
@@ -83,7 +91,7 @@ class EvaluationPhase:
                 raise NotWanted(f"no open evaluation {report.task_id!r} for {device_id}")
             if device_id in evaluation.reports:
                 raise NotWanted(f"{device_id} already reported on round {round}")
-            evaluation.reports[device_id] = (np.array(report.confusion, dtype=np.int64), report.loss_sum)
+            evaluation.reports[device_id] = (confusion, report.loss_sum)
             self._lock.notify_all()
 
     def run(self, round: int, tasks: dict[str, Task], deadline: float, stop: threading.Event) -> None:

@@ -13,12 +13,13 @@ from pathlib import Path
 
 from fedspeech.coordinator.errors import BadUpload, NotWanted
 from fedspeech.coordinator.evaluation_phase import EvaluationPhase
+from fedspeech.coordinator.influence import SampleLimits, fleet_median, sample_ceiling
 from fedspeech.coordinator.open_round import OpenRound
 from fedspeech.coordinator.ports import DeviceLink
 from fedspeech.coordinator.rounds.late_updates import LateUpdates
 from fedspeech.coordinator.store import Store
 from fedspeech.coordinator.strategies import Result
-from fedspeech.coordinator.update_check import Upload, answered_task, check_update, reported_samples
+from fedspeech.coordinator.update_check import Upload, answered_task, check_update
 from fedspeech.protocol import routes, weights
 from fedspeech.protocol.messages import ModelSpec, Task
 from fedspeech.protocol.weights import Arrays, WeightsError
@@ -39,13 +40,13 @@ class Inbox:
         *,
         spec: ModelSpec,
         local_names: frozenset[str],
-        max_samples: int,
+        limits: SampleLimits,
     ) -> None:
         """spec: the model's before there is a global one; local_names: the arrays devices keep to
-        themselves; max_samples: the most samples an update counts for.
+        themselves; limits: what bounds the samples an update counts for.
         """
         self.store, self.link, self.evaluation = store, link, evaluation
-        self._local_names, self._max_samples = local_names, max_samples
+        self._local_names, self._limits = local_names, limits
         self._num_classes = spec.num_classes
         self._lock = threading.Condition()
         self._open: OpenRound | None = None
@@ -100,16 +101,17 @@ class Inbox:
             task = answered_task(open_, self._late, round, upload)
         if global_ is None:
             raise NotWanted("the coordinator has no global model yet")
-        status, device = self.link.statuses().get(device_id), self.store.device(device_id)
-        reported = reported_samples(status, device, self._max_samples)
+        most = self.sample_ceiling(device_id)
         reference = self.shared(global_)
         result, record, claimed = check_update(
-            upload, task, reference=reference, reported_samples=reported, num_classes=self._num_classes
+            upload, task, reference=reference, most_samples=most, num_classes=self._num_classes
         )
         if record.num_samples < claimed:
             log.warning(
-                "round %d: %s claims %d samples; counted as %d (its reported count, at most %d)",
-                round, device_id, claimed, record.num_samples, self._max_samples,
+                "round %d: %s claims %d samples; counted as %d (what it registered, grown by at most "
+                "%g from its last count, and at most %g x the fleet's median or %d)",
+                round, device_id, claimed, record.num_samples, self._limits.growth, self._limits.over_median,
+                self._limits.most,
             )  # fmt: skip
         with self._lock:
             if self._late.carried.get(device_id) is task:  # late: it counts in the open round or the next
@@ -123,6 +125,15 @@ class Inbox:
                 open_.bytes_up += len(body)
             self._lock.notify_all()
         log.info("round %d: update from %s accepted (%d samples)", round, device_id, record.num_samples)
+
+    def sample_ceiling(self, device_id: str) -> int:
+        """The most samples a device's update counts for now: from its registration and its past updates,
+        never from its MQTT status, which anyone on the broker can publish.
+        """
+        registered = {d.device_id: d.num_samples for d in self.store.devices() if d.registered}
+        counted = self.store.last_counted()
+        median = fleet_median(registered, counted)
+        return sample_ceiling(registered.get(device_id, 0), counted.get(device_id), median, self._limits)
 
     def receive_evaluation(self, round: int, device_id: str, body: bytes) -> None:
         """Check a device's evaluation report and keep it; BadUpload or NotWanted say why not."""

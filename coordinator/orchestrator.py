@@ -18,6 +18,7 @@ from fedspeech.coordinator.aggregate import server_momentum, without_breakers
 from fedspeech.coordinator.config import RoundConfig
 from fedspeech.coordinator.evaluation_phase import EvaluationPhase, evaluates, evaluation_plan
 from fedspeech.coordinator.inbox import Inbox
+from fedspeech.coordinator.influence import SampleLimits, norm_bounded
 from fedspeech.coordinator.ports import DeviceLink, ModelOps
 from fedspeech.coordinator.records import RoundRecord
 from fedspeech.coordinator.round_storage import RoundTally
@@ -48,15 +49,15 @@ class Orchestrator:
         self._teacher: BlobRef | None = None  # where devices download a strategy's second model
         self._clips = CoordinatorClips(model, config, self._full, self._learning_rate)
         self._velocity: Arrays | None = None  # server momentum's last step (a restart starts it again)
-        self.evaluation = EvaluationPhase(store, link, model.spec.num_classes, config.eval_min_reports)
+        self.evaluation = EvaluationPhase(store, link, model.definition.labels, config.eval_min_reports)
         self.settled_round = -1  # the last round whose model is stored and, where asked for, evaluated
         self.finished = threading.Event()
         self._train = MODES[self.strategy.mode]  # how its rounds train
         first = model.spec_at(self._depth(1))  # a bad depth schedule fails here, at start-up
+        limits = SampleLimits(config.sample_growth, config.samples_over_median, config.max_device_samples)
         self.inbox = Inbox(
-            store, link, self.evaluation, spec=first, local_names=self._local_names,
-            max_samples=config.max_device_samples,
-        )  # fmt: skip
+            store, link, self.evaluation, spec=first, local_names=self._local_names, limits=limits
+        )
 
     def run(self, stop: threading.Event) -> None:
         """Run rounds until done or stopped; a round that fails (a full disk, a bug) is run again."""
@@ -127,7 +128,7 @@ class Orchestrator:
             self.strategy.on_round_end(round, plan, on_time, missed, [])
             return None
         results = self.strategy.before_aggregate(
-            round, sorted(results, key=lambda r: r.device_id), self._clips
+            round, self._norm_bounded(round, sorted(results, key=lambda r: r.device_id)), self._clips
         )
         aggregated = self._aggregate(round, results)
         if aggregated is None:
@@ -176,6 +177,16 @@ class Orchestrator:
             log.info("%s's task of an earlier round is no longer wanted", device)
             self.link.clear_task(device)
         return busy
+
+    def _norm_bounded(self, round: int, results: list[Result]) -> list[Result]:
+        """The results with each change from the global model bounded in norm, whatever the strategy."""
+        current, c = self.inbox.shared(self._current), self.config
+        bounded, shortened = norm_bounded(current, results, c.norm_bound, c.norm_bound_factor)
+        for s in shortened:
+            log.info(
+                "round %d: %s's change of norm %.4g bounded to %.4g", round, s.device_id, s.norm, s.bound
+            )
+        return bounded
 
     def _aggregate(self, round: int, results: Sequence[Result]) -> tuple[Arrays, list[Result]] | None:
         """The strategy's new global weights and the results in them; None if no result can be aggregated.

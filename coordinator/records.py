@@ -2,7 +2,7 @@
 
 import json
 import sqlite3
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 
 # token_sha256 and secret_sha256 are '' where a device has none: enrolled but not registered yet, or
 # registered under open enrolment without a secret
@@ -13,7 +13,8 @@ CREATE TABLE IF NOT EXISTS devices (
     num_samples INTEGER NOT NULL,
     profile TEXT NOT NULL,
     registered_at REAL NOT NULL,
-    secret_sha256 TEXT NOT NULL DEFAULT ''
+    secret_sha256 TEXT NOT NULL DEFAULT '',
+    test_counts TEXT NOT NULL DEFAULT '{}'
 );
 CREATE TABLE IF NOT EXISTS revoked_tokens (
     token_sha256 TEXT PRIMARY KEY,
@@ -52,7 +53,8 @@ CREATE TABLE IF NOT EXISTS federated_evaluations (
     reports INTEGER NOT NULL,
     accuracy REAL,
     macro_f1 REAL,
-    loss REAL
+    loss REAL,
+    clips INTEGER
 );
 CREATE TABLE IF NOT EXISTS device_evaluations (
     round INTEGER NOT NULL,
@@ -91,6 +93,7 @@ class RoundRecord:
     federated_accuracy: float | None = None
     federated_macro_f1: float | None = None
     federated_loss: float | None = None
+    evaluation_clips: int | None = None  # the test clips the federated scores rest on
 
 
 @dataclass(frozen=True)
@@ -114,6 +117,7 @@ class DeviceRecord:
     registered_at: float  # of its latest registration, or of its enrolment before it registered
     registered: bool  # it holds a token
     enrolled: bool  # the operator gave it an enrolment secret
+    test_counts: dict[str, int] = field(default_factory=dict)  # its test clips per label, as registered
 
 
 @dataclass(frozen=True)
@@ -128,15 +132,16 @@ class CredentialDigests:
 ROUND_COLUMNS = [f.name for f in fields(RoundRecord) if not f.name.startswith(("evaluation_", "federated_"))]
 SELECT_ROUNDS = (
     f"SELECT {', '.join('r.' + c for c in ROUND_COLUMNS)}, "
-    "f.asked, f.reports, f.accuracy, f.macro_f1, f.loss "
+    "f.asked, f.reports, f.accuracy, f.macro_f1, f.loss, f.clips "
     "FROM rounds r LEFT JOIN federated_evaluations f ON f.round = r.round"
 )
 
 
 # columns added since the first release, for state directories made before them
 _ADDED_COLUMNS = {
-    "devices": {"secret_sha256": "TEXT NOT NULL DEFAULT ''"},
+    "devices": {"secret_sha256": "TEXT NOT NULL DEFAULT ''", "test_counts": "TEXT NOT NULL DEFAULT '{}'"},
     "rounds": {"withdrawn": "INTEGER NOT NULL DEFAULT 0", "stragglers": "INTEGER NOT NULL DEFAULT 0"},
+    "federated_evaluations": {"clips": "INTEGER"},
 }
 
 
@@ -149,9 +154,13 @@ def add_missing_columns(db: sqlite3.Connection) -> None:
                 db.execute(f"ALTER TABLE {table} ADD COLUMN {name} {definition}")
 
 
-DEVICE_COLUMNS = "device_id, num_samples, profile, registered_at, token_sha256 != '', secret_sha256 != ''"
+DEVICE_COLUMNS = (
+    "device_id, num_samples, profile, registered_at, token_sha256 != '', secret_sha256 != '', test_counts"
+)
 
 
 def device_record(row: tuple) -> DeviceRecord:
     """The record of a device from a row of DEVICE_COLUMNS."""
-    return DeviceRecord(row[0], row[1], json.loads(row[2]), row[3], bool(row[4]), bool(row[5]))
+    return DeviceRecord(
+        row[0], row[1], json.loads(row[2]), row[3], bool(row[4]), bool(row[5]), json.loads(row[6])
+    )

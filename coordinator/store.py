@@ -5,7 +5,7 @@ import json
 import shutil
 import sqlite3
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import asdict
 from pathlib import Path
@@ -83,15 +83,26 @@ class Store:
             unfinished.unlink(missing_ok=True)
         shutil.rmtree(self.dir / "relays", ignore_errors=True)
 
-    def register_device(self, device_id: str, token: str, num_samples: int, profile: dict) -> None:
-        """Add a device or replace its token, sample count and profile; an enrolment secret is kept."""
+    def register_device(
+        self,
+        device_id: str,
+        token: str,
+        num_samples: int,
+        profile: dict,
+        test_counts: Mapping[str, int] | None = None,
+    ) -> None:
+        """Add a device or replace its token, sample count, profile and test counts; an enrolment secret
+        is kept.
+        """
+        counts = json.dumps(dict(test_counts or {}))
         with self._connect() as db:
             db.execute(
-                "INSERT INTO devices (device_id, token_sha256, num_samples, profile, registered_at) "
-                "VALUES (?, ?, ?, ?, ?) ON CONFLICT (device_id) DO UPDATE SET "
+                "INSERT INTO devices (device_id, token_sha256, num_samples, profile, registered_at, "
+                "test_counts) VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (device_id) DO UPDATE SET "
                 "token_sha256 = excluded.token_sha256, num_samples = excluded.num_samples, "
-                "profile = excluded.profile, registered_at = excluded.registered_at",
-                (device_id, token_digest(token), num_samples, json.dumps(profile), time.time()),
+                "profile = excluded.profile, registered_at = excluded.registered_at, "
+                "test_counts = excluded.test_counts",
+                (device_id, token_digest(token), num_samples, json.dumps(profile), time.time(), counts),
             )
 
     def enrol_device(self, device_id: str, secret: str) -> bool:
@@ -99,7 +110,8 @@ class Store:
         try:
             with self._connect() as db:
                 db.execute(
-                    "INSERT INTO devices VALUES (?, '', 0, '{}', ?, ?)",
+                    "INSERT INTO devices (device_id, token_sha256, num_samples, profile, registered_at, "
+                    "secret_sha256) VALUES (?, '', 0, '{}', ?, ?)",
                     (device_id, time.time(), token_digest(secret)),
                 )
         except sqlite3.IntegrityError:
@@ -259,11 +271,13 @@ class Store:
 
         StateWriteError if the disk does not take it.
         """
+        clips = sum(d.clips for d in devices) if scores else None
         try:
             with self._connect() as db:
                 db.execute(
-                    "INSERT OR REPLACE INTO federated_evaluations VALUES (?, ?, ?, ?, ?, ?)",
-                    (round, asked, len(devices), *(scores or (None, None, None))),
+                    "INSERT OR REPLACE INTO federated_evaluations (round, asked, reports, accuracy, "
+                    "macro_f1, loss, clips) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                    (round, asked, len(devices), *(scores or (None, None, None)), clips),
                 )
                 db.executemany(
                     "INSERT OR REPLACE INTO device_evaluations VALUES (?, ?, ?, ?, ?)",
@@ -295,6 +309,15 @@ class Store:
         with self._connect() as db:
             row = db.execute(f"{SELECT_ROUNDS} ORDER BY r.round DESC LIMIT 1").fetchone()
         return RoundRecord(*row) if row else None
+
+    def last_counted(self) -> dict[str, int]:
+        """The samples each device's latest aggregated update counted for."""
+        with self._connect() as db:
+            rows = db.execute(
+                "SELECT u.device_id, u.num_samples FROM updates u JOIN (SELECT device_id, MAX(round) AS "
+                "round FROM updates GROUP BY device_id) latest USING (device_id, round)"
+            ).fetchall()
+        return dict(rows)
 
     def rounds_joined(self) -> dict[str, int]:
         """How many rounds' models each device's updates went into."""

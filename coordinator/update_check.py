@@ -5,7 +5,7 @@ from dataclasses import dataclass
 
 from fedspeech.coordinator.errors import BadUpload, NotWanted
 from fedspeech.coordinator.open_round import OpenRound
-from fedspeech.coordinator.records import DeviceRecord, UpdateRecord
+from fedspeech.coordinator.records import UpdateRecord
 from fedspeech.coordinator.rounds.late_updates import LateUpdates
 from fedspeech.coordinator.strategies import Result
 from fedspeech.coordinator.update_metadata import (
@@ -15,7 +15,7 @@ from fedspeech.coordinator.update_metadata import (
     predicted_counts,
 )
 from fedspeech.protocol import weights
-from fedspeech.protocol.messages import DeviceStatus, Task
+from fedspeech.protocol.messages import Task
 from fedspeech.protocol.weights import Arrays
 
 
@@ -54,23 +54,13 @@ def answered_task(open_: OpenRound | None, late: LateUpdates, round: int, upload
     return task
 
 
-def reported_samples(status: DeviceStatus | None, device: DeviceRecord | None, cap: int) -> int:
-    """The most samples a device's update counts for: its latest status's count, else its registered one.
-
-    Never more than cap; 0 when it has reported none.
-    """
-    if status is not None and status.num_samples > 0:
-        return min(status.num_samples, cap)
-    return min(device.num_samples, cap) if device is not None else 0
-
-
 def check_update(
-    upload: Upload, task: Task, *, reference: Arrays, reported_samples: int, num_classes: int
+    upload: Upload, task: Task, *, reference: Arrays, most_samples: int, num_classes: int
 ) -> tuple[Result, UpdateRecord, int]:
     """The update's result, its record and the samples it claims; BadUpload if it does not fit its task.
 
     Pure, so that the inbox's lock is not held while it runs. reference: the global model's arrays
-    devices send, in float32. The update counts for at most reported_samples.
+    devices send, in float32. The update counts for at most most_samples (influence.sample_ceiling).
     """
     arrays, meta, device_id = upload.arrays, upload.meta, upload.device_id
     try:
@@ -83,7 +73,7 @@ def check_update(
         steps = local_steps(meta, task.epochs * max(claimed, 1))
         record = UpdateRecord(
             device_id=device_id,
-            num_samples=min(claimed, reported_samples),
+            num_samples=min(claimed, most_samples),
             train_loss=optional_number(meta, "train_loss"),
             train_seconds=optional_number(meta, "train_seconds"),
             sha256=upload.digest,
@@ -91,6 +81,6 @@ def check_update(
     except ValueError as exc:
         raise BadUpload(f"bad update: {exc}") from None
     if record.num_samples < 1:
-        raise BadUpload("num_samples must be at least 1 (and the device must have reported its samples)")
+        raise BadUpload("num_samples must be at least 1 (and the device must have registered its samples)")
     result = Result(device_id, arrays, record.num_samples, predicted_counts=counts, steps=steps)
     return result, record, claimed

@@ -217,13 +217,16 @@ class CoordinatorClient:
                 self.stop.wait(5.0)
         return None
 
-    def register(self, num_samples: int, profile: messages.Profile) -> bool:
+    def register(
+        self, num_samples: int, profile: messages.Profile, test_counts: dict[str, int] | None = None
+    ) -> bool:
         """Register, keep the new token and check the coordinator's key; False if stopped first.
 
         The kept token is offered first, then the enrolment secret, then nothing. Refused if the
-        coordinator refuses them all, or names a key other than the pinned one.
+        coordinator refuses them all, or names a key other than the pinned one. num_samples and
+        test_counts bound what the coordinator counts of this device's updates and evaluations.
         """
-        body = messages.encode(Registration(self.device_id, num_samples, profile))
+        body = messages.encode(Registration(self.device_id, num_samples, profile, dict(test_counts or {})))
         offers = [(self.credentials.token, "kept token"), (self.enrolment_secret, "enrolment secret")]
         # last, nothing: a coordinator with open enrolment that forgot this device takes it as a new one
         offers = [(c, name) for c, name in offers if c] + [(None, "nothing")]

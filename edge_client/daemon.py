@@ -97,6 +97,7 @@ class _Device:
     trainer: Trainer
     link: BrokerLink
     profile: Profile
+    registered: tuple[int, dict[str, int]]  # the training clips and test clips per label it registered
 
 
 def run_client(config: ClientConfig, stop: threading.Event | None = None) -> None:
@@ -187,10 +188,11 @@ def _run(config: ClientConfig, stop: threading.Event) -> None:
         seconds_per_sample=seconds_per_sample,
         rtt_ms=measure_rtt_ms(config.coordinator_url, context=context),
     )
-    if stop.is_set() or not http.register(len(data.train.labels), profile):
+    registered = _counts(data)
+    if stop.is_set() or not http.register(registered[0], profile, registered[1]):
         return
     if config.share_validation > 0:
-        register = functools.partial(http.register, len(data.train.labels), profile)
+        register = functools.partial(http.register, registered[0], profile, registered[1])
         share_validation_clips(http, data.train, config.share_validation, info.definition.labels, register)
     assert credentials.key is not None  # pinned by the registration
     keeper = ModelKeeper(config.model_dir, local_norm) if config.model_dir is not None else None
@@ -201,7 +203,7 @@ def _run(config: ClientConfig, stop: threading.Event) -> None:
         credentials.key,
         on_announcement=keeper.offer if keeper is not None else None,
     )
-    device = _Device(config, http, data, trainer, link, profile)
+    device = _Device(config, http, data, trainer, link, profile, registered)
     link.start(_status(device, "online"))
     next_check = time.monotonic() + config.token_check_s
     try:
@@ -248,8 +250,18 @@ def _status(device: _Device, state: State, round: int | None = None) -> DeviceSt
     )
 
 
+def _counts(data: LocalData) -> tuple[int, dict[str, int]]:
+    """The device's training clips and its test clips per label, as it registers them."""
+    return len(data.train.labels), dict(data.test.counts)
+
+
 def _register_again(device: _Device) -> bool:
-    return device.http.register(len(device.data.train.labels), device.profile)
+    """Register with the current counts (the coordinator counts no more than these); False if stopped."""
+    counts = _counts(device.data)
+    if not device.http.register(counts[0], device.profile, counts[1]):
+        return False
+    device.registered = counts
+    return True
 
 
 def _do_task(device: _Device, task: Task) -> None:
@@ -261,6 +273,8 @@ def _do_task(device: _Device, task: Task) -> None:
         _check_wanted(device, task)
         _check_consistent(task.spec, task.definition)
         device.data.refresh(task.definition)  # recordings added since the last task count now
+        if _counts(device.data) != device.registered and not _register_again(device):
+            raise Dropped("stopped while registering its new clip counts")
         if task.action == "train":
             training_settings(task)  # refused before anything is downloaded
         busy: State = "training" if task.action == "train" else "evaluating"

@@ -76,11 +76,16 @@ class Profile:
 
 @dataclass(frozen=True)
 class Registration:
-    """HTTP body a device posts to join: its id, how much data it holds, its profile."""
+    """HTTP body a device posts to join: its id, how much data it holds, its profile.
+
+    num_samples (its training clips) bounds the weight of its updates, and test_counts (its test clips
+    per label) the counts of its evaluation reports: the coordinator trusts no larger number.
+    """
 
     device_id: str
     num_samples: int
     profile: Profile
+    test_counts: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -265,5 +270,7 @@ def _check_values(message: Any) -> None:
     if isinstance(message, DeviceStatus):
         for counts in (message.train_counts, message.test_counts):
             message_checks.check_counts(counts)
+    if isinstance(message, Registration):
+        message_checks.check_counts(message.test_counts)
     if isinstance(message, EvaluationReport):
         message_checks.check_confusion(message)

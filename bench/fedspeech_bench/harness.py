@@ -203,13 +203,18 @@ def poisoning_config(out: Path, strategies: Sequence[str] = ROBUST_STRATEGIES, *
 
     FSDD on the pi4-wifi fleet (six devices, one per speaker); in the attacked arms two of its speakers'
     devices are replaced by attackers (POISONING_ATTACKS), which train on the same clips. The
-    honest-only arm leaves those two out: the best a defence that ignores them can do.
+    honest-only arm leaves those two out: the best a defence that ignores them can do; the unbounded
+    arm is FedAvg without the default norm bound.
     """
     arms = [
         Arm("clean-fedavg", {"strategy": "fedavg"}),
         Arm("honest-only-fedavg", {"strategy": "fedavg"}, left_out=list(POISONING_ATTACKS)),
     ]
     arms += [Arm(f"attacked-{text}", strategy_settings(text), POISONING_ATTACKS) for text in strategies]
+    # FedAvg as it was before every update's change was norm-bounded by default
+    arms.append(
+        Arm("attacked-fedavg-unbounded", {"strategy": "fedavg", "norm_bound": "off"}, POISONING_ATTACKS)
+    )
     fleets = {"fsdd": load_fleet(FLEETS_DIR / "pi4-wifi.toml")}
     title = "fedspeech poisoning benchmark"
     return BenchConfig(out, arms, "clean-fedavg", title, corpora=["fsdd"], fleets=fleets, **kw)

@@ -81,6 +81,7 @@ function roundRow(r) {
     el("td", bytes(r.bytes_down), "number"), el("td", number(r.accuracy, 4), "number accuracy"),
     el("td", number(r.loss, 4), "number"), el("td", number(r.federated_accuracy, 4), "number"),
     el("td", number(r.federated_loss, 4), "number"),
+    el("td", r.federated_accuracy === null ? "" : `${r.evaluation_reports} devices, ${r.evaluation_clips} clips`),
   ], { round: r.round });
 }
 

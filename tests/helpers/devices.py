@@ -125,9 +125,16 @@ class ScriptedDevice:
         """Publish retained, waiting for the broker to take it."""
         self.mqtt.publish(topic, payload, qos=1, retain=True).wait_for_publish(5)
 
-    def register(self, coordinator_url: str, num_samples: int, credential: str | None = None) -> str:
+    def register(
+        self,
+        coordinator_url: str,
+        num_samples: int,
+        credential: str | None = None,
+        test_counts: dict[str, int] | None = None,
+    ) -> str:
         """Register over HTTP with a credential (default: its current token, if any); keep the new token."""
-        body = messages.encode(Registration(self.device_id, num_samples, Profile(1, 0.0, 256.0)))
+        registration = Registration(self.device_id, num_samples, Profile(1, 0.0, 256.0), test_counts or {})
+        body = messages.encode(registration)
         credential = credential or self.token
         headers = {"Authorization": f"Bearer {credential}"} if credential else {}
         request = urllib.request.Request(f"{coordinator_url}/api/devices", body, headers, method="POST")

@@ -12,6 +12,7 @@ from fedspeech.coordinator.config import RoundConfig
 from fedspeech.coordinator.errors import NotWanted
 from fedspeech.coordinator.evaluation_phase import EvaluationPhase
 from fedspeech.coordinator.inbox import Inbox
+from fedspeech.coordinator.influence import SampleLimits
 from fedspeech.coordinator.orchestrator import Orchestrator
 from fedspeech.coordinator.ports import Evaluation
 from fedspeech.coordinator.store import Store
@@ -112,10 +113,18 @@ class Fleet:
         self.inbox = self.orchestrator.inbox  # where the devices' uploads go
 
     def device(
-        self, device_id: str, gflops: float = 1.0, value: float | None = 1.0, samples: int = 10
+        self,
+        device_id: str,
+        gflops: float = 1.0,
+        value: float | None = 1.0,
+        samples: int = 10,
+        test_clips: int = 10,
     ) -> None:
-        """A registered, online device that uploads weights of `value` everywhere (None: never answers)."""
-        self.store.register_device(device_id, f"token-{device_id}", samples, {})
+        """A registered, online device that uploads weights of `value` everywhere (None: never answers),
+        with test_clips test clips of each label.
+        """
+        test_counts = dict.fromkeys(DEFINITION.labels, test_clips)
+        self.store.register_device(device_id, f"token-{device_id}", samples, {}, test_counts)
         self.link.statuses_[device_id] = DeviceStatus(device_id, "online", samples, profile(gflops))
         if value is not None:
             self.link.responders[device_id] = lambda task: self.upload(device_id, task, value, samples)
@@ -145,12 +154,14 @@ class Fleet:
 
 
 def inbox_of(tmp_path, link: FakeLink | None = None) -> Inbox:
-    """An inbox on round 0's model, with devices a, b and c online, each with 10 samples."""
+    """An inbox on round 0's model, with devices a, b and c registered and online, each with 10 samples."""
     link = link or FakeLink()
+    store = Store(tmp_path / "state")
     for device in ("a", "b", "c"):
         link.statuses_[device] = DeviceStatus(device, "online", 10, profile(1.0))
-    store = Store(tmp_path / "state")
-    evaluation = EvaluationPhase(store, link, SPEC.num_classes, 1)
-    inbox = Inbox(store, link, evaluation, spec=SPEC, local_names=frozenset(), max_samples=100)
+        store.register_device(device, f"token-{device}", 10, {})
+    evaluation = EvaluationPhase(store, link, DEFINITION.labels, 1)
+    limits = SampleLimits(growth=0.25, over_median=3.0, most=100)
+    inbox = Inbox(store, link, evaluation, spec=SPEC, local_names=frozenset(), limits=limits)
     inbox.publish({"w": np.zeros(2, np.float32)}, SPEC)
     return inbox

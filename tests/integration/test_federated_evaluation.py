@@ -80,7 +80,9 @@ def test_bad_reports_are_rejected_and_a_good_one_is_pooled(coordinator, caplog):
     caplog.set_level(logging.INFO)
     http = app.test_client()
     wait_for(lambda: service.store.latest_round(), 60, "round 0")
-    reply = http.post("/api/devices", data=messages.encode(Registration(DEVICE, 50, Profile(2, 0.0, 512.0))))
+    test_counts = dict.fromkeys("0123456789", 6)  # the device's test clips, which bound its reports
+    registration = Registration(DEVICE, 50, Profile(2, 0.0, 512.0), test_counts)
+    reply = http.post("/api/devices", data=messages.encode(registration))
     token = messages.decode(reply.data, Credentials).token
     device.go_online(50)
     train = device.next_task(30)
@@ -113,6 +115,11 @@ def test_bad_reports_are_rejected_and_a_good_one_is_pooled(coordinator, caplog):
     assert post(b"{" + b" " * 200_000 + b"}").status_code == 413
     small = messages.encode(EvaluationReport(evaluate.task_id, 1, [[1, 0], [0, 1]], 0.1))
     assert post(small).status_code == 400  # two classes: the task has eleven
+    beyond = confusion.copy()
+    beyond[3, 3] = 5  # 7 clips of class 3: it registered 6
+    assert (
+        post(messages.encode(EvaluationReport(evaluate.task_id, 1, beyond.tolist(), 8.4))).status_code == 400
+    )
     other = messages.encode(EvaluationReport("not-the-task", 1, confusion.tolist(), 8.4))
     assert post(other).status_code == 409
     assert post(good, round=2).status_code == 409

@@ -335,6 +335,11 @@ def test_a_data_folder_is_scanned_again_at_each_task(fleet: Fleet, tmp_path, cap
         assert int(weights.decode(coordinator.uploads[1].body)[1]["num_samples"]) == sum(
             now.train_counts.values()
         )
+        # new clips, registered again before the task: the coordinator counts no more than registered
+        assert [(r.num_samples, r.test_counts) for r in coordinator.registrations] == [
+            (sum(first.train_counts.values()), first.test_counts),
+            (sum(now.train_counts.values()), now.test_counts),
+        ]
         # the split is a function of each file's path: old files kept their side
         assert {k: now.test_counts.get(k, 0) for k in "012"} == {
             k: first.test_counts.get(k, 0) for k in "012"

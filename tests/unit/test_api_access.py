@@ -98,7 +98,7 @@ def test_each_route_answers_no_token_a_device_token_and_the_admin_token_as_docum
 def test_status_names_devices_and_the_broker_only_to_the_admin(fleet):
     app, kitchen = fleet
     http = app.test_client()
-    public = {"completed_round", "open_round", "target_rounds", "finished"}
+    public = {"completed_round", "federated", "open_round", "target_rounds", "finished"}
     assert set(http.get("/api/status").get_json()) == public
     assert set(http.get("/api/status", headers={"Authorization": f"Bearer {kitchen}"}).get_json()) == public
     admin = http.get("/api/status", headers={"Authorization": f"Bearer {ADMIN}"}).get_json()

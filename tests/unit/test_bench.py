@@ -162,8 +162,11 @@ def test_strategies_refuses_a_named_strategy_it_cannot_serve_before_anything_run
 
 def test_poisoning_arms_take_a_strategys_settings_and_refuse_bad_ones(tmp_path):
     cfg = poisoning_config(tmp_path, ["median", "krum:m=0,f=1"])
-    multi = arm_config(cfg, "fsdd", cfg.arms[-1])
-    assert [a.name for a in cfg.arms[2:]] == ["attacked-median", "attacked-krum:m=0,f=1"]
+    multi = arm_config(cfg, "fsdd", cfg.arms[-2])
+    assert [a.name for a in cfg.arms[2:]] == [
+        "attacked-median", "attacked-krum:m=0,f=1", "attacked-fedavg-unbounded"
+    ]  # fmt: skip
+    assert arm_config(cfg, "fsdd", cfg.arms[-1]).rounds.norm_bound == "off"
     assert (multi.rounds.strategy, dict(multi.rounds.strategy_options)) == ("krum", {"m": "0", "f": "1"})
     bad_arms = [("krum:m=-1", "m must be between"), ("krum:q=1", "unknown setting 'q'"), ("kram", "kram")]
     for bad, why in bad_arms:

@@ -1,16 +1,15 @@
-"""The tasks devices are handed, and the sample count an update may claim: pure, with a real store."""
+"""The tasks devices are handed: pure, with a real store."""
 
 import numpy as np
 import pytest
 
 from fedspeech.coordinator import device_tasks
 from fedspeech.coordinator.config import RoundConfig
-from fedspeech.coordinator.records import DeviceRecord, RoundRecord
+from fedspeech.coordinator.records import RoundRecord
 from fedspeech.coordinator.store import Store
 from fedspeech.coordinator.strategies import STRATEGIES, RoundPlan, Work
-from fedspeech.coordinator.update_check import reported_samples
 from fedspeech.protocol import routes, weights
-from fedspeech.protocol.messages import BlobRef, DeviceStatus, ModelSpec, TaskDefinition
+from fedspeech.protocol.messages import BlobRef, ModelSpec, TaskDefinition
 
 ARRAYS = {"w": np.linspace(-1, 1, 64, dtype=np.float32), "b": np.ones(3, np.float32)}
 MODEL = BlobRef(routes.model(0, "weights"), "0" * 64, 10)
@@ -75,11 +74,3 @@ def test_the_float16_copy_is_written_once_and_its_digest_is_of_the_bytes_served(
     written = path.stat().st_mtime_ns
     assert device_tasks.latest_weights(store, "float16", ARRAYS) == half
     assert path.stat().st_mtime_ns == written
-
-
-def test_an_update_counts_for_the_latest_status_else_the_registration_within_the_cap():
-    device = DeviceRecord("d", 40, {}, 0.0, True, False)
-    assert reported_samples(DeviceStatus("d", "online", num_samples=30), device, 100) == 30
-    assert reported_samples(DeviceStatus("d", "online"), device, 100) == 40, "a status without a count"
-    assert reported_samples(None, device, 35) == 35
-    assert reported_samples(None, None, 100) == 0

@@ -13,8 +13,8 @@ from fedspeech.coordinator.open_round import OpenRound
 from fedspeech.coordinator.rounds.late_updates import LateUpdates
 from fedspeech.coordinator.update_check import Upload, answered_task, check_update
 from fedspeech.protocol import routes, weights
-from fedspeech.protocol.messages import BlobRef, DeviceStatus, ModelSpec, Task
-from tests.helpers.fake_fleet import DEFINITION, SPEC, FakeLink, inbox_of
+from fedspeech.protocol.messages import BlobRef, ModelSpec, Task
+from tests.helpers.fake_fleet import DEFINITION, SPEC, inbox_of
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -55,14 +55,14 @@ def test_an_update_of_a_closed_round_is_refused_and_the_round_keeps_what_came_be
 
 
 def test_a_round_closed_while_an_update_was_checked_refuses_it(tmp_path):
-    inbox: Inbox
+    inbox = inbox_of(tmp_path)
+    ceiling = inbox.sample_ceiling
 
-    class ClosingLink(FakeLink):  # the round closes between the update's two looks at it
-        def statuses(self) -> dict[str, DeviceStatus]:
-            inbox.close()
-            return super().statuses()
+    def closing(device_id: str) -> int:  # the round closes between the update's two looks at it
+        inbox.close()
+        return ceiling(device_id)
 
-    inbox = inbox_of(tmp_path, ClosingLink())
+    inbox.sample_ceiling = closing
     tasks = open_round(inbox)
     with pytest.raises(NotWanted, match="^round 1 closed while the update was checked"):
         send(inbox, "a", tasks["a"])
@@ -151,12 +151,12 @@ def test_carried_tasks_are_dropped_when_their_device_leaves_their_deadline_passe
 REFERENCE = {"w": np.zeros(2, np.float32)}
 
 
-def check(arrays, meta, task: Task, reported: int) -> tuple:
+def check(arrays, meta, task: Task, most: int) -> tuple:
     upload = Upload("a", arrays, meta, "d")
-    return check_update(upload, task, reference=REFERENCE, reported_samples=reported, num_classes=2)
+    return check_update(upload, task, reference=REFERENCE, most_samples=most, num_classes=2)
 
 
-def test_an_update_in_the_tasks_precision_is_widened_and_counts_for_at_most_the_reported_samples():
+def test_an_update_in_the_tasks_precision_is_widened_and_counts_for_at_most_its_ceiling():
     half = {"w": np.full(2, 0.5, np.float16)}
     meta = {"num_samples": "50", "local_steps": str(10**12), "train_loss": "0.25"}
     result, record, claimed = check(half, meta, toy_task("float16"), 20)
@@ -179,7 +179,7 @@ def test_an_update_unlike_the_global_model_in_the_tasks_precision_is_a_bad_uploa
         check(arrays, {"num_samples": "10"}, toy_task(), 10)
 
 
-def test_an_update_of_a_device_that_reported_no_samples_is_a_bad_upload():
+def test_an_update_of_a_device_that_registered_no_samples_is_a_bad_upload():
     with pytest.raises(BadUpload, match="^num_samples must be at least 1"):
         check(dict(REFERENCE), {"num_samples": "10"}, toy_task(), 0)
 

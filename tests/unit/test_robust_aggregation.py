@@ -173,11 +173,12 @@ def test_every_strategy_aggregates_from_the_current_model(name):
         np.testing.assert_allclose(out[n], same[n], rtol=1e-6)
 
 
-def test_tamper_scales_or_flips_the_change():
+def test_tamper_scales_or_flips_the_change_or_sends_minus_three_times_the_global_model():
     start = {"w": np.array([1.0, 2.0], np.float32)}
     honest = {"w": np.array([1.5, 1.0], np.float32)}
     np.testing.assert_allclose(tamper(start, honest, "scale")["w"], [51.0, -98.0])
     np.testing.assert_allclose(tamper(start, honest, "sign_flip")["w"], [0.5, 3.0])
+    np.testing.assert_allclose(tamper(start, honest, "scaled_global")["w"], [-3.0, -6.0])
     assert honest["w"].tolist() == [1.5, 1.0]  # the honest weights are not changed in place
 
 
@@ -198,3 +199,7 @@ def test_attacking_trainer_uploads_the_tampered_weights_with_the_honest_metadata
     arrays, sent = weights.decode(upload)
     assert result == "result" and sent == metadata
     np.testing.assert_allclose(arrays["w"], [0.5, 3.0])
+    claiming = attacking_trainer("scaled_global")("d9", 1)
+    arrays, sent = weights.decode(claiming.train(None, start, None)[1])  # type: ignore[arg-type]
+    assert sent == {"device_id": "d9", "num_samples": "100000"}
+    np.testing.assert_allclose(arrays["w"], [-3.0, -6.0])

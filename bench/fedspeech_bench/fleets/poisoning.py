@@ -2,8 +2,10 @@
 
 "scale" multiplies its change to the model by 100, so that it dominates a plain average (model
 replacement, Bagdasaryan et al. 2020, "How to backdoor federated learning"); "sign_flip" sends the
-change reversed, pushing the model away from where the honest devices move it. The daemon builds its
-trainer with `attacking_trainer(attack)` in place of `Trainer`.
+change reversed, pushing the model away from where the honest devices move it; "scaled_global" sends -3
+x the global weights it was given and claims 100,000 samples, the attack that took a live deployment
+from 0.95 to 0.02 accuracy in one round. The daemon builds its trainer with `attacking_trainer(attack)`
+in place of `Trainer`.
 """
 
 from collections.abc import Callable
@@ -18,8 +20,11 @@ from fedspeech.protocol import weights
 from fedspeech.protocol.messages import Task
 from fedspeech.protocol.weights import Arrays
 
-# attack -> the factor its change to the model is multiplied by
-ATTACKS = {"scale": 100.0, "sign_flip": -1.0}
+# attack -> the factor its change to the model is multiplied by, or for an attack in GLOBAL the weights
+# it was given
+ATTACKS = {"scale": 100.0, "sign_flip": -1.0, "scaled_global": -3.0}
+GLOBAL = {"scaled_global"}
+CLAIMS = {"scaled_global": 100_000}  # attack -> the samples its uploads claim (else the honest count)
 
 
 def _factor(attack: str) -> float:
@@ -29,17 +34,24 @@ def _factor(attack: str) -> float:
 
 
 def tamper(start: Arrays, trained: Arrays, attack: str) -> Arrays:
-    """start + factor * (trained - start) for each array, in its own dtype: the attack's weights."""
+    """The attack's weights, each array in its own dtype: start + factor * (trained - start), or for an
+    attack on the global weights, factor * start.
+    """
     factor = _factor(attack)
     tampered = {}
     for name, value in trained.items():
         begin = start[name].astype(np.float64)
-        tampered[name] = (begin + factor * (value.astype(np.float64) - begin)).astype(value.dtype)
+        if attack in GLOBAL:
+            tampered[name] = (factor * begin).astype(value.dtype)
+        else:
+            tampered[name] = (begin + factor * (value.astype(np.float64) - begin)).astype(value.dtype)
     return tampered
 
 
 class AttackingTrainer(Trainer):
-    """A Trainer whose uploads carry a tampered update with the honest run's metadata."""
+    """A Trainer whose uploads carry a tampered update with the honest run's metadata (its sample count
+    replaced by the attack's claim, if it has one).
+    """
 
     def __init__(self, device_id: str, torch_threads: int = 1, *, attack: str) -> None:
         _factor(attack)
@@ -52,6 +64,8 @@ class AttackingTrainer(Trainer):
         """Train honestly from the given weights, then tamper with the change before it is uploaded."""
         result, upload = super().train(task, arrays, train, teacher)
         trained, metadata = weights.decode(upload)
+        if self.attack in CLAIMS:
+            metadata = {**metadata, "num_samples": str(CLAIMS[self.attack])}
         return result, weights.encode(tamper(arrays, trained, self.attack), metadata=metadata)
 
 
