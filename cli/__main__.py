@@ -119,6 +119,7 @@ def _listen(args: argparse.Namespace) -> None:
         broker=broker_settings(args, args.broker, None),
         coordinator_key=coordinator_key(args),
         coordinator_ca=args.coordinator_ca,
+        state_dir=args.state,
         topic_root=args.topic_root,
         input=args.input,
         device=args.device,
@@ -209,6 +210,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--broker", default="mqtt://127.0.0.1:1883", help="mqtt(s)://host:port, with --coordinator"
     )
     li.add_argument("--topic-root", default=DEFAULT_ROOT)
+    li.add_argument(
+        "--state",
+        type=Path,
+        default=Path("fedspeech-listen"),
+        help="with --coordinator: where the newest round seen announced is kept, never to load an older one",
+    )
     add_coordinator_trust_options(li)
     add_broker_options(li, "none: anonymous")
     audio = li.add_mutually_exclusive_group()

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from fedspeech.coordinator.acknowledgements import Acknowledgements
 from fedspeech.coordinator.config import RoundConfig
 from fedspeech.coordinator.errors import BadUpload, NotWanted
 from fedspeech.coordinator.evaluation import combine
@@ -59,10 +60,20 @@ class OpenEvaluation:
 
 
 class EvaluationPhase:
-    """One evaluation at a time: run() waits for the reports that HTTP handlers pass to receive()."""
+    """One evaluation at a time: run() waits for the reports that HTTP handlers pass to receive(), from the
+    devices online that took their tasks (acks).
+    """
 
-    def __init__(self, store: Store, link: DeviceLink, num_classes: int, min_reports: int) -> None:
+    def __init__(
+        self,
+        store: Store,
+        link: DeviceLink,
+        num_classes: int,
+        min_reports: int,
+        acks: Acknowledgements | None = None,
+    ) -> None:
         self.store, self.link, self.num_classes, self.min_reports = store, link, num_classes, min_reports
+        self.acks = acks or Acknowledgements()
         self._lock = threading.Condition()
         self._open: OpenEvaluation | None = None
 
@@ -86,10 +97,22 @@ class EvaluationPhase:
             evaluation.reports[device_id] = (np.array(report.confusion, dtype=np.int64), report.loss_sum)
             self._lock.notify_all()
 
-    def run(self, round: int, tasks: dict[str, Task], deadline: float, stop: threading.Event) -> None:
-        """Hand out the tasks, wait for online devices' reports or the deadline, store the pooled result."""
+    def run(
+        self,
+        round: int,
+        tasks: dict[str, Task],
+        deadline: float,
+        stop: threading.Event,
+        busy_until: Mapping[str, float] | None = None,
+    ) -> None:
+        """Hand out the tasks, wait for the reports of devices there or the deadline, store the pooled result.
+
+        busy_until: when devices still training an earlier task take theirs, at the latest (its deadline).
+        """
         with self._lock:
             self._open = evaluation = OpenEvaluation(round, tasks)
+        for device, task in tasks.items():
+            self.acks.expect([(device, task)], after=(busy_until or {}).get(device))
         for device, task in tasks.items():
             self.link.publish_task(task, device)
         with self._lock:
@@ -113,5 +136,9 @@ class EvaluationPhase:
             )  # fmt: skip
 
     def _all_reported(self, evaluation: OpenEvaluation) -> bool:
-        online = set(self.link.online())
-        return all(d in evaluation.reports or d not in online for d in evaluation.tasks)
+        """Whether every device that is there (online, and took its task in time) reported."""
+        online, now = set(self.link.online()), time.time()
+        return all(
+            d in evaluation.reports or d not in online or self.acks.absent(task.task_id, now)
+            for d, task in evaluation.tasks.items()
+        )

@@ -1,8 +1,10 @@
 """The device daemon: learn the task, load local data, register, then train or evaluate each task it is sent.
 
-It keeps its token and the coordinator's pinned key in its own state folder, takes only tasks signed by
-that key, and stops for good (Refused) if the coordinator refuses it or names another key. With a
-model directory it also keeps the latest global model there as ONNX, for `fedspeech listen`.
+It keeps its token and the coordinator's pinned key in its own state folder, takes only tasks and
+withdrawals signed by that key, acknowledges each task it takes over HTTP (its round waits for it from
+then on), and stops for good (Refused) if the coordinator refuses it or names another key. With a model
+directory it also keeps the latest global model there as ONNX, for `fedspeech listen`, and in its state
+folder the newest round it saw announced, below which it never goes.
 """
 
 import functools
@@ -22,6 +24,7 @@ from fedspeech.edge_client.local_data import DataSource, LocalData
 from fedspeech.edge_client.local_norm import LocalNorm
 from fedspeech.edge_client.model_keeper import ModelKeeper
 from fedspeech.edge_client.profile import measure_profile, measure_rtt_ms
+from fedspeech.edge_client.runtime.announcements import FLOOR_FILE, Floor
 from fedspeech.edge_client.trainer import Trainer, TrainingStopped, UnknownSetting, training_settings
 from fedspeech.edge_client.validation_share import share_validation_clips
 from fedspeech.protocol import bounds, routes, signing, weights
@@ -188,13 +191,18 @@ def _run(config: ClientConfig, stop: threading.Event) -> None:
         register = functools.partial(http.register, len(data.train.labels), profile)
         share_validation_clips(http, data.train, config.share_validation, info.definition.labels, register)
     assert credentials.key is not None  # pinned by the registration
-    keeper = ModelKeeper(config.model_dir, local_norm) if config.model_dir is not None else None
+    topics = Topics(config.topic_root)
+    keeper = None
+    if config.model_dir is not None:  # the newest round seen announced is kept beside the device's token
+        floor = Floor(config.state_dir / FLOOR_FILE, signing.public_key_text(credentials.key), topics.model)
+        keeper = ModelKeeper(config.model_dir, local_norm, topic=topics.model, floor=floor)
     link = BrokerLink(
         config.broker,
-        Topics(config.topic_root),
+        topics,
         config.device_id,
         credentials.key,
         on_announcement=keeper.offer if keeper is not None else None,
+        on_connected=keeper.recheck if keeper is not None else None,
     )
     device = _Device(config, http, data, trainer, link, profile)
     link.start(_status(device, "online"))
@@ -254,6 +262,7 @@ def _do_task(device: _Device, task: Task) -> None:
         device.data.refresh(task.definition)  # recordings added since the last task count now
         if task.action == "train":
             training_settings(task)  # refused before anything is downloaded
+        device.http.acknowledge(task)  # the round waits for this device's result from now on
         busy: State = "training" if task.action == "train" else "evaluating"
         device.link.publish_status(_status(device, busy, task.round))
         blob = device.http.fetch(task.weights)
