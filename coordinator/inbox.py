@@ -205,14 +205,16 @@ class Inbox:
 
     def close(self) -> tuple[OpenRound, list[str]]:
         """Close the open round: no upload counts in it from now on. A buffered round's unanswered tasks
-        go on, their updates to count in a later round.
+        go on, their updates to count in a later round, but for those never taken in time.
 
         The round, and its devices whose tasks are over: answered, or not and not carried on.
         """
         with self._lock:
             open_, self._open = self._opened(), None
             if open_.buffered:
-                self._late.carry(open_)
+                now = time.time()
+                never_taken = {d for d, t in open_.tasks.items() if self.acks.absent(t.task_id, now)}
+                self._late.carry(open_, never_taken)
             over = (open_.tasks.keys() | open_.updates.keys()) - self._late.carried.keys()
         return open_, sorted(over)
 
