@@ -27,6 +27,7 @@ from fedspeech.protocol.messages import (
     EvaluationReport,
     ModelSpec,
     Task,
+    TaskWithdrawal,
 )
 from fedspeech.protocol.mqtt import BrokerSettings
 from tests.helpers.device_doubles import (
@@ -109,8 +110,10 @@ def test_task_withdrawn_before_upload_is_not_uploaded(fleet: Fleet, caplog: pyte
     with running_daemon(fleet):
         fleet.send_task(make_task("task-1", blob=coordinator.blob))
         wait_until(lambda: coordinator.downloads)
-        fleet.publish_task(b"")  # the round closed with other devices' results (cleared, unsigned)
+        # the round closed with other devices' results: the coordinator withdraws the task, signed
+        fleet.send_task(messages.encode(TaskWithdrawal(["task-1"])))
         wait_until(lambda: warnings_about(caplog, "withdrew it"))
+        assert coordinator.acks == ["task-1"]
         assert coordinator.uploads == []
         wait_until(lambda: fleet.statuses()[-1].state == "online")
 
