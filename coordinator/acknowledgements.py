@@ -43,6 +43,12 @@ class Acknowledgements:
             for device, task in tasks:
                 self._tasks[task.task_id] = _Expected(device, due, task.deadline)
 
+    def forget(self, task_ids: Iterable[str]) -> None:
+        """Forget tasks that are over: an acknowledgement of one is not wanted."""
+        with self._lock:
+            for task_id in task_ids:
+                self._tasks.pop(task_id, None)
+
     def acknowledge(self, device_id: str, task_id: str) -> None:
         """The device took its task; NotWanted if the device was handed no such task, or it is over."""
         with self._lock:
@@ -50,12 +56,6 @@ class Acknowledgements:
             if expected is None or expected.device_id != device_id:
                 raise NotWanted(f"{device_id} has no open task {task_id[:64]!r}")
             expected.taken = True
-
-    def taken(self, task_id: str) -> bool:
-        """Whether the device acknowledged the task (or sent its result)."""
-        with self._lock:
-            expected = self._tasks.get(task_id)
-            return expected is not None and expected.taken
 
     def absent(self, task_id: str, now: float) -> bool:
         """Whether the task's device has not acknowledged it, and the time to do so has passed."""

@@ -119,6 +119,7 @@ class EvaluationPhase:
             while not stop.is_set() and time.time() < deadline and not self._all_reported(evaluation):
                 self._lock.wait(timeout=0.25)
             self._open = None
+        self.acks.forget(task.task_id for task in tasks.values())
         for device in tasks:
             self.link.clear_task(device)
         result = combine(evaluation.reports, self.min_reports)

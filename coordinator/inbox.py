@@ -211,11 +211,16 @@ class Inbox:
         """
         with self._lock:
             open_, self._open = self._opened(), None
+            now = time.time()
+            open_.never_taken = {
+                d
+                for d, t in open_.tasks.items()
+                if d not in open_.updates and self.acks.absent(t.task_id, now)
+            }
             if open_.buffered:
-                now = time.time()
-                never_taken = {d for d, t in open_.tasks.items() if self.acks.absent(t.task_id, now)}
-                self._late.carry(open_, never_taken)
+                self._late.carry(open_, open_.never_taken)
             over = (open_.tasks.keys() | open_.updates.keys()) - self._late.carried.keys()
+            self.acks.forget(open_.tasks[d].task_id for d in over if d in open_.tasks)
         return open_, sorted(over)
 
     def complete(self, round: OpenRound) -> bool:
@@ -231,7 +236,9 @@ class Inbox:
             now = time.time()
             carried = self._late.carried
             ready = [d for d in ready if d not in carried or not self.acks.absent(carried[d].task_id, now)]
+            task_ids = {d: task.task_id for d, task in carried.items()}
             dropped = self._late.drop(ready, spec, now)
+            self.acks.forget(task_ids[d] for d in dropped)
             return dropped, self._late.busy()
 
     def carried(self) -> dict[str, float]:

@@ -148,7 +148,7 @@ class Orchestrator:
         teacher = self.strategy.after_aggregate(round, new, self._clips)
         missing, online = set(closed.tasks) - set(closed.updates), set(self.link.online())
         # gone: offline, or never took its task (an `online` status is a hint: anyone may publish one)
-        gone = {d for d in missing if d not in online or not self.inbox.acks.taken(closed.tasks[d].task_id)}
+        gone = {d for d in missing if d not in online or d in closed.never_taken}
         tally = RoundTally(
             started, devices=len(plan.work), updates=records, bytes_up=closed.bytes_up,
             bytes_down=closed.bytes_down, withdrawn=len(gone),

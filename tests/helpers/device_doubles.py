@@ -87,6 +87,7 @@ class CoordinatorDouble:
     downloads: list[str] = field(default_factory=list)
     uploads: list[Upload] = field(default_factory=list)
     acks: list[str] = field(default_factory=list)  # the tasks acknowledged, by id
+    over: set[str] = field(default_factory=set)  # task ids whose acknowledgement is answered 409
     announcement: bytes | None = None  # the latest, signed, as GET /api/models/announcement serves it
     reject_tokens: int = 0  # answer this many uploads with 401, as a coordinator that revoked them would
     download_delay_s: float = 0.0  # a slow link: the weights arrive this long after they are asked for
@@ -164,7 +165,11 @@ class CoordinatorDouble:
                     credentials = Credentials(registration.device_id, double.token, double.public_key)
                     self.reply(200, messages.encode(credentials))
                 elif self.path.startswith("/api/tasks/") and self.path.endswith("/ack"):
-                    double.acks.append(self.path.split("/")[3])
+                    task_id = self.path.split("/")[3]
+                    if task_id in double.over:
+                        self.reply(409, b'{"error": "its round is over"}')
+                        return
+                    double.acks.append(task_id)
                     self.reply(200, b"{}")
                 elif self.path.startswith("/api/rounds/"):
                     if double.reject_tokens > 0 or auth != f"Bearer {double.token}":

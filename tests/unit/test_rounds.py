@@ -76,6 +76,7 @@ def test_a_device_that_only_looks_online_holds_a_round_its_ack_timeout_not_its_d
     collected = MODES[mode](1, plan(["a", "b"], needed=2), context)
     assert time.time() - context.started < 10.0, "closed once b had not acknowledged its task in time"
     assert [r.device_id for r in collected.results] == ["a"] and not collected.missed
+    assert collected.closed.never_taken == {"b"}
     assert context.inbox.carried() == {}, "a task never taken is not carried past its round"
 
 
@@ -95,7 +96,9 @@ def test_a_device_that_took_its_task_is_waited_for_until_the_deadline(tmp_path):
     link.responders["b"] = take
     collected = MODES["parallel"](1, plan(["a", "b"], needed=2), context)
     assert time.time() - context.started >= 1.0, "closed at the deadline"
-    assert collected.missed and len(taken) == 1 and context.inbox.acks.taken(taken[0].task_id)
+    assert collected.missed and len(taken) == 1 and collected.closed.never_taken == set()
+    with pytest.raises(NotWanted, match="no open task"):
+        context.inbox.acknowledge("b", taken[0].task_id)  # its round is over
 
 
 def test_chained_skips_a_device_that_takes_no_task_at_its_ack_timeout(tmp_path):
