@@ -32,12 +32,12 @@ class Acknowledgements:
         self._lock = threading.Lock()
         self._tasks: dict[str, _Expected] = {}  # task id -> its device and its acknowledgement
 
-    def expect(self, tasks: Iterable[tuple[str, Task]], after: float | None = None) -> None:
-        """Expect each (device, task) to be acknowledged within the timeout from now, or from after (a time
-        at which a device busy with an earlier task will be free). Tasks past their deadline are forgotten.
+    def expect(self, tasks: Iterable[tuple[str, Task]]) -> None:
+        """Expect each (device, task) to be acknowledged within the timeout from now (a device acknowledges
+        a task as it arrives, busy or not). Tasks past their deadline are forgotten.
         """
         now = time.time()
-        due = max(now, after or now) + self.timeout_s
+        due = now + self.timeout_s
         with self._lock:
             self._tasks = {t: e for t, e in self._tasks.items() if e.deadline >= now}
             for device, task in tasks:

@@ -97,22 +97,11 @@ class EvaluationPhase:
             evaluation.reports[device_id] = (np.array(report.confusion, dtype=np.int64), report.loss_sum)
             self._lock.notify_all()
 
-    def run(
-        self,
-        round: int,
-        tasks: dict[str, Task],
-        deadline: float,
-        stop: threading.Event,
-        busy_until: Mapping[str, float] | None = None,
-    ) -> None:
-        """Hand out the tasks, wait for the reports of devices there or the deadline, store the pooled result.
-
-        busy_until: when devices still training an earlier task take theirs, at the latest (its deadline).
-        """
+    def run(self, round: int, tasks: dict[str, Task], deadline: float, stop: threading.Event) -> None:
+        """Hand out the tasks, wait for the reports of devices there or the deadline, store the result."""
         with self._lock:
             self._open = evaluation = OpenEvaluation(round, tasks)
-        for device, task in tasks.items():
-            self.acks.expect([(device, task)], after=(busy_until or {}).get(device))
+        self.acks.expect(tasks.items())
         for device, task in tasks.items():
             self.link.publish_task(task, device)
         with self._lock:

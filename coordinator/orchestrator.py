@@ -211,7 +211,7 @@ class Orchestrator:
         devices, deadline = evaluation_plan(self.config, record.round, online, training, time.time())
         evaluate = device_tasks.evaluation(record.round, self.strategy.personal)
         tasks = self._tasks(record.round, deadline, dict.fromkeys(devices, evaluate))
-        self.evaluation.run(record.round, tasks, deadline, stop, busy_until=training)
+        self.evaluation.run(record.round, tasks, deadline, stop)
 
     def _tasks(self, round: int, deadline: float, work: Mapping[str, Mapping[str, Any]]) -> dict[str, Task]:
         """One task per device on the latest global model, with that device's work."""

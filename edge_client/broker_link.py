@@ -30,9 +30,9 @@ MAX_QUEUED_TASKS = 16  # tasks waiting for the device; more are dropped
 class BrokerLink:
     """One paho client per device; its callbacks only fill the queue and call on_announcement.
 
-    on_announcement, if given, is called on the MQTT thread with each verified model announcement, and
-    on_connected on each connection to the broker (what it retains may have been replaced meanwhile).
-    ValueError for broker settings that cannot work.
+    on_task, if given, is called on the MQTT thread with each task queued; on_announcement with each
+    verified model announcement; on_connected on each connection to the broker (what it retains may have
+    been replaced meanwhile). ValueError for broker settings that cannot work.
     """
 
     def __init__(
@@ -43,6 +43,7 @@ class BrokerLink:
         key: Ed25519PublicKey,
         on_announcement: Callable[[ModelAnnouncement], None] | None = None,
         on_connected: Callable[[], None] | None = None,
+        on_task: Callable[[Task], None] | None = None,
     ) -> None:
         self.broker, self.topics, self.device_id, self.key = broker, topics, device_id, key
         self.tasks: queue.Queue[Task] = queue.Queue(MAX_QUEUED_TASKS)
@@ -58,7 +59,11 @@ class BrokerLink:
         self._client = make_client(broker, client_id, LastWill(topics.status(device_id), offline))
         self._client.on_connect = self._on_connect
         self._client.on_disconnect = self._on_disconnect
-        self._on_announcement, self._on_connected = on_announcement, on_connected
+        self._on_announcement, self._on_connected, self._on_task_queued = (
+            on_announcement,
+            on_connected,
+            on_task,
+        )
         route(self._client, topics.task(device_id), lambda message: self._on_task(bytes(message.payload)))
         if on_announcement is not None:
             route(self._client, topics.model, lambda message: self._on_model(bytes(message.payload)))
@@ -140,6 +145,8 @@ class BrokerLink:
             )
             return
         self._remember(task.task_id)
+        if self._on_task_queued is not None:
+            self._on_task_queued(task)
 
     def _remember(self, task_id: str) -> None:
         """Note a task id as seen, forgetting the oldest beyond MAX_REMEMBERED_TASKS."""
@@ -152,6 +159,10 @@ class BrokerLink:
     def withdrawn(self, task: Task) -> bool:
         """Whether the coordinator withdrew the task (its round took the results it needed)."""
         return task.task_id in self._withdrawn
+
+    def withdraw(self, task: Task) -> None:
+        """Note a task the coordinator no longer wants (it refused its acknowledgement)."""
+        self._withdrawn.add(task.task_id)
 
     def _on_model(self, payload: bytes) -> None:
         if not payload or self._on_announcement is None:

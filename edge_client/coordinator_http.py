@@ -289,7 +289,7 @@ class CoordinatorClient:
     def acknowledge(self, task: Task) -> None:
         """Tell the coordinator the device took the task; Dropped if it no longer wants it.
 
-        An acknowledgement that does not get through is logged, and the task done all the same: its round
+        An acknowledgement that does not get through is logged, and the task is done all the same: its round
         may have gone on without this device, and then refuses the result.
         """
         headers = {"Authorization": f"Bearer {self.credentials.token}"}

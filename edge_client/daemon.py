@@ -1,10 +1,10 @@
 """The device daemon: learn the task, load local data, register, then train or evaluate each task it is sent.
 
 It keeps its token and the coordinator's pinned key in its own state folder, takes only tasks and
-withdrawals signed by that key, acknowledges each task it takes over HTTP (its round waits for it from
-then on), and stops for good (Refused) if the coordinator refuses it or names another key. With a model
-directory it also keeps the latest global model there as ONNX, for `fedspeech listen`, and in its state
-folder the newest round it saw announced, below which it never goes.
+withdrawals signed by that key, acknowledges each task over HTTP as it arrives (its round waits for this
+device from then on), and stops for good (Refused) if the coordinator refuses it or names another key.
+With a model directory it also keeps the latest global model there as ONNX, for `fedspeech listen`, and
+in its state folder the newest round it saw announced, below which it never goes.
 """
 
 import functools
@@ -192,6 +192,7 @@ def _run(config: ClientConfig, stop: threading.Event) -> None:
         share_validation_clips(http, data.train, config.share_validation, info.definition.labels, register)
     assert credentials.key is not None  # pinned by the registration
     topics = Topics(config.topic_root)
+    arrived: queue.Queue[Task] = queue.Queue()  # tasks to acknowledge
     keeper = None
     if config.model_dir is not None:  # the newest round seen announced is kept beside the device's token
         floor = Floor(config.state_dir / FLOOR_FILE, signing.public_key_text(credentials.key), topics.model)
@@ -203,8 +204,12 @@ def _run(config: ClientConfig, stop: threading.Event) -> None:
         credentials.key,
         on_announcement=keeper.offer if keeper is not None else None,
         on_connected=keeper.recheck if keeper is not None else None,
+        on_task=arrived.put,
     )
     device = _Device(config, http, data, trainer, link, profile)
+    done = threading.Event()
+    acks = threading.Thread(target=_acknowledge, args=(http, link, arrived, done), name="acks", daemon=True)
+    acks.start()
     link.start(_status(device, "online"))
     try:
         while not stop.is_set():
@@ -216,7 +221,26 @@ def _run(config: ClientConfig, stop: threading.Event) -> None:
                 continue
             _do_task(device, task)
     finally:
+        done.set()
         link.go_offline()
+
+
+def _acknowledge(
+    http: CoordinatorClient, link: BrokerLink, arrived: queue.Queue[Task], done: threading.Event
+) -> None:
+    """Acknowledge each task as it arrives, until done: on a thread of its own, as the main loop may be busy
+    with another task. A task the coordinator no longer wants is dropped.
+    """
+    while not done.is_set():
+        try:
+            task = arrived.get(timeout=0.5)
+        except queue.Empty:
+            continue
+        try:
+            http.acknowledge(task)
+        except Dropped as exc:
+            log.info("task %s of round %d is not wanted: %s", task.task_id, task.round, exc)
+            link.withdraw(task)
 
 
 def _log_data(data: LocalData, config: ClientConfig) -> None:
@@ -262,7 +286,6 @@ def _do_task(device: _Device, task: Task) -> None:
         device.data.refresh(task.definition)  # recordings added since the last task count now
         if task.action == "train":
             training_settings(task)  # refused before anything is downloaded
-        device.http.acknowledge(task)  # the round waits for this device's result from now on
         busy: State = "training" if task.action == "train" else "evaluating"
         device.link.publish_status(_status(device, busy, task.round))
         blob = device.http.fetch(task.weights)

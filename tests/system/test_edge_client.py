@@ -123,18 +123,19 @@ def test_task_withdrawn_before_upload_is_not_uploaded(fleet: Fleet, caplog: pyte
         assert [u.task_id for u in coordinator.uploads] == ["task-2"]
 
 
-def test_a_task_whose_acknowledgement_is_refused_is_dropped_before_its_download(
+def test_a_task_whose_acknowledgement_is_refused_is_dropped(
     fleet: Fleet, caplog: pytest.LogCaptureFixture
 ) -> None:
     coordinator = fleet.coordinator
     coordinator.over.add("stale")  # its round closed before the device took it
     with running_daemon(fleet):
         fleet.send_task(make_task("stale", blob=coordinator.blob))
-        wait_until(lambda: warnings_about(caplog, "dropping task stale of round 1: the coordinator no"))
+        wait_until(
+            lambda: warnings_about(caplog, "dropping task stale of round 1: the coordinator withdrew it")
+        )
         fleet.send_task(make_task("fresh", blob=coordinator.blob))
         wait_until(lambda: coordinator.uploads)
-    assert coordinator.acks == ["fresh"] and coordinator.downloads == [BLOB_PATH]
-    assert [u.task_id for u in coordinator.uploads] == ["fresh"]
+    assert coordinator.acks == ["fresh"] and [u.task_id for u in coordinator.uploads] == ["fresh"]
 
 
 def test_a_deeper_model_in_a_task_is_built_and_trained(fleet: Fleet) -> None:
