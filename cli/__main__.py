@@ -122,6 +122,7 @@ def _listen(args: argparse.Namespace) -> None:
         broker=_listen_broker(args),
         coordinator_key=coordinator_key(args),
         coordinator_ca=args.coordinator_ca,
+        state_dir=args.state,
         topic_root=args.topic_root,
         input=args.input,
         device=args.device,
@@ -237,7 +238,11 @@ def build_parser() -> argparse.ArgumentParser:
         "was issued (in --state)",
     )
     li.add_argument(
-        "--state", type=Path, default=Path("fedspeech-device"), help="the daemon's --state (with --device-id)"
+        "--state",
+        type=Path,
+        default=Path("fedspeech-device"),
+        help="the device's state folder (the daemon's --state): the newest round seen announced, never to "
+        "load an older one, and with --device-id the listener's broker password",
     )
     add_coordinator_trust_options(li)
     add_broker_options(li, "none: anonymous")

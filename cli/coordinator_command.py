@@ -212,6 +212,11 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     c.add_argument("--min-devices", type=at_least(1), help="devices online before a round starts")
     c.add_argument("--min-results", type=at_least(1), help="updates needed to aggregate a round")
     c.add_argument("--round-timeout", type=float, help="seconds a device has to send its update")
+    c.add_argument(
+        "--ack-timeout",
+        type=float,
+        help="seconds a device has to acknowledge its task before a round goes on without it (default 10)",
+    )
     c.add_argument("--epochs", type=int, help="local epochs per round")
     c.add_argument("--batch-size", type=int)
     c.add_argument("--lr", type=float, help="local learning rate")

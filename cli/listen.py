@@ -13,6 +13,7 @@ source:
 Following a coordinator, each newly announced model is downloaded, checked and loaded in the background
 and swapped in between two frames, so no audio is dropped. Only announcements signed by the coordinator's
 key count: the one given (--coordinator-key), else the one the coordinator sends when the listener starts.
+The newest round seen announced is kept in --state, and no older one is ever loaded.
 """
 
 import sys
@@ -48,6 +49,7 @@ class ListenConfig:
     topic_root: str = DEFAULT_ROOT
     coordinator_key: str | None = None  # base64 key its announcements are signed with (None: ask it)
     coordinator_ca: Path | None = None  # the CA of an HTTPS coordinator's certificate (None: the system's)
+    state_dir: Path | None = None  # where the newest round seen announced is kept (None: in memory only)
     input: Path | None = None  # an audio file, or else a microphone:
     device: str | None = None  # PortAudio device name or index (default: the default input)
     realtime: bool = False
@@ -73,6 +75,7 @@ def run_listen(config: ListenConfig, out: TextIO = sys.stdout) -> list[Detection
             config.topic_root,
             config.coordinator_key,
             config.coordinator_ca,
+            config.state_dir,
         )
         follower.start()
     except ValueError as exc:

@@ -164,6 +164,17 @@ def relayed_update(round: int, step: int):
     return send_file(path, mimetype="application/octet-stream", max_age=0)
 
 
+@bp.get(routes.ANNOUNCEMENT_RULE)
+def announcement():
+    """The latest model announcement, signed as on the broker (public, as there): a listener checks it
+    before it trusts a retained one, which anyone on an open broker may have replaced.
+    """
+    payload = _service().link.signed_announcement()
+    if payload is None:
+        return _error(404, "no model announced yet")
+    return Response(payload, mimetype="application/json")
+
+
 @bp.get(routes.LATEST_MODEL_RULE)
 @admin_only
 def latest_model():
@@ -181,6 +192,14 @@ def upload_update(round: int):
     service.inbox.receive_update(round, device, body, request.headers.get("X-Content-SHA256", ""))
     service.outcomes.accepted(device, round)
     return jsonify(accepted=True, device_id=device, round=round)
+
+
+@bp.post(routes.ACK_RULE)
+def acknowledge(task_id: str):
+    """A device took its task: its round waits for its result (not for a device that only looks online)."""
+    device = _device()
+    _service().inbox.acknowledge(device, task_id)
+    return jsonify(acknowledged=True, device_id=device)
 
 
 @bp.post(routes.EVALUATIONS_RULE)

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
+from fedspeech.coordinator.acknowledgements import DEFAULT_TIMEOUT_S
 from fedspeech.coordinator.enrolment import MAX_DEVICES
 from fedspeech.coordinator.influence import parse_norm_bound
 from fedspeech.coordinator.strategies import strategy_params
@@ -22,6 +23,7 @@ from fedspeech.protocol.topics import DEFAULT_ROOT
 from fedspeech.protocol.weights import PRECISIONS, Precision
 
 APP_KEY = "FEDSPEECH"  # the CoordinatorConfig in the Flask app's config
+MAX_ACK_TIMEOUT_S = 600.0
 
 
 def _at_least(name: str, value: int | None, low: int) -> None:
@@ -103,6 +105,9 @@ class RoundConfig:
     min_devices: int = 2
     min_results: int = 2
     round_timeout_s: float = 120.0
+    # a device that has not acknowledged its task this long after it is absent for it: a round never waits
+    # its deadline for a device that only looks online
+    ack_timeout_s: float = DEFAULT_TIMEOUT_S
     epochs: int = 2
     batch_size: int = 16
     learning_rate: float = 3e-3
@@ -145,6 +150,7 @@ class RoundConfig:
             ("batch_size", self.batch_size, 1, bounds.MAX_BATCH_SIZE),
             ("learning_rate", self.learning_rate, 1e-12, bounds.MAX_LEARNING_RATE),
             ("round_timeout_s", self.round_timeout_s, 1e-3, bounds.MAX_TASK_SECONDS),
+            ("ack_timeout_s", self.ack_timeout_s, 0.1, MAX_ACK_TIMEOUT_S),
             ("eval_timeout_s", self.eval_timeout_s, 1e-3, bounds.MAX_TASK_SECONDS),
             ("max_device_samples", self.max_device_samples, 1, bounds.MAX_COUNT),
             ("final_lr_fraction", self.final_lr_fraction, 1e-6, 1.0),

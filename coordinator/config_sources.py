@@ -32,6 +32,7 @@ OPTION_DEST = {
     "http_port": "port",
     "http_timeout_s": "http_timeout",
     "round_timeout_s": "round_timeout",
+    "ack_timeout_s": "ack_timeout",
     "eval_timeout_s": "eval_timeout",
     "learning_rate": "lr",
     "model_depth": "depth",

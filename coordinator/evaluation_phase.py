@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from fedspeech.coordinator.acknowledgements import Acknowledgements
 from fedspeech.coordinator.config import RoundConfig
 from fedspeech.coordinator.errors import BadUpload, NotWanted
 from fedspeech.coordinator.evaluation import check_counts, combine
@@ -59,11 +60,21 @@ class OpenEvaluation:
 
 
 class EvaluationPhase:
-    """One evaluation at a time: run() waits for the reports that HTTP handlers pass to receive()."""
+    """One evaluation at a time: run() waits for the reports that HTTP handlers pass to receive(), from the
+    devices online that took their tasks (acks).
+    """
 
-    def __init__(self, store: Store, link: DeviceLink, labels: Sequence[str], min_reports: int) -> None:
+    def __init__(
+        self,
+        store: Store,
+        link: DeviceLink,
+        labels: Sequence[str],
+        min_reports: int,
+        acks: Acknowledgements | None = None,
+    ) -> None:
         """labels: the task's, in the order of the classes of a report's confusion matrix."""
         self.store, self.link, self.labels, self.min_reports = store, link, list(labels), min_reports
+        self.acks = acks or Acknowledgements()
         self._lock = threading.Condition()
         self._open: OpenEvaluation | None = None
 
@@ -95,15 +106,17 @@ class EvaluationPhase:
             self._lock.notify_all()
 
     def run(self, round: int, tasks: dict[str, Task], deadline: float, stop: threading.Event) -> None:
-        """Hand out the tasks, wait for online devices' reports or the deadline, store the pooled result."""
+        """Hand out the tasks, wait for the reports of devices there or the deadline, store the result."""
         with self._lock:
             self._open = evaluation = OpenEvaluation(round, tasks)
+        self.acks.expect(tasks.items())
         for device, task in tasks.items():
             self.link.publish_task(task, device)
         with self._lock:
             while not stop.is_set() and time.time() < deadline and not self._all_reported(evaluation):
                 self._lock.wait(timeout=0.25)
             self._open = None
+        self.acks.forget(task.task_id for task in tasks.values())
         for device in tasks:
             self.link.clear_task(device)
         result = combine(evaluation.reports, self.min_reports)
@@ -121,5 +134,9 @@ class EvaluationPhase:
             )  # fmt: skip
 
     def _all_reported(self, evaluation: OpenEvaluation) -> bool:
-        online = set(self.link.online())
-        return all(d in evaluation.reports or d not in online for d in evaluation.tasks)
+        """Whether every device that is there (online, and took its task in time) reported."""
+        online, now = set(self.link.online()), time.time()
+        return all(
+            d in evaluation.reports or d not in online or self.acks.absent(task.task_id, now)
+            for d, task in evaluation.tasks.items()
+        )

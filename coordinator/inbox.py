@@ -1,8 +1,9 @@
 """Where devices' uploads come in: the open round, the late updates and the global model behind one lock.
 
 Request threads call only this: an update is checked against the task it answers and kept for the round
-it counts in. The round loop opens and closes rounds here and waits here for what comes in; nothing else
-holds the lock.
+it counts in, an acknowledgement noted. The round loop opens and closes rounds here and waits here for what
+comes in; nothing else holds the lock. A round waits for a device that is online and took its task; one
+that did not acknowledge it in time is absent, whatever status the broker shows for it.
 """
 
 import logging
@@ -11,6 +12,7 @@ import time
 from collections.abc import Collection
 from pathlib import Path
 
+from fedspeech.coordinator.acknowledgements import Acknowledgements
 from fedspeech.coordinator.errors import BadUpload, NotWanted
 from fedspeech.coordinator.evaluation_phase import EvaluationPhase
 from fedspeech.coordinator.influence import SampleLimits, fleet_median, sample_ceiling
@@ -41,11 +43,14 @@ class Inbox:
         spec: ModelSpec,
         local_names: frozenset[str],
         limits: SampleLimits,
+        acks: Acknowledgements | None = None,
     ) -> None:
         """spec: the model's before there is a global one; local_names: the arrays devices keep to
-        themselves; limits: what bounds the samples an update counts for.
+        themselves; limits: what bounds the samples an update counts for; acks: the tasks devices took
+        (shared with the evaluation phase).
         """
         self.store, self.link, self.evaluation = store, link, evaluation
+        self.acks = acks or Acknowledgements()
         self._local_names, self._limits = local_names, limits
         self._num_classes = spec.num_classes
         self._lock = threading.Condition()
@@ -135,6 +140,13 @@ class Inbox:
         median = fleet_median(registered, counted)
         return sample_ceiling(registered.get(device_id, 0), counted.get(device_id), median, self._limits)
 
+    def acknowledge(self, device_id: str, task_id: str) -> None:
+        """A device took its task, of the open round, an earlier one or an evaluation; NotWanted if it has
+        no such task.
+        """
+        self.acks.acknowledge(device_id, task_id)
+        log.info("%s took its task %s", device_id, task_id)
+
     def receive_evaluation(self, round: int, device_id: str, body: bytes) -> None:
         """Check a device's evaluation report and keep it; BadUpload or NotWanted say why not."""
         self.evaluation.receive(round, device_id, body)
@@ -163,6 +175,7 @@ class Inbox:
         with self._lock:
             self._open = round
             self._late.count_in(round)
+            self.acks.expect(round.tasks.items())
 
     def add_task(self, device: str, task: Task) -> None:
         """Take a device's upload for a task handed out while the round is open; its deadline may extend
@@ -172,6 +185,7 @@ class Inbox:
             open_ = self._opened()
             open_.tasks[device] = task
             open_.deadline = max(open_.deadline, task.deadline)
+            self.acks.expect([(device, task)])
 
     def wait_until_complete(self, stop: threading.Event) -> None:
         """Wait until the open round is complete (see complete), its deadline passes or stop is set."""
@@ -183,7 +197,7 @@ class Inbox:
     def poll(self, devices: Collection[str]) -> tuple[dict[str, Result], list[str]]:
         """After an upload or a moment, the results of those devices that sent one, and those that are late.
 
-        A device is late once its task's deadline has passed or it went offline: its update is refused
+        A device is late once its task's deadline has passed or it is absent (_absent): its update is refused
         from then on.
         """
         with self._lock:
@@ -192,22 +206,32 @@ class Inbox:
             online, now = set(self.link.online()), time.time()
             answered = {d: open_.updates[d][0] for d in devices if d in open_.updates}
             late = [
-                d for d in devices if d not in answered and (now > open_.tasks[d].deadline or d not in online)
+                d
+                for d in devices
+                if d not in answered
+                and (now > open_.tasks[d].deadline or self._absent(d, open_.tasks[d], online, now))
             ]
             open_.skipped.update(late)
         return answered, late
 
     def close(self) -> tuple[OpenRound, list[str]]:
         """Close the open round: no upload counts in it from now on. A buffered round's unanswered tasks
-        go on, their updates to count in a later round.
+        go on, their updates to count in a later round, but for those never taken in time.
 
         The round, and its devices whose tasks are over: answered, or not and not carried on.
         """
         with self._lock:
             open_, self._open = self._opened(), None
+            now = time.time()
+            open_.never_taken = {
+                d
+                for d, t in open_.tasks.items()
+                if d not in open_.updates and self.acks.absent(t.task_id, now)
+            }
             if open_.buffered:
-                self._late.carry(open_)
+                self._late.carry(open_, open_.never_taken)
             over = (open_.tasks.keys() | open_.updates.keys()) - self._late.carried.keys()
+            self.acks.forget(open_.tasks[d].task_id for d in over if d in open_.tasks)
         return open_, sorted(over)
 
     def complete(self, round: OpenRound) -> bool:
@@ -220,7 +244,12 @@ class Inbox:
         with an earlier round's task.
         """
         with self._lock:
-            dropped = self._late.drop(ready, spec, time.time())
+            now = time.time()
+            carried = self._late.carried
+            ready = [d for d in ready if d not in carried or not self.acks.absent(carried[d].task_id, now)]
+            task_ids = {d: task.task_id for d, task in carried.items()}
+            dropped = self._late.drop(ready, spec, now)
+            self.acks.forget(task_ids[d] for d in dropped)
             return dropped, self._late.busy()
 
     def carried(self) -> dict[str, float]:
@@ -234,8 +263,15 @@ class Inbox:
         return self._open
 
     def _complete(self, open_: OpenRound) -> bool:
-        online = set(self.link.online())
+        online, now = set(self.link.online()), time.time()
         # a buffered method's devices still training for earlier rounds may answer in this one too
-        answered = [d in open_.updates or d not in online for d in (*open_.tasks, *self._late.carried)]
-        required_in = all(d in open_.updates or d not in online for d in open_.required)
+        tasks = {**self._late.carried, **open_.tasks}
+        answered = [d in open_.updates or self._absent(d, t, online, now) for d, t in tasks.items()]
+        required_in = all(
+            d in open_.updates or self._absent(d, tasks.get(d), online, now) for d in open_.required
+        )
         return all(answered) or (required_in and open_.optional_results() >= open_.needed)
+
+    def _absent(self, device: str, task: Task | None, online: set[str], now: float) -> bool:
+        """Whether a device is not there for its task: offline, or it did not acknowledge the task in time."""
+        return device not in online or (task is not None and self.acks.absent(task.task_id, now))

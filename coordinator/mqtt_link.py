@@ -1,4 +1,10 @@
-"""The coordinator's MQTT side: tracks device status, publishes signed tasks and model announcements."""
+"""The coordinator's MQTT side: tracks device status, publishes signed tasks, withdrawals and model
+announcements.
+
+A status is a hint (anyone on an open broker can publish one): the round loop waits only for devices that
+acknowledged their tasks over HTTP (acknowledgements). A task is withdrawn by a signed withdrawal naming it,
+retained in its place, so that an empty message from anyone withdraws nothing.
+"""
 
 import logging
 import threading
@@ -11,7 +17,8 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from fedspeech.protocol import messages, signing
 from fedspeech.protocol.bounds import ProtocolError
-from fedspeech.protocol.messages import DeviceStatus, ModelAnnouncement, Task
+from fedspeech.protocol.message_checks import MAX_WITHDRAWN
+from fedspeech.protocol.messages import DeviceStatus, ModelAnnouncement, Task, TaskWithdrawal
 from fedspeech.protocol.mqtt import BrokerSettings, connect, make_client, route
 from fedspeech.protocol.topics import Topics
 
@@ -39,6 +46,8 @@ class CoordinatorLink:
         self._seen: dict[str, float] = {}  # when each tracked device's latest status arrived
         self._offline: OrderedDict[str, None] = OrderedDict()  # offline devices, longest offline first
         self._full_logged = False
+        self._handed_out: dict[str, list[str]] = {}  # device -> its tasks published and not yet withdrawn
+        self._announcement: bytes | None = None  # the latest, signed as published
         self._lock = threading.Lock()
         self._client = make_client(settings, f"fedspeech-coordinator-{uuid.uuid4().hex[:8]}")
         self._client.on_connect = self._on_connect
@@ -119,18 +128,32 @@ class CoordinatorLink:
         """Ids of devices whose latest status is not offline."""
         return sorted(d for d, s in self.statuses().items() if s.state != "offline")
 
-    def _publish_signed(self, topic: str, message: Task | ModelAnnouncement) -> None:
+    def _publish_signed(self, topic: str, message: Task | TaskWithdrawal | ModelAnnouncement) -> bytes:
         payload = signing.sign(self._key, topic, messages.encode(message))
         self._client.publish(topic, payload, qos=1, retain=True)
+        return payload
 
     def publish_task(self, task: Task, device_id: str) -> None:
         """Send a device its signed task, retained so a reconnecting device still gets it."""
+        with self._lock:
+            handed_out = self._handed_out.setdefault(device_id, [])
+            handed_out.append(task.task_id)
+            del handed_out[:-MAX_WITHDRAWN]
         self._publish_signed(self.topics.task(device_id), task)
 
     def clear_task(self, device_id: str) -> None:
-        """Remove a device's retained task (an empty payload: nothing to sign)."""
-        self._client.publish(self.topics.task(device_id), b"", qos=1, retain=True)
+        """Withdraw a device's tasks: a signed withdrawal naming them, retained in place of the last one."""
+        with self._lock:
+            handed_out = self._handed_out.pop(device_id, [])
+        self._publish_signed(self.topics.task(device_id), TaskWithdrawal(handed_out))
 
     def announce(self, announcement: ModelAnnouncement) -> None:
         """Publish the new global model, signed and retained for devices that join later."""
-        self._publish_signed(self.topics.model, announcement)
+        payload = self._publish_signed(self.topics.model, announcement)
+        with self._lock:
+            self._announcement = payload
+
+    def signed_announcement(self) -> bytes | None:
+        """The latest announcement as published (signed for the model topic); None before the first."""
+        with self._lock:
+            return self._announcement

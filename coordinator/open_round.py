@@ -21,6 +21,7 @@ class OpenRound:
     buffered: bool = False
     updates: dict[str, tuple[Result, UpdateRecord]] = field(default_factory=dict)
     skipped: set[str] = field(default_factory=set)  # devices whose turn passed: their updates are refused
+    never_taken: set[str] = field(default_factory=set)  # devices that had not acknowledged their task in time
     bytes_up: int = 0
     bytes_down: int = 0
 

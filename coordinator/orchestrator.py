@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 
 from fedspeech.coordinator import device_tasks, method_needs, round_storage
+from fedspeech.coordinator.acknowledgements import Acknowledgements
 from fedspeech.coordinator.aggregate import server_momentum, without_breakers
 from fedspeech.coordinator.config import RoundConfig
 from fedspeech.coordinator.evaluation_phase import EvaluationPhase, evaluates, evaluation_plan
@@ -49,14 +50,15 @@ class Orchestrator:
         self._teacher: BlobRef | None = None  # where devices download a strategy's second model
         self._clips = CoordinatorClips(model, config, self._full, self._learning_rate)
         self._velocity: Arrays | None = None  # server momentum's last step (a restart starts it again)
-        self.evaluation = EvaluationPhase(store, link, model.definition.labels, config.eval_min_reports)
+        acks = Acknowledgements(config.ack_timeout_s)  # which devices took their tasks
+        self.evaluation = EvaluationPhase(store, link, model.definition.labels, config.eval_min_reports, acks)
         self.settled_round = -1  # the last round whose model is stored and, where asked for, evaluated
         self.finished = threading.Event()
         self._train = MODES[self.strategy.mode]  # how its rounds train
         first = model.spec_at(self._depth(1))  # a bad depth schedule fails here, at start-up
         limits = SampleLimits(config.sample_growth, config.samples_over_median, config.max_device_samples)
         self.inbox = Inbox(
-            store, link, self.evaluation, spec=first, local_names=self._local_names, limits=limits
+            store, link, self.evaluation, spec=first, local_names=self._local_names, limits=limits, acks=acks
         )
 
     def run(self, stop: threading.Event) -> None:
@@ -146,10 +148,12 @@ class Orchestrator:
         )
         teacher = self.strategy.after_aggregate(round, new, self._clips)
         missing, online = set(closed.tasks) - set(closed.updates), set(self.link.online())
+        # gone: offline, or never took its task (an `online` status is a hint: anyone may publish one)
+        gone = {d for d in missing if d not in online or d in closed.never_taken}
         tally = RoundTally(
             started, devices=len(plan.work), updates=records, bytes_up=closed.bytes_up,
-            bytes_down=closed.bytes_down, withdrawn=len(missing - online),
-            stragglers=len(missing & online - self.inbox.carried().keys()),
+            bytes_down=closed.bytes_down, withdrawn=len(gone),
+            stragglers=len(missing - gone - self.inbox.carried().keys()),
         )  # fmt: skip
         record = self._complete(round, new, tally, teacher)
         self.store.remove_relays(round)

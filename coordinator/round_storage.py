@@ -23,7 +23,7 @@ class RoundTally:
     updates: list[UpdateRecord] = field(default_factory=list)  # those in the model
     bytes_up: int = 0
     bytes_down: int = 0
-    withdrawn: int = 0  # selected, and gone offline during the round
+    withdrawn: int = 0  # selected, and gone offline during the round or never took its task
     stragglers: int = 0  # selected, online, and not in time
 
 
@@ -81,4 +81,5 @@ def announcement(store: Store, model: ModelOps, record: RoundRecord, arrays: Arr
         weights=address("weights", record.weights_sha256),
         onnx=address("onnx", record.onnx_sha256) if record.onnx_sha256 else None,
         metrics={k: v for k in ("accuracy", "macro_f1", "loss") if (v := getattr(record, k)) is not None},
+        issued_at=record.finished_at,
     )

@@ -1,7 +1,9 @@
-"""The device's MQTT side: its retained status with a last will, its signed tasks in, model announcements in.
+"""The device's MQTT side: its retained status with a last will, its signed tasks and withdrawals in, model
+announcements in.
 
-Tasks and announcements count only when signed by the coordinator's pinned key for their topic: anyone
-who can publish on the broker could otherwise hand the device work or a model.
+Tasks, withdrawals and announcements count only when signed by the coordinator's pinned key for their
+topic: anyone who can publish on the broker could otherwise hand the device work or a model, or take its
+work away. An empty message on the task topic only clears what the broker retains: it withdraws nothing.
 """
 
 import logging
@@ -15,7 +17,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
 from fedspeech.protocol import bounds, messages, signing
 from fedspeech.protocol.bounds import ProtocolError
-from fedspeech.protocol.messages import DeviceStatus, ModelAnnouncement, Task
+from fedspeech.protocol.messages import DeviceStatus, ModelAnnouncement, Task, TaskWithdrawal
 from fedspeech.protocol.mqtt import BrokerSettings, LastWill, connect, make_client, route
 from fedspeech.protocol.topics import Topics
 
@@ -28,8 +30,9 @@ MAX_QUEUED_TASKS = 16  # tasks waiting for the device; more are dropped
 class BrokerLink:
     """One paho client per device; its callbacks only fill the queue and call on_announcement.
 
-    on_announcement, if given, is called on the MQTT thread with each verified model announcement.
-    ValueError for broker settings that cannot work.
+    on_task, if given, is called on the MQTT thread with each task queued; on_announcement with each
+    verified model announcement; on_connected on each connection to the broker (what it retains may have
+    been replaced meanwhile). ValueError for broker settings that cannot work.
     """
 
     def __init__(
@@ -39,6 +42,8 @@ class BrokerLink:
         device_id: str,
         key: Ed25519PublicKey,
         on_announcement: Callable[[ModelAnnouncement], None] | None = None,
+        on_connected: Callable[[], None] | None = None,
+        on_task: Callable[[Task], None] | None = None,
     ) -> None:
         self.broker, self.topics, self.device_id, self.key = broker, topics, device_id, key
         self.tasks: queue.Queue[Task] = queue.Queue(MAX_QUEUED_TASKS)
@@ -54,7 +59,11 @@ class BrokerLink:
         self._client = make_client(broker, client_id, LastWill(topics.status(device_id), offline))
         self._client.on_connect = self._on_connect
         self._client.on_disconnect = self._on_disconnect
-        self._on_announcement = on_announcement
+        self._on_announcement, self._on_connected, self._on_task_queued = (
+            on_announcement,
+            on_connected,
+            on_task,
+        )
         route(self._client, topics.task(device_id), lambda message: self._on_task(bytes(message.payload)))
         if on_announcement is not None:
             route(self._client, topics.model, lambda message: self._on_model(bytes(message.payload)))
@@ -73,6 +82,8 @@ class BrokerLink:
         client.subscribe(self.topics.task(self.device_id), qos=1)
         if self._on_announcement is not None:
             client.subscribe(self.topics.model, qos=1)
+        if self._on_connected is not None:
+            self._on_connected()
         self.publish_status()
 
     def _on_disconnect(self, client, userdata, flags, reason_code, properties) -> None:
@@ -91,17 +102,25 @@ class BrokerLink:
             )
 
     def _on_task(self, payload: bytes) -> None:
-        """Queue a signed, valid, new task due within MAX_TASK_SECONDS; log and drop anything else."""
+        """Queue a signed, valid, new task due within MAX_TASK_SECONDS, or note a signed withdrawal; log and
+        drop anything else.
+        """
         if not payload:
-            # The coordinator clears the task when its round closes: whatever is not done yet is not wanted,
-            # and uploading it would only cost the device's bandwidth.
-            self._withdrawn.update(self._seen)
+            log.info("the retained task was cleared (an empty message, unsigned): nothing is withdrawn")
             return
         try:
             body = signing.verify(self.key, self.topics.task(self.device_id), payload)
-            task = messages.decode(body, Task)
+            task = messages.decode_either(body, Task, TaskWithdrawal)
         except ProtocolError as exc:
             log.warning("dropping a task: %s", exc)
+            return
+        if isinstance(task, TaskWithdrawal):
+            # The coordinator withdraws tasks when their round closes: whatever is not done yet is not wanted,
+            # and uploading it would only cost the device's bandwidth. A task withdrawn before it arrived (a
+            # replay) is not taken either.
+            for task_id in task.task_ids:
+                self._remember(task_id)
+                self._withdrawn.add(task_id)
             return
         if task.task_id in self._seen:
             return  # re-delivered after a reconnect
@@ -125,7 +144,13 @@ class BrokerLink:
                 MAX_QUEUED_TASKS,
             )
             return
-        self._seen[task.task_id] = None
+        self._remember(task.task_id)
+        if self._on_task_queued is not None:
+            self._on_task_queued(task)
+
+    def _remember(self, task_id: str) -> None:
+        """Note a task id as seen, forgetting the oldest beyond MAX_REMEMBERED_TASKS."""
+        self._seen[task_id] = None
         if len(self._seen) > MAX_REMEMBERED_TASKS:
             oldest = next(iter(self._seen))
             del self._seen[oldest]
@@ -134,6 +159,10 @@ class BrokerLink:
     def withdrawn(self, task: Task) -> bool:
         """Whether the coordinator withdrew the task (its round took the results it needed)."""
         return task.task_id in self._withdrawn
+
+    def withdraw(self, task: Task) -> None:
+        """Note a task the coordinator no longer wants (it refused its acknowledgement)."""
+        self._withdrawn.add(task.task_id)
 
     def _on_model(self, payload: bytes) -> None:
         if not payload or self._on_announcement is None:

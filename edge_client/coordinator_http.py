@@ -1,4 +1,6 @@
-"""The device's HTTP side: what the fleet learns, registration, blob downloads and uploads, with retries."""
+"""The device's HTTP side: what the fleet learns, registration, the latest model announcement, blob
+downloads, acknowledgements and uploads, with retries.
+"""
 
 import functools
 import http.client
@@ -14,10 +16,12 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+
 from fedspeech.edge_client.credentials import DeviceCredentials, Refused
-from fedspeech.protocol import bounds, log_lines, messages, routes, weights
+from fedspeech.protocol import bounds, log_lines, messages, routes, signing, weights
 from fedspeech.protocol.bounds import ProtocolError
-from fedspeech.protocol.messages import BlobRef, Credentials, Registration, TaskInfo
+from fedspeech.protocol.messages import BlobRef, Credentials, ModelAnnouncement, Registration, Task, TaskInfo
 
 log = logging.getLogger(__name__)
 
@@ -150,6 +154,26 @@ def fetch_blob(
         raise weights.WeightsError(f"size mismatch: got {len(reply.body)} bytes{more}, expected {ref.size}")
     weights.check_digest(reply.body, ref.sha256)
     return reply.body
+
+
+def fetch_announcement(
+    base_url: str, key: Ed25519PublicKey, topic: str, context: ssl.SSLContext | None = None
+) -> ModelAnnouncement | None:
+    """The coordinator's latest model announcement, asked over HTTP(S) and checked as if it came on topic.
+
+    None if it has announced none yet; Dropped if it cannot be asked, ProtocolError if the answer is not an
+    announcement signed by key for topic.
+    """
+    url = routes.url(base_url, routes.ANNOUNCEMENT)
+    try:
+        reply = request("GET", url, timeout=10.0, limit=signing.MAX_SIGNED_BYTES + 1, context=context)
+    except _CONNECTION_ERRORS as exc:
+        raise Dropped(f"cannot ask {url}: {connection_error(exc)}") from None
+    if reply.status == 404:
+        return None
+    if reply.status != 200:
+        raise Dropped(f"{url} answered HTTP {reply.status}: {error_reason(reply)}")
+    return messages.decode(signing.verify(key, topic, reply.body), ModelAnnouncement)
 
 
 class CoordinatorClient:
@@ -306,6 +330,33 @@ class CoordinatorClient:
     def fetch(self, ref: BlobRef) -> bytes:
         """A blob of the API, size and digest checked; retried a few times on connection errors."""
         return fetch_blob(self.base_url, ref, self.stop, self.context, self.credentials.token)
+
+    def latest_announcement(self, topic: str) -> ModelAnnouncement | None:
+        """The coordinator's latest announcement, signed by the pinned key for topic (fetch_announcement)."""
+        if self.credentials.key is None:
+            raise Dropped("no coordinator key pinned yet")
+        return fetch_announcement(self.base_url, self.credentials.key, topic, self.context)
+
+    def acknowledge(self, task: Task) -> None:
+        """Tell the coordinator the device took the task; Dropped if it no longer wants it.
+
+        An acknowledgement that does not get through is logged, and the task is done all the same: its round
+        may have gone on without this device, and then refuses the result.
+        """
+        headers = {"Authorization": f"Bearer {self.credentials.token}"}
+        try:
+            reply = request(
+                "POST", self.url(routes.ack(task.task_id)), b"", headers, timeout=10.0, context=self.context
+            )
+        except _CONNECTION_ERRORS as exc:
+            log.warning("could not acknowledge task %s: %s", task.task_id, connection_error(exc))
+            return
+        if reply.status == 409:
+            raise Dropped(f"the coordinator no longer wants it: {error_reason(reply)}")
+        if reply.status != 200:
+            log.warning(
+                "acknowledging task %s answered HTTP %d: %s", task.task_id, reply.status, error_reason(reply)
+            )
 
     def upload(
         self, path: str, body: bytes, content_type: str, deadline: float, register: Callable[[], bool]

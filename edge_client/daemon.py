@@ -1,9 +1,11 @@
 """The device daemon: learn the task, load local data, register, then train or evaluate each task it is sent.
 
-It keeps its token and the coordinator's pinned key in its own state folder, takes only tasks signed by
-that key, and stops for good (Refused) if the coordinator refuses it, revoked it (asked every minute
-while idle) or names another key. With a model directory it also keeps the latest global model there
-as ONNX, for `fedspeech listen`.
+It keeps its token and the coordinator's pinned key in its own state folder, takes only tasks and
+withdrawals signed by that key, acknowledges each task over HTTP as it arrives (its round waits for this
+device from then on), and stops for good (Refused) if the coordinator refuses it, revoked it (asked every
+minute while idle) or names another key. With a model directory it also keeps the latest global model
+there as ONNX, for `fedspeech listen`, and in its state folder the newest round it saw announced, below
+which it never goes.
 """
 
 import functools
@@ -23,6 +25,7 @@ from fedspeech.edge_client.local_data import DataSource, LocalData
 from fedspeech.edge_client.local_norm import LocalNorm
 from fedspeech.edge_client.model_keeper import ModelKeeper
 from fedspeech.edge_client.profile import measure_profile, measure_rtt_ms
+from fedspeech.edge_client.runtime.announcements import FLOOR_FILE, Floor
 from fedspeech.edge_client.trainer import Trainer, TrainingStopped, UnknownSetting, training_settings
 from fedspeech.edge_client.validation_share import share_validation_clips
 from fedspeech.protocol import bounds, routes, signing, weights
@@ -195,15 +198,25 @@ def _run(config: ClientConfig, stop: threading.Event) -> None:
         register = functools.partial(http.register, registered[0], profile, registered[1])
         share_validation_clips(http, data.train, config.share_validation, info.definition.labels, register)
     assert credentials.key is not None  # pinned by the registration
-    keeper = ModelKeeper(config.model_dir, local_norm) if config.model_dir is not None else None
+    topics = Topics(config.topic_root)
+    arrived: queue.Queue[Task] = queue.Queue()  # tasks to acknowledge
+    keeper = None
+    if config.model_dir is not None:  # the newest round seen announced is kept beside the device's token
+        floor = Floor(config.state_dir / FLOOR_FILE, signing.public_key_text(credentials.key), topics.model)
+        keeper = ModelKeeper(config.model_dir, local_norm, topic=topics.model, floor=floor)
     link = BrokerLink(
         credentials.broker_login(config.broker, config.device_id),
-        Topics(config.topic_root),
+        topics,
         config.device_id,
         credentials.key,
         on_announcement=keeper.offer if keeper is not None else None,
+        on_connected=keeper.recheck if keeper is not None else None,
+        on_task=arrived.put,
     )
     device = _Device(config, http, data, trainer, link, profile, registered)
+    done = threading.Event()
+    acks = threading.Thread(target=_acknowledge, args=(http, link, arrived, done), name="acks", daemon=True)
+    acks.start()
     link.start(_status(device, "online"))
     next_check = time.monotonic() + config.token_check_s
     try:
@@ -219,7 +232,26 @@ def _run(config: ClientConfig, stop: threading.Event) -> None:
                 continue
             _do_task(device, task)
     finally:
+        done.set()
         link.go_offline()
+
+
+def _acknowledge(
+    http: CoordinatorClient, link: BrokerLink, arrived: queue.Queue[Task], done: threading.Event
+) -> None:
+    """Acknowledge each task as it arrives, until done: on a thread of its own, as the main loop may be busy
+    with another task. A task the coordinator no longer wants is dropped.
+    """
+    while not done.is_set():
+        try:
+            task = arrived.get(timeout=0.5)
+        except queue.Empty:
+            continue
+        try:
+            http.acknowledge(task)
+        except Dropped as exc:
+            log.info("task %s of round %d is not wanted: %s", task.task_id, task.round, exc)
+            link.withdraw(task)
 
 
 def _log_data(data: LocalData, config: ClientConfig) -> None:

@@ -1,10 +1,12 @@
 """Keeps the latest global model in a folder as model.onnx, for `fedspeech listen` on the same device.
 
 Rounds only move forward (runtime.announcements, the rule `fedspeech listen`'s follower keeps too): an
-announcement of the round kept or an older one (a replay) is ignored, and a model that cannot be
-downloaded leaves the kept one in place, to be tried again RETRY_S later. A device that keeps its own
-normalisation layers (FedBN) or statistics (SiloBN) keeps the global model with those
-laid over it: its personalised model.
+announcement of the round kept or an older one (a replay), or below the floor kept across restarts, is
+ignored, and a model that cannot be downloaded leaves the kept one in place, to be tried again RETRY_S
+later. Before it downloads a model announced on the broker (whose retained message anyone on an open broker
+may have replaced), and after each reconnection, the keeper asks the coordinator for its latest
+announcement over HTTP(S), signed by the pinned key. A device that keeps its own normalisation layers
+(FedBN) or statistics (SiloBN) keeps the global model with those laid over it: its personalised model.
 """
 
 import logging
@@ -15,11 +17,12 @@ from pathlib import Path
 
 from fedspeech.edge_client.coordinator_http import CoordinatorClient, Dropped
 from fedspeech.edge_client.local_norm import LocalNorm
-from fedspeech.edge_client.runtime.announcements import Standing, standing_of
+from fedspeech.edge_client.runtime.announcements import Floor, Standing, standing_of
 from fedspeech.protocol import messages, weights
 from fedspeech.protocol.bounds import ProtocolError
 from fedspeech.protocol.files import write_atomically
 from fedspeech.protocol.messages import ModelAnnouncement
+from fedspeech.protocol.topics import Topics
 
 log = logging.getLogger(__name__)
 
@@ -30,37 +33,62 @@ RETRY_S = 30.0  # between two attempts at a model that could not be downloaded
 class ModelKeeper:
     """Downloads each newer announced ONNX model into model_dir, atomically, and remembers its round.
 
-    With local_norm, the device's kept normalisation arrays (if any) replace the global model's.
+    topic: where the coordinator announces (its announcements are signed for it); floor: the newest round
+    seen announced, kept across restarts (None: in memory only). With local_norm, the device's kept
+    normalisation arrays (if any) replace the global model's.
     """
 
-    def __init__(self, model_dir: Path, local_norm: LocalNorm | None = None) -> None:
-        self.model_dir, self.local_norm = model_dir, local_norm
+    def __init__(
+        self,
+        model_dir: Path,
+        local_norm: LocalNorm | None = None,
+        *,
+        topic: str = Topics().model,
+        floor: Floor | None = None,
+    ) -> None:
+        self.model_dir, self.topic, self.local_norm = model_dir, topic, local_norm
+        self.floor = floor or Floor(None, "", topic)
         self.kept_round = _kept_round(model_dir)
         self._wanted: ModelAnnouncement | None = None  # newer than the kept one, not downloaded yet
         self._retry_at = 0.0  # time.monotonic() before which the wanted one is not tried again
+        self._ask = True  # ask the coordinator for its latest before downloading an announced model
         self._lock = threading.Lock()
+
+    def recheck(self) -> None:
+        """Ask the coordinator for its latest announcement again before the next download (on a reconnection:
+        the retained one may have been replaced meanwhile).
+        """
+        self._ask = True
 
     def offer(self, announcement: ModelAnnouncement) -> None:
         """Take note of a verified announcement (on the MQTT thread) if its round is newer than any seen."""
-        if announcement.onnx is None:
-            log.info("round %d has no ONNX model to keep", announcement.round)
-            return
         with self._lock:
-            standing, newest = standing_of(announcement, self.kept_round, self._wanted)
-            if standing is Standing.SAME:
-                log.info("the model of round %d is kept already or on its way", newest)
-                return
+            standing, newest = standing_of(announcement, self.kept_round, self._wanted, self.floor.round)
             if standing is Standing.OLDER:
                 log.warning(
-                    "ignoring the announcement of round %d: round %d is newer (an old one replayed?)",
-                    announcement.round,
-                    newest,
-                )
+                    "ignoring the announcement of round %d: round %d is newer (an old one replayed? if the "
+                    "coordinator started over, remove %s)",
+                    announcement.round, newest, self.floor.path,
+                )  # fmt: skip
+                return
+            self.floor.raise_to(announcement)
+            if announcement.onnx is None:
+                log.info("round %d has no ONNX model to keep", announcement.round)
+                return
+            if standing is Standing.SAME:
+                log.info("the model of round %d is kept already or on its way", newest)
                 return
             self._wanted, self._retry_at = announcement, 0.0
 
     def keep(self, http: CoordinatorClient) -> None:
-        """Download the newest announced model if there is one to fetch now; a failure is retried later."""
+        """Download the newest announced model if there is one to fetch now; a failure is retried later.
+
+        The coordinator's latest announcement is asked for first when due (recheck); one that cannot be
+        had leaves the announcements from the broker to go by.
+        """
+        if self._ask:
+            self._ask = False
+            self._ask_latest(http)
         with self._lock:
             wanted = self._wanted
         if wanted is None or wanted.onnx is None or time.monotonic() < self._retry_at:
@@ -81,6 +109,16 @@ class ModelKeeper:
             if self._wanted is wanted:
                 self._wanted = None
         log.info("kept the %s model of round %d in %s", kind, wanted.round, self.model_dir / KEPT_MODEL)
+
+    def _ask_latest(self, http: CoordinatorClient) -> None:
+        """Offer the coordinator's latest announcement, asked over HTTP(S); log why not if it cannot be."""
+        try:
+            latest = http.latest_announcement(self.topic)
+        except (Dropped, ProtocolError) as exc:
+            log.warning("cannot check the coordinator's latest model: %s", exc)
+            return
+        if latest is not None:
+            self.offer(latest)
 
     def _write_personalised(self, onnx_file: bytes, round: int) -> bool:
         """Write the global ONNX with the kept normalisation arrays laid over it; False if there are none.

@@ -22,6 +22,7 @@ from fedspeech.protocol.bounds import (
     NAME,
     SAMPLE_RATES,
     SHA256,
+    TASK_ID,
     ProtocolError,
 )
 from fedspeech.protocol.labels import none_class
@@ -35,7 +36,11 @@ if TYPE_CHECKING:
         Profile,
         Task,
         TaskDefinition,
+        TaskWithdrawal,
     )
+
+MAX_WITHDRAWN = 64  # task ids one withdrawal names
+MAX_TIME = 2.0**40  # bound on a message's Unix time, some 35,000 years from 1970
 
 
 def check_definition(definition: "TaskDefinition") -> None:
@@ -143,6 +148,15 @@ def check_announcement(announcement: "ModelAnnouncement") -> None:
     if len(announcement.metrics) > MAX_CONFIG:
         raise ProtocolError(f"more than {MAX_CONFIG} metrics")
     _check_config(announcement.metrics)
+    if not 0 <= announcement.issued_at <= MAX_TIME:
+        raise ProtocolError(f"issued_at must be a time between 0 and {MAX_TIME:.0f}")
+
+
+def check_withdrawal(withdrawal: "TaskWithdrawal") -> None:
+    """ProtocolError unless a withdrawal names a bounded number of task ids."""
+    ids = withdrawal.task_ids
+    if len(ids) > MAX_WITHDRAWN or not all(TASK_ID.match(task_id) for task_id in ids):
+        raise ProtocolError(f"a withdrawal names at most {MAX_WITHDRAWN} task ids")
 
 
 def check_spec(spec: "ModelSpec") -> None:

@@ -170,9 +170,21 @@ class ModelAnnouncement:
     weights: BlobRef
     onnx: BlobRef | None = None
     metrics: dict[str, float] = field(default_factory=dict)
+    # when the coordinator made the model (Unix time); the round is the announcements' sequence
+    issued_at: float = 0.0
+
+
+@dataclass(frozen=True)
+class TaskWithdrawal:
+    """Signed on a device's task topic, retained in place of the task: the coordinator no longer wants these
+    tasks (their round closed). An unsigned or empty message on the topic withdraws nothing.
+    """
+
+    task_ids: list[str]
 
 
 M = TypeVar("M")
+N = TypeVar("N")
 
 _KINDS: dict[type, str] = {
     Registration: "registration",
@@ -182,6 +194,7 @@ _KINDS: dict[type, str] = {
     ModelAnnouncement: "model",
     TaskInfo: "task_info",
     EvaluationReport: "evaluation",
+    TaskWithdrawal: "withdrawal",
 }
 
 
@@ -216,6 +229,24 @@ def _reject_constant(name: str) -> float:
 
 def decode(payload: bytes | bytearray | str, kind: type[M]) -> M:
     """Parse and validate a message of the given kind; raise ProtocolError with the reason."""
+    body = _parse(payload)
+    if body.get("kind") != _KINDS[kind]:
+        raise ProtocolError(f"kind {body.get('kind')!r}, expected {_KINDS[kind]!r}")
+    return _build(body, kind)
+
+
+def decode_either(payload: bytes | bytearray | str, first: type[M], second: type[N]) -> M | N:
+    """Parse and validate a message of either kind, whichever it names; ProtocolError with the reason."""
+    body = _parse(payload)
+    if body.get("kind") == _KINDS[second]:
+        return _build(body, second)
+    if body.get("kind") != _KINDS[first]:
+        raise ProtocolError(f"kind {body.get('kind')!r}, expected {_KINDS[first]!r} or {_KINDS[second]!r}")
+    return _build(body, first)
+
+
+def _parse(payload: bytes | bytearray | str) -> dict[str, Any]:
+    """The JSON object of a message of this schema version; ProtocolError if it is not one."""
     if len(payload) > MAX_MESSAGE_BYTES:
         raise ProtocolError(f"message of {len(payload)} bytes exceeds {MAX_MESSAGE_BYTES}")
     try:
@@ -228,8 +259,11 @@ def decode(payload: bytes | bytearray | str, kind: type[M]) -> M:
         raise ProtocolError("message is not a JSON object")
     if body.get("v") != SCHEMA_VERSION:
         raise ProtocolError(f"schema version {body.get('v')!r}, expected {SCHEMA_VERSION}")
-    if body.get("kind") != _KINDS[kind]:
-        raise ProtocolError(f"kind {body.get('kind')!r}, expected {_KINDS[kind]!r}")
+    return body
+
+
+def _build(body: dict[str, Any], kind: type[M]) -> M:
+    """The message of that kind a parsed body holds, its values checked; ProtocolError if it holds none."""
     try:
         message = dacite.from_dict(kind, body, config=_CONFIG)
     except (dacite.DaciteError, ValueError, TypeError) as exc:  # dacite's dict() of a list, for one
@@ -274,3 +308,5 @@ def _check_values(message: Any) -> None:
         message_checks.check_counts(message.test_counts)
     if isinstance(message, EvaluationReport):
         message_checks.check_confusion(message)
+    if isinstance(message, TaskWithdrawal):
+        message_checks.check_withdrawal(message)

@@ -24,6 +24,9 @@ ROUND_RULE = "/rounds/<int:round>"
 KEY_RULE = "/key"  # the public key tasks and announcements are signed with: {"coordinator_key": base64}
 VALIDATION_RULE = "/validation"  # clips a device chose to share for quality-weighted aggregation
 OVERVIEW_RULE = "/overview"  # devices, rounds and the model at a glance: the dashboard and `fedspeech status`
+ACK_RULE = "/tasks/<task_id>/ack"  # a device took its task (with its token): its round waits for its result
+# the latest model announcement, signed as on the broker: what a listener checks a retained one against
+ANNOUNCEMENT_RULE = "/models/announcement"
 
 TASK = PREFIX + TASK_RULE
 DEVICES = PREFIX + DEVICES_RULE
@@ -31,6 +34,7 @@ STATUS = PREFIX + STATUS_RULE
 KEY = PREFIX + KEY_RULE
 VALIDATION = PREFIX + VALIDATION_RULE
 OVERVIEW = PREFIX + OVERVIEW_RULE
+ANNOUNCEMENT = PREFIX + ANNOUNCEMENT_RULE
 
 
 MODEL_KINDS = ("weights", "float16", "onnx", "teacher")
@@ -46,6 +50,11 @@ def model(round: int, kind: str) -> str:
 def device(device_id: str) -> str:
     """A device known to the coordinator, as the operator revokes it."""
     return f"{DEVICES}/{device_id}"
+
+
+def ack(task_id: str) -> str:
+    """Where a device acknowledges that it took a task."""
+    return f"{PREFIX}/tasks/{task_id}/ack"
 
 
 def updates(round: int) -> str:

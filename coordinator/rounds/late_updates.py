@@ -31,9 +31,9 @@ class LateUpdates:
         task = self.carried.get(device_id)
         return task if task is not None and task.round == round and task.task_id == task_id else None
 
-    def carry(self, closed: OpenRound) -> None:
-        """Keep the tasks of a round that just closed that were not answered."""
-        self.carried |= {d: t for d, t in closed.tasks.items() if d not in closed.updates}
+    def carry(self, closed: OpenRound, leave: Collection[str] = ()) -> None:
+        """Keep the tasks of a round that just closed that were not answered, but for those of leave."""
+        self.carried |= {d: t for d, t in closed.tasks.items() if d not in closed.updates and d not in leave}
 
     def drop(self, ready: Collection[str], spec: ModelSpec, now: float) -> list[str]:
         """Forget the tasks whose device went offline, whose deadline passed or whose model changed shape."""

@@ -1,9 +1,13 @@
 """Follows the coordinator's retained model announcement and loads each new ONNX model it announces.
 
 Torch-free. An announcement counts only if the coordinator's key signed it and its round is newer than
-the model loaded (an old announcement replayed is ignored). Each such model is downloaded on a thread
-of the follower's own (its size and sha256 checked, as the device daemon does) and loaded, then handed
-over: the listening thread takes it with `take` and swaps it in between two frames, so no audio is
+the model loaded and not below the floor, the newest round seen announced, kept in the state folder across
+restarts (an old announcement replayed is ignored). Before it loads a model announced on the broker, whose
+retained message anyone on an open broker may have replaced or cleared, and after each reconnection, the
+follower asks the coordinator for its latest announcement over HTTP(S), signed by the same key; while it
+has no model and the coordinator cannot be asked, it asks again RETRY_S later. Each model is downloaded on
+a thread of the follower's own (its size and sha256 checked, as the device daemon does) and loaded, then
+handed over: the listening thread takes it with `take` and swaps it in between two frames, so no audio is
 dropped. A model that cannot be downloaded, does not match its announcement or does not load is logged,
 the current one kept, and tried again RETRY_S later unless a newer one is announced.
 """
@@ -22,11 +26,12 @@ from fedspeech.edge_client.coordinator_http import (
     Dropped,
     backoff,
     error_reason,
+    fetch_announcement,
     fetch_blob,
     https_context,
     request,
 )
-from fedspeech.edge_client.runtime.announcements import Standing, standing_of
+from fedspeech.edge_client.runtime.announcements import FLOOR_FILE, Floor, Standing, standing_of
 from fedspeech.edge_client.runtime.session import ModelError, OnnxModel, load_model
 from fedspeech.protocol import messages, routes, signing
 from fedspeech.protocol.bounds import ProtocolError
@@ -44,7 +49,8 @@ class ModelFollower:
     """The newest announced model, loaded in the background.
 
     coordinator_key (base64) is the key announcements must be signed with; without it, start fetches
-    the coordinator's own. ValueError for settings that cannot work (broker, CA, key).
+    the coordinator's own. state_dir keeps the floor across restarts (None: in memory only). ValueError
+    for settings that cannot work (broker, CA, key).
     """
 
     def __init__(
@@ -54,6 +60,7 @@ class ModelFollower:
         topic_root: str = DEFAULT_ROOT,
         coordinator_key: str | None = None,
         coordinator_ca: Path | None = None,
+        state_dir: Path | None = None,
     ) -> None:
         broker.check()
         self.coordinator_url = coordinator_url.rstrip("/")
@@ -64,9 +71,12 @@ class ModelFollower:
         self._key: Ed25519PublicKey | None = None
         if coordinator_key is not None:
             self._key = signing.parse_public_key(coordinator_key)
+        self._floor_path = state_dir / FLOOR_FILE if state_dir is not None else None
+        self._floor = Floor(None, "", self.topic)  # the coordinator's, once its key is known
         self._lock = threading.Lock()
         self._ready = threading.Event()
-        self._wake = threading.Event()  # a newer model is wanted, or stop
+        self._ask = threading.Event()  # ask the coordinator for its latest announcement
+        self._wake = threading.Event()  # a newer model is wanted, the coordinator is to be asked, or stop
         self._stop = threading.Event()  # ends the worker and a download's retries
         self._pending: OnnxModel | None = None
         self._round = -1  # of the newest model loaded
@@ -77,6 +87,8 @@ class ModelFollower:
         """Connect to the broker (reconnecting by itself), follow the announcement; ValueError if no key."""
         if self._key is None:
             self._key = self._fetch_key()
+        self._floor = Floor(self._floor_path, signing.public_key_text(self._key), self.topic)
+        self._ask.set()  # before anything retained on the broker is trusted
         client = make_client(self.broker, f"fedspeech-listen-{uuid.uuid4().hex[:8]}")
 
         def on_connect(client, userdata, flags, reason_code, properties) -> None:
@@ -85,6 +97,8 @@ class ModelFollower:
                 return
             log.info("connected to broker %s, following %s", self.broker.url, self.topic)
             client.subscribe(self.topic, qos=1)
+            self._ask.set()  # what the broker retains may have been replaced while this listener was away
+            self._wake.set()
 
         client.on_connect = on_connect
         route(client, self.topic, lambda message: self._on_model(bytes(message.payload)))
@@ -152,31 +166,55 @@ class ModelFollower:
         except ProtocolError as exc:
             log.warning("dropping a model announcement: %s", exc)
             return
-        if announcement.onnx is None:
-            log.warning("round %d: ignoring it, it has no ONNX model", announcement.round)
-            return
+        self._offer(announcement)
+
+    def _offer(self, announcement: ModelAnnouncement) -> None:
+        """Want a verified announcement's model if it is newer than any held, wanted or seen (the floor)."""
         with self._lock:
-            standing, newest = standing_of(announcement, self._round, self._wanted)
-            if standing is Standing.SAME:
-                log.info("round %d: its model is loaded already or on its way", newest)
-                return
+            standing, newest = standing_of(announcement, self._round, self._wanted, self._floor.round)
             if standing is Standing.OLDER:
                 log.warning(
-                    "round %d: ignoring it, round %d is newer (an old announcement replayed?)",
-                    announcement.round,
-                    newest,
-                )
+                    "round %d: ignoring it, round %d is newer (an old announcement replayed? if the "
+                    "coordinator started over, remove %s)",
+                    announcement.round, newest, self._floor_path,
+                )  # fmt: skip
+                return
+            self._floor.raise_to(announcement)
+            if announcement.onnx is None:
+                log.warning("round %d: ignoring it, it has no ONNX model", announcement.round)
+                return
+            if standing is Standing.SAME:
+                log.info("round %d: its model is loaded already or on its way", newest)
                 return
             self._wanted = announcement
         self._wake.set()
 
+    def _ask_latest(self) -> bool:
+        """Offer the coordinator's latest announcement, asked over HTTP(S); False (logged) if it cannot be."""
+        assert self._key is not None
+        try:
+            latest = fetch_announcement(self.coordinator_url, self._key, self.topic, self._context)
+        except (Dropped, ProtocolError) as exc:
+            log.warning("cannot check the coordinator's latest model: %s", exc)
+            return False
+        if latest is not None:
+            self._offer(latest)
+        return True
+
     def _follow(self) -> None:
-        """Download and load each wanted model (on the follower's thread) until stopped."""
+        """Ask the coordinator when due, then download and load each wanted model (on the follower's thread),
+        until stopped.
+        """
         while not self._stop.is_set():
+            if self._ask.is_set():
+                self._ask.clear()
+                if not self._ask_latest() and self._round < 0:
+                    self._ask.set()  # no model yet: ask again after a while
             with self._lock:
                 wanted = self._wanted
             if wanted is None or not self._load(wanted):
-                self._wake.wait(None if wanted is None else RETRY_S)
+                idle = wanted is None and not self._ask.is_set()
+                self._wake.wait(None if idle else RETRY_S)
                 self._wake.clear()
 
     def _load(self, announcement: ModelAnnouncement) -> bool:

@@ -86,6 +86,9 @@ class CoordinatorDouble:
     authorizations: list[str | None] = field(default_factory=list)  # the header of each registration
     downloads: list[str] = field(default_factory=list)
     uploads: list[Upload] = field(default_factory=list)
+    acks: list[str] = field(default_factory=list)  # the tasks acknowledged, by id
+    over: set[str] = field(default_factory=set)  # task ids whose acknowledgement is answered 409
+    announcement: bytes | None = None  # the latest, signed, as GET /api/models/announcement serves it
     reject_tokens: int = 0  # answer this many uploads with 401, as a coordinator that revoked them would
     download_delay_s: float = 0.0  # a slow link: the weights arrive this long after they are asked for
     files: dict[str, bytes] = field(default_factory=dict)  # more blobs served by path
@@ -124,6 +127,8 @@ class CoordinatorDouble:
                     self.reply(200, messages.encode(TaskInfo(FSDD, SPEC)))
                 elif self.path == "/api/key":
                     self.reply(200, json.dumps({"coordinator_key": double.public_key}).encode())
+                elif self.path == "/api/models/announcement" and double.announcement is not None:
+                    self.reply(200, double.announcement)
                 elif self.path == BLOB_PATH:
                     double.downloads.append(self.path)
                     time.sleep(double.download_delay_s)
@@ -159,6 +164,13 @@ class CoordinatorDouble:
                     double.token = f"token-{uuid.uuid4().hex}"
                     credentials = Credentials(registration.device_id, double.token, double.public_key)
                     self.reply(200, messages.encode(credentials))
+                elif self.path.startswith("/api/tasks/") and self.path.endswith("/ack"):
+                    task_id = self.path.split("/")[3]
+                    if task_id in double.over:
+                        self.reply(409, b'{"error": "its round is over"}')
+                        return
+                    double.acks.append(task_id)
+                    self.reply(200, b"{}")
                 elif self.path.startswith("/api/rounds/"):
                     if double.reject_tokens > 0 or auth != f"Bearer {double.token}":
                         double.reject_tokens -= 1
@@ -230,7 +242,9 @@ class Fleet:
         announcement = make_announcement(self.coordinator, round, onnx, sha256)
         announcement = replace(announcement, **changes)
         body = messages.encode(announcement)
-        self.publish(self.topics.model, signing.sign(self.coordinator.key, self.topics.model, body))
+        payload = signing.sign(self.coordinator.key, self.topics.model, body)
+        self.coordinator.announcement = payload
+        self.publish(self.topics.model, payload)
         return announcement
 
 

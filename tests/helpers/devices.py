@@ -1,5 +1,7 @@
 """Devices in tests: `fedspeech` subprocesses, a device daemon per speaker, a device the test speaks for."""
 
+import base64
+import json
 import os
 import queue
 import signal
@@ -15,7 +17,8 @@ import paho.mqtt.client as mqtt
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
-from fedspeech.protocol import messages, signing, weights
+from fedspeech.coordinator.config import MAX_ACK_TIMEOUT_S
+from fedspeech.protocol import messages, routes, signing, weights
 from fedspeech.protocol.messages import Credentials, DeviceStatus, Profile, Registration, Task
 from fedspeech.protocol.topics import Topics, parse_broker_url
 
@@ -87,6 +90,8 @@ def one_round_coordinator(tmp_path: Path, broker_url: str, topic_root: str, devi
 
     places = {"broker_url": broker_url, "topic_root": topic_root}
     one_round = {"rounds": 1, "min_devices": 1, "min_results": 1, "open_enrolment": True}
+    # the test's device acknowledges no task unless the test does: its rounds wait for it until their deadline
+    one_round["ack_timeout_s"] = MAX_ACK_TIMEOUT_S
     app = create_app(coordinator_config(tmp_path, **places, **one_round).changed(**settings))
     service = app.extensions["fedspeech"]
     service.start()
@@ -101,7 +106,8 @@ def one_round_coordinator(tmp_path: Path, broker_url: str, topic_root: str, devi
 class ScriptedDevice:
     """A device the test speaks for, step by step: a paho client on the real broker plus plain HTTP.
 
-    Tasks must be signed by the coordinator's key: given, or pinned from the first registration.
+    Tasks must be signed by the coordinator's key: given, or pinned from the first registration. Once
+    registered, it acknowledges each task it takes (next_task), as a device does; withdrawals are kept apart.
     """
 
     def __init__(
@@ -110,7 +116,8 @@ class ScriptedDevice:
         host, port = parse_broker_url(broker_url)
         self.device_id, self.topics, self.coordinator_key = device_id, topics, coordinator_key
         self.tasks: queue.Queue[tuple[str, bytes]] = queue.Queue()
-        self.token = ""
+        self.withdrawals: list[bytes] = []  # signed payloads, as they came
+        self.token, self.url = "", ""
         self.mqtt = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2)
         self.mqtt.on_connect = lambda c, *_: c.subscribe(topics.task(device_id), qos=1)
         self.mqtt.message_callback_add(topics.task(device_id), self._on_task)
@@ -118,7 +125,11 @@ class ScriptedDevice:
         self.mqtt.loop_start()
 
     def _on_task(self, client, userdata, msg) -> None:
-        if msg.payload:
+        if not msg.payload:
+            return
+        if signed_kind(msg.payload) == "withdrawal":
+            self.withdrawals.append(bytes(msg.payload))
+        else:
             self.tasks.put((msg.topic, bytes(msg.payload)))
 
     def publish(self, topic: str, payload: bytes) -> None:
@@ -140,7 +151,7 @@ class ScriptedDevice:
         request = urllib.request.Request(f"{coordinator_url}/api/devices", body, headers, method="POST")
         with urllib.request.urlopen(request, timeout=10) as reply:
             credentials = messages.decode(reply.read(), Credentials)
-        self.token = credentials.token
+        self.token, self.url = credentials.token, coordinator_url
         if self.coordinator_key is None:
             self.coordinator_key = signing.parse_public_key(credentials.coordinator_key)
         return self.token
@@ -151,13 +162,21 @@ class ScriptedDevice:
         self.publish(self.topics.status(self.device_id), messages.encode(status))
 
     def next_task(self, timeout: float) -> Task:
-        """The next task the coordinator hands out, its signature checked."""
+        """The next task the coordinator hands out, its signature checked; acknowledged once registered."""
         try:
             topic, payload = self.tasks.get(timeout=timeout)
         except queue.Empty:
             pytest.fail(f"{self.device_id} got no task within {timeout} s")
+        return self.take(topic, payload)
+
+    def take(self, topic: str, payload: bytes) -> Task:
+        """A task received on topic, its signature checked; acknowledged once registered."""
         assert self.coordinator_key is not None, "register first, or give the coordinator's key"
-        return messages.decode(signing.verify(self.coordinator_key, topic, payload), Task)
+        task = messages.decode(signing.verify(self.coordinator_key, topic, payload), Task)
+        if self.url:
+            headers = {"Authorization": f"Bearer {self.token}"}
+            assert post(f"{self.url}{routes.ack(task.task_id)}", b"", headers) == 200, "the acknowledgement"
+        return task
 
     def send_back_unchanged(self, coordinator_url: str, task: Task, num_samples: int) -> int:
         """Download the task's model and upload it untouched; return the HTTP status."""
@@ -170,6 +189,14 @@ class ScriptedDevice:
         self.publish(self.topics.task(self.device_id), b"")
         self.mqtt.loop_stop()
         self.mqtt.disconnect()
+
+
+def signed_kind(payload: bytes) -> str | None:
+    """The kind of the message in a signed envelope, its signature unchecked; None if it holds none."""
+    try:
+        return json.loads(base64.b64decode(json.loads(payload)["body"]))["kind"]
+    except (ValueError, KeyError, TypeError):
+        return None
 
 
 def unchanged_update(url: str, task: Task, num_samples: int | str) -> bytes:

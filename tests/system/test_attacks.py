@@ -6,22 +6,20 @@ a device over, to send a task and to serve an old or foreign model; the compromi
 absurd sample count. The chunked body and the half-open connection are in test_http_limits.py.
 """
 
-import base64
 import json
 import subprocess
 import sys
-import threading
 from pathlib import Path
 
-import paho.mqtt.client as mqtt
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from fedspeech.protocol import messages, signing
 from fedspeech.protocol.messages import BlobRef, ModelAnnouncement, Registration, Task
-from fedspeech.protocol.topics import Topics, parse_broker_url
+from fedspeech.protocol.topics import Topics
 from tests.helpers.devices import ScriptedDevice, post, unchanged_update, upload
 from tests.helpers.ports import free_port
+from tests.helpers.strangers import Stranger
 from tests.helpers.waiting import get_json, wait_for
 
 ROUNDS = 5
@@ -43,36 +41,6 @@ def _enrol(device: str, state, folder) -> str:
 def _upload(url: str, device: ScriptedDevice, task: Task, num_samples: str) -> int:
     """Upload the task's model back unchanged, claiming num_samples (a string, as in the metadata)."""
     return upload(url, task.upload_path, device.token, unchanged_update(url, task, num_samples))
-
-
-class Stranger:
-    """Anyone on the network: a paho client on the broker, which also records the genuine announcements."""
-
-    def __init__(self, broker_url: str, topics: Topics) -> None:
-        self.announcements: dict[int, bytes] = {}  # round -> the signed payload the coordinator published
-        self._lock = threading.Lock()
-        self.client = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2)
-        self.client.on_connect = lambda c, *_: c.subscribe(topics.model, qos=1)
-        self.client.message_callback_add(topics.model, self._on_model)
-        self.client.connect(*parse_broker_url(broker_url))
-        self.client.loop_start()
-
-    def _on_model(self, client, userdata, msg) -> None:
-        try:  # the stranger cannot sign, but can read what the coordinator signed, and replay it
-            body = json.loads(base64.b64decode(json.loads(msg.payload)["body"]))
-        except (ValueError, KeyError, TypeError):
-            return  # one of the stranger's own
-        with self._lock:
-            self.announcements.setdefault(body["round"], bytes(msg.payload))
-
-    def publish(self, topic: str, payload: bytes, retain: bool = False) -> None:
-        """Publish and wait until the broker has it."""
-        self.client.publish(topic, payload, qos=1, retain=retain).wait_for_publish(5)
-
-    def close(self) -> None:
-        """Disconnect."""
-        self.client.loop_stop()
-        self.client.disconnect()
 
 
 @pytest.mark.timeout(600)

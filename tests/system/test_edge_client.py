@@ -27,6 +27,7 @@ from fedspeech.protocol.messages import (
     EvaluationReport,
     ModelSpec,
     Task,
+    TaskWithdrawal,
 )
 from fedspeech.protocol.mqtt import BrokerSettings
 from tests.helpers.device_doubles import (
@@ -109,8 +110,10 @@ def test_task_withdrawn_before_upload_is_not_uploaded(fleet: Fleet, caplog: pyte
     with running_daemon(fleet):
         fleet.send_task(make_task("task-1", blob=coordinator.blob))
         wait_until(lambda: coordinator.downloads)
-        fleet.publish_task(b"")  # the round closed with other devices' results (cleared, unsigned)
+        # the round closed with other devices' results: the coordinator withdraws the task, signed
+        fleet.send_task(messages.encode(TaskWithdrawal(["task-1"])))
         wait_until(lambda: warnings_about(caplog, "withdrew it"))
+        assert coordinator.acks == ["task-1"]
         assert coordinator.uploads == []
         wait_until(lambda: fleet.statuses()[-1].state == "online")
 
@@ -118,6 +121,21 @@ def test_task_withdrawn_before_upload_is_not_uploaded(fleet: Fleet, caplog: pyte
         fleet.send_task(make_task("task-2", blob=coordinator.blob))
         wait_until(lambda: coordinator.uploads)  # the next round's task is done as usual
         assert [u.task_id for u in coordinator.uploads] == ["task-2"]
+
+
+def test_a_task_whose_acknowledgement_is_refused_is_dropped(
+    fleet: Fleet, caplog: pytest.LogCaptureFixture
+) -> None:
+    coordinator = fleet.coordinator
+    coordinator.over.add("stale")  # its round closed before the device took it
+    with running_daemon(fleet):
+        fleet.send_task(make_task("stale", blob=coordinator.blob))
+        wait_until(
+            lambda: warnings_about(caplog, "dropping task stale of round 1: the coordinator withdrew it")
+        )
+        fleet.send_task(make_task("fresh", blob=coordinator.blob))
+        wait_until(lambda: coordinator.uploads)
+    assert coordinator.acks == ["fresh"] and [u.task_id for u in coordinator.uploads] == ["fresh"]
 
 
 def test_a_deeper_model_in_a_task_is_built_and_trained(fleet: Fleet) -> None:

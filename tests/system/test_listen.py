@@ -330,7 +330,7 @@ def announce(
 
 
 def test_follows_the_coordinator_and_swaps_without_dropping_audio(
-    models, digits_wav, mosquitto_url, topic_root, model_server, processes
+    models, digits_wav, mosquitto_url, topic_root, model_server, processes, tmp_path
 ):
     wav, _ = digits_wav
     topic = Topics(topic_root).model
@@ -346,6 +346,7 @@ def test_follows_the_coordinator_and_swaps_without_dropping_audio(
             "--coordinator-key", model_server.public_key,
             "--broker", mosquitto_url,
             "--topic-root", topic_root,
+            "--state", str(tmp_path / "listen"),
             "--input", str(wav),
             "--realtime",
         )  # fmt: skip
@@ -372,6 +373,7 @@ def test_follows_the_coordinator_and_swaps_without_dropping_audio(
     after = [str(9 - int(label)) for time_s, label, _ in found if time_s >= swap_s]  # labels reversed
     assert before and len(after) >= 5
     assert text.count("swapped in") == 1 and "/api/models/4/onnx" not in text
+    assert json.loads((tmp_path / "listen" / "model-floor.json").read_text())["round"] == 3, "its floor kept"
     assert_digits_in_order(before + after)
     # every frame of the file went through the detector: its length plus one window of trailing silence
     samples = len(soundfile.read(wav)[0]) + RATE

@@ -414,6 +414,9 @@ class Blobs:
     def fetch(self, ref: BlobRef) -> bytes:
         return self.data
 
+    def latest_announcement(self, topic: str) -> None:
+        return None  # nothing announced over HTTP: the announcements offered count
+
 
 def announce(onnx_file: bytes, round: int = 1) -> ModelAnnouncement:
     return ModelAnnouncement(

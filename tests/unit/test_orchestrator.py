@@ -283,6 +283,17 @@ def test_the_devices_evaluate_the_new_model(tmp_path):
     )
 
 
+def test_a_device_that_only_looks_online_costs_a_round_and_its_evaluation_the_ack_timeout(tmp_path):
+    timeouts = {"round_timeout_s": 30.0, "eval_timeout_s": 30.0, "ack_timeout_s": 0.2}
+    fleet = Fleet(tmp_path, rounds=2, eval_every=1, **timeouts)
+    fleet.device("a")  # trains, and evaluates nothing
+    fleet.device("ghost", value=None)  # its `online` status forged: nothing there takes its tasks
+    fleet.finish(timeout=15.0)  # neither the rounds nor their evaluations waited their 30 s
+    rounds = fleet.store.rounds()[1:]
+    assert [(r.devices, r.results, r.withdrawn, r.stragglers) for r in rounds] == [(2, 1, 1, 0)] * 2
+    assert [r.evaluation_asked for r in rounds] == [2, 2]
+
+
 def test_a_buffered_method_asks_a_device_still_training_to_evaluate_only_the_last_model(tmp_path):
     class NormModel(FakeModel):  # fedbuff_silobn needs batch normalisation statistics to keep
         def norm_names(self) -> list[str]:

@@ -20,6 +20,7 @@ from fedspeech.protocol.messages import (
     Task,
     TaskDefinition,
     TaskInfo,
+    TaskWithdrawal,
 )
 from fedspeech.protocol.topics import Topics, parse_broker_url
 
@@ -49,7 +50,9 @@ TASK = Task(
         TaskInfo(DIGITS, SPEC),
         EvaluationReport("t1", 3, [[5, 1], [0, 4]], 2.75),
         Registration("dev-1", 450, Profile(4, 0.0, 100.0, 3.5, 0.002, 12.5)),
-        ModelAnnouncement(2, SPEC, ["zero", "one"], TASK.weights, None, {"accuracy": 0.9}),
+        ModelAnnouncement(2, SPEC, ["zero", "one"], TASK.weights, None, {"accuracy": 0.9}, 1.7e9),
+        TaskWithdrawal(["t1", "t2"]),
+        TaskWithdrawal([]),
     ],
 )
 def test_messages_round_trip(message):
@@ -297,6 +300,33 @@ def test_url_joins_an_api_path():
         routes.url("https://coord.lan:8443/", "/api/models/3/onnx")
         == "https://coord.lan:8443/api/models/3/onnx"
     )
+
+
+def test_a_task_topic_carries_a_task_or_a_withdrawal_and_nothing_else():
+    for message in (TASK, TaskWithdrawal(["t1"])):
+        assert messages.decode_either(messages.encode(message), Task, TaskWithdrawal) == message
+    status = messages.encode(DeviceStatus("dev-1", "online"))
+    with pytest.raises(ProtocolError, match="kind 'status', expected 'task' or 'withdrawal'"):
+        messages.decode_either(status, Task, TaskWithdrawal)
+
+
+@pytest.mark.parametrize(
+    ("withdrawal", "reason"),
+    [
+        (TaskWithdrawal([f"t{i}" for i in range(65)]), "at most 64 task ids"),
+        (TaskWithdrawal(["../t1"]), "at most 64 task ids"),
+    ],
+)
+def test_a_withdrawal_names_few_task_ids_of_the_tasks_form(withdrawal, reason):
+    with pytest.raises(ProtocolError, match=reason):
+        messages.decode(messages.encode(withdrawal), TaskWithdrawal)
+
+
+@pytest.mark.parametrize("issued_at", [-1.0, 2.0**41])
+def test_an_announcements_time_is_bounded(issued_at):
+    announcement = ModelAnnouncement(2, SPEC, ["zero", "one"], TASK.weights, issued_at=issued_at)
+    with pytest.raises(ProtocolError, match="issued_at"):
+        messages.decode(messages.encode(announcement), ModelAnnouncement)
 
 
 def test_signed_messages_verify_only_with_the_key_and_topic():

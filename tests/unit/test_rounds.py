@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from fedspeech.coordinator.config import RoundConfig
+from fedspeech.coordinator.errors import NotWanted
 from fedspeech.coordinator.rounds.base import RoundContext, TaskMaker
 from fedspeech.coordinator.rounds.modes import MODES
 from fedspeech.coordinator.strategies import RoundPlan, Work
@@ -64,6 +65,50 @@ def test_parallel_waits_for_every_result_until_the_deadline_and_withdraws_every_
     assert collected.missed and set(collected.closed.tasks) == {"a", "b"}
     assert link.cleared == ["a", "b"] and context.inbox.carried() == {}
     assert collected.devices_in(collected.results) == {"a"}
+
+
+@pytest.mark.parametrize("mode", ["parallel", "buffered"])
+def test_a_device_that_only_looks_online_holds_a_round_its_ack_timeout_not_its_deadline(tmp_path, mode):
+    link = FakeLink()
+    context = context_of(tmp_path, link, timeout_s=20.0)
+    context.inbox.acks.timeout_s = 0.3
+    link.responders["a"] = lambda task: answer(context, "a", task, 3.0)  # b is online and takes no task
+    collected = MODES[mode](1, plan(["a", "b"], needed=2), context)
+    assert time.time() - context.started < 10.0, "closed once b had not acknowledged its task in time"
+    assert [r.device_id for r in collected.results] == ["a"] and not collected.missed
+    assert collected.closed.never_taken == {"b"}
+    assert context.inbox.carried() == {}, "a task never taken is not carried past its round"
+
+
+def test_a_device_that_took_its_task_is_waited_for_until_the_deadline(tmp_path):
+    link = FakeLink()
+    context = context_of(tmp_path, link, timeout_s=1.0)
+    context.inbox.acks.timeout_s = 0.1
+    link.responders["a"] = lambda task: answer(context, "a", task, 3.0)
+    taken: list[Task] = []
+
+    def take(task: Task) -> None:  # b acknowledges its task, and answers never
+        with pytest.raises(NotWanted, match="a has no open task"):
+            context.inbox.acknowledge("a", task.task_id)  # not a's task to take
+        context.inbox.acknowledge("b", task.task_id)
+        taken.append(task)
+
+    link.responders["b"] = take
+    collected = MODES["parallel"](1, plan(["a", "b"], needed=2), context)
+    assert time.time() - context.started >= 1.0, "closed at the deadline"
+    assert collected.missed and len(taken) == 1 and collected.closed.never_taken == set()
+    with pytest.raises(NotWanted, match="no open task"):
+        context.inbox.acknowledge("b", taken[0].task_id)  # its round is over
+
+
+def test_chained_skips_a_device_that_takes_no_task_at_its_ack_timeout(tmp_path):
+    link = FakeLink()
+    context = context_of(tmp_path, link, timeout_s=20.0)
+    context.inbox.acks.timeout_s = 0.3
+    link.responders["b"] = lambda task: answer(context, "b", task, 5.0)  # a is online and takes no task
+    collected = MODES["chained"](1, plan(["a", "b"], needed=1, groups=[["a", "b"]]), context)
+    assert time.time() - context.started < 10.0
+    assert [(r.device_id, r.arrays["w"][0]) for r in collected.results] == [("b", 5.0)]
 
 
 def test_buffered_closes_on_its_results_and_counts_a_late_update_in_the_next_round_rebased(tmp_path):
