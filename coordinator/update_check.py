@@ -54,6 +54,22 @@ def answered_task(open_: OpenRound | None, late: LateUpdates, round: int, upload
     return task
 
 
+def expected_task(open_: OpenRound | None, late: LateUpdates, round: int, device_id: str) -> Task:
+    """The task a device's upload for a round can answer, known before the upload is read: a task of its
+    for that round that has no update yet. NotWanted if there is none. The caller holds the lock that
+    guards both.
+    """
+    carried = late.carried.get(device_id)
+    if carried is not None and carried.round == round:
+        return carried
+    task = open_.tasks.get(device_id) if open_ is not None and open_.round == round else None
+    if open_ is None or task is None:
+        raise NotWanted(f"{device_id} has no open task in round {round}")
+    if device_id in open_.updates:
+        raise NotWanted(f"{device_id} already sent its update for round {round}")
+    return task
+
+
 def reported_samples(status: DeviceStatus | None, device: DeviceRecord | None, cap: int) -> int:
     """The most samples a device's update counts for: its latest status's count, else its registered one.
 
