@@ -23,6 +23,7 @@ from hypercorn.asyncio.run import worker_serve
 from hypercorn.config import Config, Sockets
 
 from fedspeech.coordinator.api import BODY_RULES
+from fedspeech.coordinator.body_rules import Rules
 from fedspeech.coordinator.config import APP_KEY, ServiceConfig
 from fedspeech.coordinator.http_bridge import Bridge
 from fedspeech.coordinator.http_listener import Listener
@@ -76,8 +77,9 @@ def _quiet_cancellations(loop: asyncio.AbstractEventLoop, context: dict[str, Any
         loop.default_exception_handler(context)
 
 
-def serve(app: Flask, host: str, port: int) -> HttpServer:
-    """Serve the app from a background thread (port 0: any free port), as its config's service says.
+def serve(app: Flask, host: str, port: int, rules: Rules = BODY_RULES) -> HttpServer:
+    """Serve the app from a background thread (port 0: any free port), as its config's service says; rules:
+    what its routes take as bodies (the API's).
 
     http_threads workers run requests that have arrived whole; each must arrive within http_timeout_s;
     http_connections_per_client connections per address; bodies held at once within http_body_budget;
@@ -88,7 +90,7 @@ def serve(app: Flask, host: str, port: int) -> HttpServer:
     config = _hypercorn_config(service)
     listener = Listener(host, port, service.http_connections_per_client)
     bridge = Bridge(
-        app, BODY_RULES, listener, timeout_s=service.http_timeout_s, body_budget=service.http_body_budget
+        app, rules, listener, timeout_s=service.http_timeout_s, body_budget=service.http_body_budget
     )
     loop = asyncio.new_event_loop()
     loop.set_exception_handler(_quiet_cancellations)
