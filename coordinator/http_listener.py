@@ -8,12 +8,14 @@ sent), the moment a request's deadline counts from.
 """
 
 import logging
+import math
 import socket
 import time
 from collections import Counter
 
 log = logging.getLogger(__name__)
 
+WARN_EVERY_S = 60.0  # an address at its cap is logged once a minute at most
 Address = tuple[str, int]  # a peer's host and port, as the server's requests name their client
 
 
@@ -31,7 +33,7 @@ class Listener(socket.socket):
         self.per_client = per_client
         self.open: Counter[str] = Counter()  # host -> its connections open now
         self._ready: dict[Address, float] = {}  # connection -> time.monotonic() it became ready
-        self._capped: set[str] = set()  # hosts refused a connection since they last held fewer
+        self._warned: dict[str, float] = {}  # host -> when it was last said to be at its cap
         try:
             self.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             self.bind(sockaddr)
@@ -48,8 +50,9 @@ class Listener(socket.socket):
             if self.open[host] < self.per_client:
                 break
             socket.close(fd)
-            if host not in self._capped:
-                self._capped.add(host)
+            now = time.monotonic()
+            if now - self._warned.get(host, -math.inf) > WARN_EVERY_S:
+                self._warned[host] = now
                 log.warning("%r holds %d HTTP connections: more are closed at once", host, self.per_client)
         self.open[host] += 1
         self._ready[_address(addr)] = time.monotonic()
@@ -70,8 +73,7 @@ class Listener(socket.socket):
         self.open[host] -= 1
         if self.open[host] <= 0:
             del self.open[host]
-        if self.open[host] < self.per_client:
-            self._capped.discard(host)
+            self._warned.pop(host, None)
 
 
 class _Connection(socket.socket):
