@@ -6,9 +6,9 @@ sends slowly, or not at all, is closed at its deadline (http_timeout_s after its
 headers and body together) having held nothing else. Its body is weighed before it is read: a declared
 length over the largest route's limit is refused at once; the route's rule (body_rules) checks the token
 and the task and sets the limit, and may check the first bytes before the rest is read. The bodies held
-at once are bounded by the budget. A refusal is sent at once; a body of declared length is then read and
-dropped, within the deadline, so that a client that sends its whole body before it reads gets the answer;
-a chunked one is not read on: the connection is closed.
+at once are bounded by the budget. A refusal is sent at once; a body of declared length up to DRAIN_BYTES
+is then read and dropped, within the deadline, so that a client that sends its whole body before it reads
+gets the answer; a longer or chunked one is not read on: the connection is closed.
 """
 
 import asyncio
@@ -19,6 +19,7 @@ import logging
 import sys
 import urllib.parse
 from collections.abc import Awaitable, Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -32,6 +33,9 @@ from fedspeech.protocol.bounds import MAX_BLOB_BYTES
 log = logging.getLogger(__name__)
 
 MAX_BODY_BYTES = MAX_BLOB_BYTES  # the largest route's limit: a longer declared body is refused unread
+# a refused body of declared length up to this is read and dropped, so that a client that sends all of it
+# before it reads (as urllib does) sees the refusal; a longer one would cost the event loop its reading
+DRAIN_BYTES = 16 * 1024 * 1024
 _PIECE = 64 * 1024  # bytes of a file sent at a time
 
 Receive = Callable[[], Awaitable[Any]]
@@ -99,6 +103,9 @@ class Bridge:
         self.app, self.rules, self.listener = app, rules, listener
         self.timeout_s = timeout_s
         self.budget = body_budget  # bytes of bodies that may still be taken; only the event loop uses it
+        # the routes' rules run one at a time on a thread of their own: a burst of them does not have the
+        # event loop wait its turn for the interpreter behind every worker (each takes a millisecond or so)
+        self.admissions = ThreadPoolExecutor(1, thread_name_prefix="http-admit")
 
     async def __call__(
         self, scope: Any, receive: Receive, send: Send, sync_spawn: Spawn, call_soon: Any
@@ -122,7 +129,7 @@ class Bridge:
                 body, reserved = await self._arrive(environ, declared, incoming, spawn)
         except _Refused as refused:
             _log_refusal(environ, refused)
-            drain = declared is not None and declared <= MAX_BODY_BYTES
+            drain = declared is not None and declared <= DRAIN_BYTES
             await _refuse(refused.answer, incoming, send, deadline if drain else None)
             return
         except TimeoutError:
@@ -160,7 +167,8 @@ class Bridge:
             raise _Refused(_json_answer(413, reason), reason)
         rule = BodyRule(0)
         if declared != 0:  # a body is coming: its route's rule first
-            admitted = await spawn(admit, self.app, environ, self.rules)
+            loop = asyncio.get_running_loop()
+            admitted = await loop.run_in_executor(self.admissions, admit, self.app, environ, self.rules)
             if isinstance(admitted, Response):
                 raise _Refused(_flask_answer(admitted))
             rule = admitted

@@ -57,6 +57,8 @@ def _hypercorn_config(service: ServiceConfig) -> Config:
     config.keep_alive_timeout = service.http_timeout_s  # headers within it of the connection's readiness
     config.ssl_handshake_timeout = service.http_timeout_s
     config.h11_max_incomplete_size = MAX_HEADER_BYTES
+    # pieces of a body read ahead of the bridge (64 KiB each): none is read before the route's rule says yes
+    config.max_app_queue_size = 1
     config.graceful_timeout = STOP_S
     config.alpn_protocols = ["http/1.1"]
     config.include_server_header = False
@@ -109,6 +111,7 @@ def serve(app: Flask, host: str, port: int, rules: Rules = BODY_RULES) -> HttpSe
             log.exception("the HTTP server stopped")
         finally:
             workers.shutdown(wait=False, cancel_futures=True)
+            bridge.admissions.shutdown(wait=False, cancel_futures=True)
             listener.close()
             loop.close()
 
