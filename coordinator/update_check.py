@@ -62,8 +62,10 @@ def expected_task(open_: OpenRound | None, late: LateUpdates, round: int, device
     carried = late.carried.get(device_id)
     if carried is not None and carried.round == round:
         return carried
-    task = open_.tasks.get(device_id) if open_ is not None and open_.round == round else None
-    if open_ is None or task is None:
+    if open_ is None or open_.round != round:
+        raise NotWanted(f"round {round} is not open")
+    task = open_.tasks.get(device_id)
+    if task is None:
         raise NotWanted(f"{device_id} has no open task in round {round}")
     if device_id in open_.updates:
         raise NotWanted(f"{device_id} already sent its update for round {round}")
