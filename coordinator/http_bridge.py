@@ -19,7 +19,6 @@ import logging
 import sys
 import urllib.parse
 from collections.abc import Awaitable, Callable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -103,9 +102,6 @@ class Bridge:
         self.app, self.rules, self.listener = app, rules, listener
         self.timeout_s = timeout_s
         self.budget = body_budget  # bytes of bodies that may still be taken; only the event loop uses it
-        # the routes' rules run one at a time on a thread of their own: a burst of them does not have the
-        # event loop wait its turn for the interpreter behind every worker (each takes a millisecond or so)
-        self.admissions = ThreadPoolExecutor(1, thread_name_prefix="http-admit")
 
     async def __call__(
         self, scope: Any, receive: Receive, send: Send, sync_spawn: Spawn, call_soon: Any
@@ -126,7 +122,7 @@ class Bridge:
         deadline = self.listener.ready_since(scope.get("client"), loop.time()) + self.timeout_s
         try:
             async with asyncio.timeout_at(deadline):
-                body, reserved = await self._arrive(environ, declared, incoming, spawn)
+                body, reserved = await self._arrive(environ, declared, incoming)
         except _Refused as refused:
             _log_refusal(environ, refused)
             drain = declared is not None and declared <= DRAIN_BYTES
@@ -155,7 +151,7 @@ class Bridge:
                 answer.body.close()
 
     async def _arrive(
-        self, environ: dict[str, Any], declared: int | None, incoming: _Incoming, spawn: Spawn
+        self, environ: dict[str, Any], declared: int | None, incoming: _Incoming
     ) -> tuple[bytes, int]:
         """The request's body, read whole, and the bytes of the budget it holds; _Refused if it is not
         taken.
@@ -167,8 +163,10 @@ class Bridge:
             raise _Refused(_json_answer(413, reason), reason)
         rule = BodyRule(0)
         if declared != 0:  # a body is coming: its route's rule first
-            loop = asyncio.get_running_loop()
-            admitted = await loop.run_in_executor(self.admissions, admit, self.app, environ, self.rules)
+            # on the event loop: a rule takes about a millisecond (a token looked up, a lock taken briefly),
+            # less than handing it to a thread and back, which under a burst of requests costs each one
+            # its turn for the interpreter behind the others
+            admitted = admit(self.app, environ, self.rules)
             if isinstance(admitted, Response):
                 raise _Refused(_flask_answer(admitted))
             rule = admitted

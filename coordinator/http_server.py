@@ -111,7 +111,6 @@ def serve(app: Flask, host: str, port: int, rules: Rules = BODY_RULES) -> HttpSe
             log.exception("the HTTP server stopped")
         finally:
             workers.shutdown(wait=False, cancel_futures=True)
-            bridge.admissions.shutdown(wait=False, cancel_futures=True)
             listener.close()
             loop.close()
 
