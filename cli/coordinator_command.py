@@ -159,7 +159,11 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         help="only the holder of the token in FILE may see the dashboard, /metrics and the device and round "
         "listings, and revoke devices over HTTP (default: anyone may read them; nobody may revoke over HTTP)",
     )
-    c.add_argument("--http-timeout", type=seconds, help="seconds a connection may stay silent (default 30)")
+    c.add_argument(
+        "--http-timeout",
+        type=seconds,
+        help="seconds a request may take to arrive, headers and body, and its answer to be read (default 30)",
+    )
     c.add_argument(
         "--open-enrolment",
         action="store_true",

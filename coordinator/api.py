@@ -8,9 +8,10 @@ from werkzeug.exceptions import ClientDisconnected, RequestEntityTooLarge
 
 from fedspeech.coordinator import broker_users
 from fedspeech.coordinator.admin import admin_only, is_admin, refusal
+from fedspeech.coordinator.body_rules import BodyRule, Rules
 from fedspeech.coordinator.enrolment import EnrolmentRefused, revoke_device, revoked_reason
 from fedspeech.coordinator.errors import BadUpload, NotWanted
-from fedspeech.protocol import messages, routes, signing
+from fedspeech.protocol import messages, routes, signing, weights
 from fedspeech.protocol.bounds import MAX_BLOB_BYTES, ProtocolError
 from fedspeech.protocol.messages import Credentials, Registration, TaskInfo
 
@@ -109,11 +110,39 @@ def _device() -> str:
     return device_id
 
 
+def _message_rule(**_: object) -> BodyRule:
+    """A message's body: at most MAX_MESSAGE_BYTES."""
+    return BodyRule(messages.MAX_MESSAGE_BYTES)
+
+
+def _device_message_rule(**_: object) -> BodyRule:
+    """A device's message: only with its token."""
+    _device()
+    return _message_rule()
+
+
+def _update_rule(round: int) -> BodyRule:
+    """An update: only from a device with an open task, no larger than that task's model and a header,
+    and a header of a size worth parsing.
+    """
+    limit = _service().inbox.upload_limit(round, _device())
+    return BodyRule(limit, weights.check_header_length, weights.HEADER_LENGTH_BYTES)
+
+
+def _validation_rule() -> BodyRule:
+    """Shared validation clips: only from a device, only if this coordinator takes them."""
+    _device()
+    shared = _service().shared_validation
+    if shared is None:
+        raise NotWanted("this coordinator takes no shared validation clips")
+    return BodyRule(shared.max_body)
+
+
 @bp.post(routes.DEVICES_RULE)
 def register():
     """Register a device (again: with its token or secret); a new token, and its broker passwords."""
     try:
-        reg = messages.decode(_body(messages.MAX_MESSAGE_BYTES), Registration)
+        reg = messages.decode(_body(_message_rule().limit), Registration)
     except ProtocolError as exc:
         return _error(400, f"bad registration: {exc}")
     service = _service()
@@ -186,8 +215,8 @@ def latest_model():
 @bp.post(routes.UPDATES_RULE)
 def upload_update(round: int):
     """Accept a device's trained weights for the open round."""
-    device = _device()
-    body = _body(MAX_UPDATE_BYTES)
+    body = _body(_update_rule(round).limit)
+    device = g.device_id
     service = _service()
     service.inbox.receive_update(round, device, body, request.headers.get("X-Content-SHA256", ""))
     service.outcomes.accepted(device, round)
@@ -205,8 +234,8 @@ def acknowledge(task_id: str):
 @bp.post(routes.EVALUATIONS_RULE)
 def upload_evaluation(round: int):
     """Accept a device's evaluation of a round's model on its own test split (counts only)."""
-    device = _device()
-    body = _body(messages.MAX_MESSAGE_BYTES)
+    body = _body(_device_message_rule().limit)
+    device = g.device_id
     _service().inbox.receive_evaluation(round, device, body)
     return jsonify(accepted=True, device_id=device, round=round)
 
@@ -214,11 +243,9 @@ def upload_evaluation(round: int):
 @bp.post(routes.VALIDATION_RULE)
 def share_validation():
     """Take the validation clips a device chose to share, if this coordinator takes any."""
-    device = _device()
-    shared = _service().shared_validation
-    if shared is None:
-        raise NotWanted("this coordinator takes no shared validation clips")
-    clips = shared.receive(device, _body(shared.max_body))
+    body = _body(_validation_rule().limit)
+    device = g.device_id
+    clips = _service().shared_validation.receive(device, body)
     return jsonify(accepted=clips, device_id=device)
 
 
@@ -320,3 +347,12 @@ def revoke(device_id: str):
     if not revoke_device(service.store, device_id):
         return _error(404, f"no device {device_id[:64]!r}")
     return jsonify(revoked=device_id)
+
+
+# endpoint -> what it takes as a body, checked by the HTTP server before the body is read (body_rules)
+BODY_RULES: Rules = {
+    "api.register": _message_rule,
+    "api.upload_update": _update_rule,
+    "api.upload_evaluation": _device_message_rule,
+    "api.share_validation": _validation_rule,
+}

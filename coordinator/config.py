@@ -6,7 +6,6 @@ config file, an environment variable (FEDSPEECH_ROUNDS) and `CoordinatorConfig.c
 reads the files and variables).
 """
 
-import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
@@ -24,12 +23,19 @@ from fedspeech.protocol.weights import PRECISIONS, Precision
 
 APP_KEY = "FEDSPEECH"  # the CoordinatorConfig in the Flask app's config
 MAX_ACK_TIMEOUT_S = 600.0
+MAX_HTTP_TIMEOUT_S = 3600.0
 
 
 def _at_least(name: str, value: int | None, low: int) -> None:
     """ValueError unless value (None: unset) is at least low."""
     if value is not None and value < low:
         raise ValueError(f"{name} must be at least {low}, got {value}")
+
+
+def _at_most(name: str, value: int, high: int) -> None:
+    """ValueError unless value is at most high."""
+    if value > high:
+        raise ValueError(f"{name} must be at most {high}, got {value}")
 
 
 def _port(name: str, value: int) -> None:
@@ -58,8 +64,14 @@ class ServiceConfig:
     # the HTTP server (http_server.serve): HTTPS when both TLS files are given
     http_host: str = "127.0.0.1"
     http_port: int = 8080  # 0: any free port
+    # requests handled at a time, each only once it has arrived whole: a slow client never holds one
     http_threads: int = 16
+    # the longest a request may take to arrive, headers and body, from its connection's opening (or its
+    # previous answer); and the longest its answer may take to be read
     http_timeout_s: float = 30.0
+    http_connections_per_client: int = 32  # connections one address may hold open; more are closed at once
+    # bytes of request bodies held at once, across requests; a body that would pass it is refused (503)
+    http_body_budget: int = 4 * bounds.MAX_BLOB_BYTES
     tls_cert: Path | None = None
     tls_key: Path | None = None
     # a file holding the operator's token: with it, the dashboard, /metrics and the device and round
@@ -87,9 +99,16 @@ class ServiceConfig:
             _at_least(name, getattr(self, name), low)
         _at_least("shared_validation", self.shared_validation, 0)
         _at_least("model_depth", self.model_depth, 1)
-        if not 0 < self.http_timeout_s < math.inf:
+        _at_least("http_connections_per_client", self.http_connections_per_client, 1)
+        # the largest upload must fit the budget, or it could never be taken
+        _at_least("http_body_budget", self.http_body_budget, bounds.MAX_BLOB_BYTES)
+        for name, high in (("http_threads", 256), ("http_connections_per_client", 65536)):
+            _at_most(name, getattr(self, name), high)
+        _at_most("http_body_budget", self.http_body_budget, 2**40)
+        if not 0 < self.http_timeout_s <= MAX_HTTP_TIMEOUT_S:
             raise ValueError(
-                f"http_timeout_s must be a positive number of seconds, got {self.http_timeout_s}"
+                f"http_timeout_s must be a positive number of seconds, at most {MAX_HTTP_TIMEOUT_S:g}, "
+                f"got {self.http_timeout_s}"
             )
         if (self.tls_cert is None) != (self.tls_key is None):
             raise ValueError("tls_cert and tls_key go together: give both, or neither for plain HTTP")

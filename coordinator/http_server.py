@@ -1,107 +1,37 @@
-"""The coordinator's HTTP API served by cheroot: a thread pool, socket timeouts, a body limit, TLS.
+"""The coordinator's HTTP API served by hypercorn: an event loop that reads requests, a few worker threads
+that run the Flask app on whole ones, TLS.
 
-The API refuses a request before reading its body when the bearer token is wrong. What the server then
-does with the unread body: one of announced length (at most the body limit) is read and thrown away,
-within the socket timeout, so that the client, which sends its whole body before it reads the answer,
-gets the refusal rather than a reset connection; a chunked one, of no announced length, is not read at
-all: the connection is closed.
+Why hypercorn: a server whose threads read requests (cheroot, as before) gives each slow client a thread
+for as long as it keeps sending, and sixteen of them stopped the API. An asyncio server reads every
+request on one event loop, where a slow client costs a coroutine; hypercorn is kept up, parses HTTP with
+h11 and serves TLS, which waitress (the other server that reads a whole request before a worker sees it)
+does not. hypercorn does not bound a request's time once its headers are in, nor the connections per
+client, nor read a body only once it is wanted: the bridge (http_bridge) and the listening socket
+(http_listener) add those. Its own WSGI adapter is not used: it reads every body whole, unchecked, and
+holds a worker while an answer is read.
 """
 
+import asyncio
 import logging
 import threading
-import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
-from cheroot import errors, wsgi
 from flask import Flask
-from werkzeug.exceptions import RequestEntityTooLarge
+from hypercorn.asyncio.run import worker_serve
+from hypercorn.config import Config, Sockets
 
-from fedspeech.coordinator.api import MAX_UPDATE_BYTES
+from fedspeech.coordinator.api import BODY_RULES
+from fedspeech.coordinator.body_rules import Rules
 from fedspeech.coordinator.config import APP_KEY, ServiceConfig
+from fedspeech.coordinator.http_bridge import Bridge
+from fedspeech.coordinator.http_listener import Listener
 
 log = logging.getLogger(__name__)
 
-MAX_BODY_BYTES = MAX_UPDATE_BYTES + 1024 * 1024  # the largest route's limit, and chunk-size lines
-MAX_HEADER_BYTES = 64 * 1024  # request line and headers
-_DISCARD_PIECE = 64 * 1024
-
-
-class _ChunkedBody:
-    """A chunked request body whose overflow of the server's limit the application sees as a 413 error.
-
-    cheroot reports it as a broken connection (an OSError), which Werkzeug turns into a 400.
-    """
-
-    def __init__(self, rfile: Any) -> None:
-        self._rfile = rfile
-
-    def read(self, size: int | None = None) -> bytes:
-        """Up to size bytes of the body (all of it without size)."""
-        try:
-            return self._rfile.read(size)
-        except errors.MaxSizeExceeded:
-            raise RequestEntityTooLarge() from None
-        except OSError as exc:
-            if exc.args == ("Request Entity Too Large",):  # a chunk whose announced size passes the limit
-                raise RequestEntityTooLarge() from None
-            raise
-
-    def readline(self, size: int | None = None) -> bytes:
-        """A line of the body: what WSGI asks of an input stream besides read."""
-        return self._rfile.readline(size)
-
-
-class _Gateway(wsgi.Gateway_10):
-    """cheroot's WSGI gateway, which also deals with a body the application left unread."""
-
-    def get_environ(self) -> dict:  # type: ignore[override] # cheroot's stub says None
-        """The WSGI environment, a chunked body wrapped so that its overflow reads as too large."""
-        environ = super().get_environ()
-        if self.req.chunked_read:
-            environ["wsgi.input"] = _ChunkedBody(environ["wsgi.input"])
-        return environ
-
-    def respond(self) -> None:
-        """Run the application; then discard or refuse what it left of the body; then answer."""
-        response = self.req.server.wsgi_app(self.env, self.start_response)
-        try:
-            self._settle_body()
-            for chunk in filter(None, response):
-                self.write(chunk)
-        finally:
-            self.req.ensure_headers_sent()
-            if hasattr(response, "close"):
-                response.close()
-
-    def _settle_body(self) -> None:
-        req = self.req
-        if req.chunked_read:
-            if not req.rfile.closed:  # the last chunk was not read
-                req.close_connection = True
-            return
-        deadline = time.monotonic() + req.server.timeout
-        try:
-            while req.rfile.remaining > 0 and time.monotonic() < deadline:
-                if not req.rfile.read(min(req.rfile.remaining, _DISCARD_PIECE)):
-                    break
-        except OSError:  # the client stopped sending: it still gets the answer, if it reads
-            pass
-        if req.rfile.remaining > 0:
-            req.close_connection = True
-
-
-class _Server(wsgi.Server):
-    """cheroot's WSGI server, its messages in this module's log: routine ones at debug level."""
-
-    def error_log(self, msg: str = "", level: int = logging.INFO, traceback: bool = False) -> None:
-        """Log what cheroot reports; its per-connection noise (timeouts, resets) only at debug level."""
-        log.log(
-            logging.ERROR if level >= logging.ERROR else logging.DEBUG,
-            "HTTP server: %s",
-            msg,
-            exc_info=traceback,
-        )
+MAX_HEADER_BYTES = 16 * 1024  # request line and headers
+STOP_S = 3.0  # what requests in progress are given to finish when the server stops
 
 
 @dataclass
@@ -110,47 +40,86 @@ class HttpServer:
 
     url: str
     port: int
-    _server: wsgi.Server
+    _loop: asyncio.AbstractEventLoop
+    _stopping: asyncio.Event
     _thread: threading.Thread
 
     def stop(self) -> None:
-        """Stop accepting, finish the requests in progress (a few seconds at most) and end the threads."""
-        self._server.stop()
-        self._thread.join(timeout=10)
+        """Stop accepting, give the requests in progress a few seconds, and end the threads."""
+        if self._thread.is_alive():
+            self._loop.call_soon_threadsafe(self._stopping.set)
+        self._thread.join(timeout=STOP_S + 7)
 
 
-def serve(app: Flask, host: str, port: int) -> HttpServer:
-    """Serve the app from background threads (port 0: any free port), as its config's service says.
-
-    http_threads requests at a time; a connection silent for http_timeout_s seconds is closed; HTTPS
-    when tls_cert and tls_key name a certificate and its key.
-    """
-    config: ServiceConfig = app.config[APP_KEY].service
-    threads, timeout = config.http_threads, config.http_timeout_s
-    cert, key = config.tls_cert, config.tls_key
-    server = _Server(
-        (host, port),
-        app,
-        numthreads=threads,
-        max=threads,
-        timeout=timeout,  # type: ignore[arg-type] # a float works; the stub says int
-        server_name="fedspeech",
-    )
-    server.gateway = _Gateway
-    server.max_request_body_size = MAX_BODY_BYTES
-    server.max_request_header_size = MAX_HEADER_BYTES
-    if cert is not None and key is not None:
-        from cheroot.ssl.builtin import BuiltinSSLAdapter
-
-        for path in (cert, key):
+def _hypercorn_config(service: ServiceConfig) -> Config:
+    """hypercorn's settings from the service's; ValueError or ssl.SSLError for TLS files it cannot use."""
+    config = Config()
+    config.keep_alive_timeout = service.http_timeout_s  # headers within it of the connection's readiness
+    config.ssl_handshake_timeout = service.http_timeout_s
+    config.h11_max_incomplete_size = MAX_HEADER_BYTES
+    # pieces of a body read ahead of the bridge (64 KiB each): none is read before the route's rule says yes
+    config.max_app_queue_size = 1
+    config.graceful_timeout = STOP_S
+    config.alpn_protocols = ["http/1.1"]
+    config.include_server_header = False
+    config.accesslog = None
+    config.errorlog = log
+    if service.tls_cert is not None and service.tls_key is not None:
+        for path in (service.tls_cert, service.tls_key):
             if not path.is_file():
                 raise ValueError(f"no such file: {path}")
-        server.ssl_adapter = BuiltinSSLAdapter(str(cert), str(key))
-    server.prepare()  # binds the socket: a port taken or not allowed fails here, in the caller
-    bound_port = server.bind_addr[1]
-    thread = threading.Thread(target=server.serve, name="http", daemon=True)
+        config.certfile, config.keyfile = str(service.tls_cert), str(service.tls_key)
+        config.create_ssl_context()  # loads both now: a certificate it cannot use fails in the caller
+    return config
+
+
+def _quiet_cancellations(loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
+    """The loop's errors logged, but for connections cancelled as the server stops (Python 3.11 logs them)."""
+    if not isinstance(context.get("exception"), asyncio.CancelledError):
+        loop.default_exception_handler(context)
+
+
+def serve(app: Flask, host: str, port: int, rules: Rules = BODY_RULES) -> HttpServer:
+    """Serve the app from a background thread (port 0: any free port), as its config's service says; rules:
+    what its routes take as bodies (the API's).
+
+    http_threads workers run requests that have arrived whole; each must arrive within http_timeout_s;
+    http_connections_per_client connections per address; bodies held at once within http_body_budget;
+    HTTPS when tls_cert and tls_key name a certificate and its key. A port that is taken or not allowed,
+    or TLS files that cannot be used, fail here, in the caller.
+    """
+    service: ServiceConfig = app.config[APP_KEY].service
+    config = _hypercorn_config(service)
+    listener = Listener(host, port, service.http_connections_per_client)
+    bridge = Bridge(
+        app, rules, listener, timeout_s=service.http_timeout_s, body_budget=service.http_body_budget
+    )
+    loop = asyncio.new_event_loop()
+    loop.set_exception_handler(_quiet_cancellations)
+    workers = ThreadPoolExecutor(service.http_threads, thread_name_prefix="http")
+    loop.set_default_executor(workers)  # hypercorn runs the bridge's blocking calls there
+    stopping = asyncio.Event()
+    tls = config.ssl_enabled
+    sockets = Sockets([listener] if tls else [], [] if tls else [listener], [])
+
+    def run() -> None:
+        try:
+            loop.run_until_complete(
+                worker_serve(bridge, config, sockets=sockets, shutdown_trigger=stopping.wait)
+            )
+        except Exception:
+            log.exception("the HTTP server stopped")
+        finally:
+            workers.shutdown(wait=False, cancel_futures=True)
+            listener.close()
+            loop.close()
+
+    bound_port = listener.getsockname()[1]
+    thread = threading.Thread(target=run, name="http", daemon=True)
     thread.start()
-    scheme = "https" if cert is not None else "http"
-    url = f"{scheme}://{host}:{bound_port}"
-    log.info("coordinator HTTP API on %s (%d threads, %g s timeout)", url, threads, timeout)
-    return HttpServer(url, bound_port, server, thread)
+    url = f"{'https' if tls else 'http'}://{host}:{bound_port}"
+    log.info(
+        "coordinator HTTP API on %s (%d threads, %g s per request, %d connections per client)",
+        url, service.http_threads, service.http_timeout_s, service.http_connections_per_client,
+    )  # fmt: skip
+    return HttpServer(url, bound_port, loop, stopping, thread)

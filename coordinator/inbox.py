@@ -21,8 +21,9 @@ from fedspeech.coordinator.ports import DeviceLink
 from fedspeech.coordinator.rounds.late_updates import LateUpdates
 from fedspeech.coordinator.store import Store
 from fedspeech.coordinator.strategies import Result
-from fedspeech.coordinator.update_check import Upload, answered_task, check_update
+from fedspeech.coordinator.update_check import Upload, answered_task, check_update, expected_task
 from fedspeech.protocol import routes, weights
+from fedspeech.protocol.bounds import MAX_BLOB_BYTES, MAX_WEIGHTS_HEADER_BYTES
 from fedspeech.protocol.messages import ModelSpec, Task
 from fedspeech.protocol.weights import Arrays, WeightsError
 
@@ -89,6 +90,15 @@ class Inbox:
                 raise NotWanted(f"{device_id} has no open task that trains from {path}")
             open_.bytes_down += task.weights.size
         return self.store.relay_path(round, step)
+
+    def upload_limit(self, round: int, device_id: str) -> int:
+        """The most bytes a device's update for a round may have, known before its body is read: its task's
+        model and a header. NotWanted if it has no task that takes one.
+        """
+        with self._lock:
+            task = expected_task(self._open, self._late, round, device_id)
+        # the update carries the arrays it downloaded (or fewer), in the same precision, and its own header
+        return min(task.weights.size + MAX_WEIGHTS_HEADER_BYTES, MAX_BLOB_BYTES)
 
     def receive_update(self, round: int, device_id: str, body: bytes, digest: str) -> None:
         """Check a device's upload and keep it for aggregation; BadUpload or NotWanted say why not.

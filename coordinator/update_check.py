@@ -54,6 +54,24 @@ def answered_task(open_: OpenRound | None, late: LateUpdates, round: int, upload
     return task
 
 
+def expected_task(open_: OpenRound | None, late: LateUpdates, round: int, device_id: str) -> Task:
+    """The task a device's upload for a round can answer, known before the upload is read: a task of its
+    for that round that has no update yet. NotWanted if there is none. The caller holds the lock that
+    guards both.
+    """
+    carried = late.carried.get(device_id)
+    if carried is not None and carried.round == round:
+        return carried
+    if open_ is None or open_.round != round:
+        raise NotWanted(f"round {round} is not open")
+    task = open_.tasks.get(device_id)
+    if task is None:
+        raise NotWanted(f"{device_id} has no open task in round {round}")
+    if device_id in open_.updates:
+        raise NotWanted(f"{device_id} already sent its update for round {round}")
+    return task
+
+
 def check_update(
     upload: Upload, task: Task, *, reference: Arrays, most_samples: int, num_classes: int
 ) -> tuple[Result, UpdateRecord, int]:

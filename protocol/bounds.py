@@ -11,6 +11,9 @@ MAX_COUNT = 10**9  # bound on any count a device reports
 SAMPLE_RATES = (4_000, 48_000)
 MIN_CLIP_SECONDS, MAX_CLIP_SECONDS = 0.1, 10.0
 MAX_BLOB_BYTES = 64 * 1024 * 1024  # a model's weights or ONNX file, and a device's upload
+# a safetensors blob's JSON header (names, shapes, offsets, metadata): a model's is a few KiB; parsing a
+# header of tens of MB costs seconds of CPU, so a longer one is refused before it is parsed
+MAX_WEIGHTS_HEADER_BYTES = 1024 * 1024
 # what a task may ask of a device: an attacker's task must not keep it busy for ever
 MAX_EPOCHS, MAX_BATCH_SIZE, MAX_LEARNING_RATE = 100, 1024, 10.0
 MAX_TASK_SECONDS = 6 * 3600  # from the moment a device receives a task to its deadline

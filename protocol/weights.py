@@ -8,10 +8,13 @@ import numpy as np
 import safetensors
 import safetensors.numpy
 
+from fedspeech.protocol.bounds import MAX_WEIGHTS_HEADER_BYTES
+
 Arrays = dict[str, np.ndarray]
 # the floating-point types weights travel in: float16 halves every download and upload
 Precision = Literal["float32", "float16"]
 PRECISIONS: tuple[Precision, ...] = get_args(Precision)
+HEADER_LENGTH_BYTES = 8  # a safetensors blob starts with its header's length: 8 bytes, little-endian
 
 
 class WeightsError(ValueError):
@@ -36,8 +39,21 @@ def with_precision(arrays: Arrays, precision: str) -> Arrays:
     return {k: v.astype(dtype) if v.dtype.kind == "f" and v.dtype != dtype else v for k, v in arrays.items()}
 
 
+def check_header_length(start: bytes) -> None:
+    """Raise WeightsError if a blob's first bytes announce a header longer than MAX_WEIGHTS_HEADER_BYTES.
+
+    Cheap, so that a blob built to cost its parser seconds is refused before anything parses it.
+    """
+    length = int.from_bytes(start[:HEADER_LENGTH_BYTES], "little")
+    if length > MAX_WEIGHTS_HEADER_BYTES:
+        raise WeightsError(
+            f"a safetensors header of {length} bytes; at most {MAX_WEIGHTS_HEADER_BYTES} are taken"
+        )
+
+
 def decode(data: bytes) -> tuple[Arrays, dict[str, str]]:
     """Parse safetensors bytes into arrays and metadata; raise WeightsError if malformed."""
+    check_header_length(data)
     try:
         arrays = safetensors.numpy.load(data)
         header_len = int.from_bytes(data[:8], "little")

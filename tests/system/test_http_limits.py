@@ -43,11 +43,14 @@ class Reply:
 
 
 def _post_chunked(port: int, path: str, token: str, total: int, piece: int = MiB) -> Reply:
-    """POST total bytes in chunks of piece, stopping when the server stops reading; then read its reply."""
+    """POST total bytes in chunks of piece, stopping when the server stops reading; then read its reply.
+
+    The body starts as a safetensors blob with a 4 KiB header would.
+    """
     with socket.create_connection(("127.0.0.1", port), timeout=30) as sock:
         head = f"POST {path} HTTP/1.1\r\nHost: coordinator\r\nAuthorization: Bearer {token}\r\n"
         sock.sendall(head.encode() + b"Transfer-Encoding: chunked\r\n\r\n")
-        chunk = b"%x\r\n" % piece + b"\xab" * piece + b"\r\n"
+        chunk = b"%x\r\n" % piece + (4096).to_bytes(8, "little") + b"\xab" * (piece - 8) + b"\r\n"
         sent = 0
         try:
             while sent < total:
@@ -64,7 +67,7 @@ def _post_chunked(port: int, path: str, token: str, total: int, piece: int = MiB
 
 
 def _announce_huge_chunk(port: int, path: str, token: str) -> bytes:
-    """Announce a chunk of 500 MiB and send none of it; return the server's reply."""
+    """Announce a chunk of 500 MiB and send none of it; return the server's reply, at its deadline."""
     with socket.create_connection(("127.0.0.1", port), timeout=30) as sock:
         head = f"POST {path} HTTP/1.1\r\nHost: coordinator\r\nAuthorization: Bearer {token}\r\n"
         sock.sendall(head.encode() + b"Transfer-Encoding: chunked\r\n\r\n" + b"%x\r\n" % (500 * MiB))
@@ -192,8 +195,10 @@ def test_bodies_over_the_limit_and_absurd_counts_never_reach_the_round(served_ro
 
     over = _post_chunked(server.port, task.upload_path, device.token, MAX_UPDATE_BYTES + 4 * MiB)
     assert over.reply.startswith(b"HTTP/1.1 413"), over.reply[:200]
+    announced = time.monotonic()
     huge = _announce_huge_chunk(server.port, task.upload_path, device.token)
-    assert huge.startswith(b"HTTP/1.1 413"), huge[:200]
+    assert huge.startswith(b"HTTP/1.1 408"), huge[:200]  # nothing is set aside for what a chunk announces
+    assert time.monotonic() - announced < HTTP_TIMEOUT_S + 1.0
     # a device whose token is stale sends its whole body first, then reads: it must get the 401
     stale = weights.encode(arrays, {"task_id": task.task_id, "num_samples": "40"}) + b"\0" * (8 * MiB)
     assert upload(server.url, task.upload_path, "a-stale-token-of-kitchen", stale) == 401

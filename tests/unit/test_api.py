@@ -3,10 +3,14 @@
 from pathlib import Path
 
 import pytest
+from flask import Response
+from werkzeug.test import EnvironBuilder
 
+from fedspeech.coordinator.api import BODY_RULES
 from fedspeech.coordinator.app import create_app
+from fedspeech.coordinator.body_rules import DEFAULT_LIMIT, BodyRule, admit
 from fedspeech.coordinator.records import RoundRecord
-from fedspeech.protocol import weights
+from fedspeech.protocol import messages, weights
 from tests.helpers.configs import coordinator_config
 
 
@@ -35,3 +39,22 @@ def test_serves_stored_models_and_rounds(app):
     assert http.get("/api/rounds/1").status_code == 404
     status = http.get("/api/status").get_json()
     assert status["completed_round"] == 0 and status["open_round"] is None and not status["finished"]
+
+
+def test_a_bodys_rule_is_checked_from_its_headers_alone(app):
+    """What the HTTP server asks before it reads a body: the token and the task, not the body."""
+    app.extensions["fedspeech"].store.register_device("kitchen", "k" * 43, 40, {})
+    upload = {"REQUEST_METHOD": "POST", "PATH_INFO": "/api/rounds/1/updates", "CONTENT_LENGTH": "67108864"}
+    for auth, status in ((None, 401), ("x" * 43, 401), ("k" * 43, 409)):  # 409: no round is open
+        headers = {"HTTP_AUTHORIZATION": f"Bearer {auth}"} if auth else {}
+        refused = admit(app, _environ(**upload, **headers), BODY_RULES)
+        assert isinstance(refused, Response) and refused.status_code == status, auth
+    registration = admit(app, _environ(REQUEST_METHOD="POST", PATH_INFO="/api/devices"), BODY_RULES)
+    assert registration == BodyRule(messages.MAX_MESSAGE_BYTES)
+    nowhere = admit(app, _environ(REQUEST_METHOD="POST", PATH_INFO="/api/nowhere"), BODY_RULES)
+    assert nowhere == BodyRule(DEFAULT_LIMIT), "the app answers a path it does not have, as ever"
+
+
+def _environ(**values: str) -> dict:
+    """A request's WSGI environment as the HTTP server has it before the body: headers, no body."""
+    return {**EnvironBuilder().get_environ(), **values}

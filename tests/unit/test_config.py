@@ -189,6 +189,10 @@ def test_changed_checks_the_new_values_together():
     [
         ({"http_port": 70000}, "http_port must be a port number"),
         ({"http_timeout_s": float("nan")}, "http_timeout_s must be a positive number"),
+        ({"http_timeout_s": 7200.0}, "http_timeout_s must be a positive number of seconds, at most 3600"),
+        ({"http_threads": 1000}, "http_threads must be at most 256"),
+        ({"http_connections_per_client": 0}, "http_connections_per_client must be at least 1"),
+        ({"http_body_budget": 1024}, "http_body_budget must be at least 67108864"),
         ({"model": "resnet"}, "model must be one of"),
         ({"shared_validation": -1}, "shared_validation must be at least 0"),
     ],

@@ -12,7 +12,7 @@ from fedspeech.coordinator.inbox import Inbox
 from fedspeech.coordinator.open_round import OpenRound
 from fedspeech.coordinator.rounds.late_updates import LateUpdates
 from fedspeech.coordinator.update_check import Upload, answered_task, check_update
-from fedspeech.protocol import routes, weights
+from fedspeech.protocol import bounds, routes, weights
 from fedspeech.protocol.messages import BlobRef, ModelSpec, Task
 from tests.helpers.fake_fleet import DEFINITION, SPEC, inbox_of
 
@@ -215,3 +215,19 @@ def test_a_buffered_round_takes_a_result_past_its_count_and_a_carried_task_outli
     assert answered_task(full_round(buffered=True), LateUpdates(), 1, upload("b", "t2")).task_id == "t2"
     late = LateUpdates(carried={"c": toy_task()})
     assert answered_task(None, late, 1, upload("c", "t1")) is late.carried["c"]
+
+
+def test_an_uploads_limit_is_known_before_its_body_is_read_and_only_for_a_device_with_a_task(tmp_path):
+    inbox = inbox_of(tmp_path)
+    with pytest.raises(NotWanted, match="round 1 is not open"):
+        inbox.upload_limit(1, "a")
+    tasks = open_round(inbox)
+    # what the task downloaded, and a header: never the 64 MiB any upload may have
+    assert inbox.upload_limit(1, "a") == tasks["a"].weights.size + bounds.MAX_WEIGHTS_HEADER_BYTES
+    with pytest.raises(NotWanted, match="c has no open task in round 1"):
+        inbox.upload_limit(1, "c")
+    with pytest.raises(NotWanted, match="round 2 is not open"):
+        inbox.upload_limit(2, "a")
+    send(inbox, "a", tasks["a"])
+    with pytest.raises(NotWanted, match="a already sent its update"):
+        inbox.upload_limit(1, "a")
