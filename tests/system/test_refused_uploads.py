@@ -6,8 +6,8 @@ open task sends the 16 at once (4 of them for a round it has no task in), then t
 from a process of its own (tests/helpers/upload_burst.py); each is refused within 1 s of its headers
 (no task; a declared size over what its task takes; first 8 bytes that announce a header too long to
 parse), well before 64 MiB could be read (the 50 ms the issue asks for is measured and printed, not
-asserted: a loaded machine's scheduler decides it), the coordinator's RSS stays within 200 MB of where it was and is back within 10 s, and the
-device's honest upload is then taken.
+asserted: a loaded machine's scheduler decides it), the coordinator's RSS stays within 200 MB of where
+it was and is back within 10 s, and the device's honest upload is then taken.
 """
 
 import json
