@@ -19,8 +19,9 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from fedspeech.edge_client.broker_link import BrokerLink
-from fedspeech.edge_client.coordinator_http import CoordinatorClient, Dropped, https_context
+from fedspeech.edge_client.coordinator_http import CoordinatorClient
 from fedspeech.edge_client.credentials import DeviceCredentials, Refused
+from fedspeech.edge_client.http_requests import Dropped, https_context
 from fedspeech.edge_client.local_data import DataSource, LocalData
 from fedspeech.edge_client.local_norm import LocalNorm
 from fedspeech.edge_client.model_keeper import ModelKeeper

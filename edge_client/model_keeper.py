@@ -15,7 +15,8 @@ import threading
 import time
 from pathlib import Path
 
-from fedspeech.edge_client.coordinator_http import CoordinatorClient, Dropped
+from fedspeech.edge_client.coordinator_http import CoordinatorClient
+from fedspeech.edge_client.http_requests import Dropped
 from fedspeech.edge_client.local_norm import LocalNorm
 from fedspeech.edge_client.runtime.announcements import Floor, Standing, standing_of
 from fedspeech.protocol import messages, weights

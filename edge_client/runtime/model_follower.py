@@ -22,7 +22,7 @@ from typing import Any
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
-from fedspeech.edge_client.coordinator_http import (
+from fedspeech.edge_client.http_requests import (
     Dropped,
     backoff,
     error_reason,
