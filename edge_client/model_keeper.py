@@ -18,7 +18,7 @@ from pathlib import Path
 from fedspeech.edge_client.coordinator_http import CoordinatorClient
 from fedspeech.edge_client.http_requests import Dropped
 from fedspeech.edge_client.local_norm import LocalNorm
-from fedspeech.edge_client.runtime.announcements import Floor, Standing, standing_of
+from fedspeech.edge_client.runtime.announcements import Floor, worth_fetching
 from fedspeech.protocol import messages, weights
 from fedspeech.protocol.bounds import ProtocolError
 from fedspeech.protocol.files import write_atomically
@@ -64,20 +64,7 @@ class ModelKeeper:
     def offer(self, announcement: ModelAnnouncement) -> None:
         """Take note of a verified announcement (on the MQTT thread) if its round is newer than any seen."""
         with self._lock:
-            standing, newest = standing_of(announcement, self.kept_round, self._wanted, self.floor.round)
-            if standing is Standing.OLDER:
-                log.warning(
-                    "ignoring the announcement of round %d: round %d is newer (an old one replayed? if the "
-                    "coordinator started over, remove %s)",
-                    announcement.round, newest, self.floor.path,
-                )  # fmt: skip
-                return
-            self.floor.raise_to(announcement)
-            if announcement.onnx is None:
-                log.info("round %d has no ONNX model to keep", announcement.round)
-                return
-            if standing is Standing.SAME:
-                log.info("the model of round %d is kept already or on its way", newest)
+            if not worth_fetching(announcement, self.kept_round, self._wanted, self.floor):
                 return
             self._wanted, self._retry_at = announcement, 0.0
 

@@ -43,6 +43,30 @@ def standing_of(
     return Standing.NEWER, newest
 
 
+def worth_fetching(
+    announcement: ModelAnnouncement, held_round: int, wanted: ModelAnnouncement | None, floor: "Floor"
+) -> bool:
+    """Whether a verified announcement's model is to be fetched: newer than the round held, the one on its
+    way and the floor, with an ONNX model. The floor is raised to it unless it is older; why not is logged.
+    """
+    standing, newest = standing_of(announcement, held_round, wanted, floor.round)
+    if standing is Standing.OLDER:
+        log.warning(
+            "round %d: ignoring it, round %d is newer (an old announcement replayed? if the coordinator "
+            "started over, remove %s)",
+            announcement.round, newest, floor.path,
+        )  # fmt: skip
+        return False
+    floor.raise_to(announcement)
+    if announcement.onnx is None:
+        log.info("round %d: ignoring it, it has no ONNX model", announcement.round)
+        return False
+    if standing is Standing.SAME:
+        log.info("round %d: its model is held already or on its way", newest)
+        return False
+    return True
+
+
 class Floor:
     """The newest round a coordinator (its key, its model topic) was seen to announce; kept in path if any.
 

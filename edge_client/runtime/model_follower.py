@@ -31,7 +31,7 @@ from fedspeech.edge_client.http_requests import (
     https_context,
     request,
 )
-from fedspeech.edge_client.runtime.announcements import FLOOR_FILE, Floor, Standing, standing_of
+from fedspeech.edge_client.runtime.announcements import FLOOR_FILE, Floor, worth_fetching
 from fedspeech.edge_client.runtime.session import ModelError, OnnxModel, load_model
 from fedspeech.protocol import messages, routes, signing
 from fedspeech.protocol.bounds import ProtocolError
@@ -171,20 +171,7 @@ class ModelFollower:
     def _offer(self, announcement: ModelAnnouncement) -> None:
         """Want a verified announcement's model if it is newer than any held, wanted or seen (the floor)."""
         with self._lock:
-            standing, newest = standing_of(announcement, self._round, self._wanted, self._floor.round)
-            if standing is Standing.OLDER:
-                log.warning(
-                    "round %d: ignoring it, round %d is newer (an old announcement replayed? if the "
-                    "coordinator started over, remove %s)",
-                    announcement.round, newest, self._floor_path,
-                )  # fmt: skip
-                return
-            self._floor.raise_to(announcement)
-            if announcement.onnx is None:
-                log.warning("round %d: ignoring it, it has no ONNX model", announcement.round)
-                return
-            if standing is Standing.SAME:
-                log.info("round %d: its model is loaded already or on its way", newest)
+            if not worth_fetching(announcement, self._round, self._wanted, self._floor):
                 return
             self._wanted = announcement
         self._wake.set()

@@ -140,7 +140,7 @@ def test_the_probes_attacks_fail_while_the_fleet_trains(tmp_path, mosquitto_url,
     for device in DEVICES:
         text = clients[device].log_path.read_text()
         assert text.count("dropping a model announcement: not a signed message") >= 2, device
-        assert "ignoring the announcement of round 1: round" in text, device
+        assert "round 1: ignoring it, round" in text, device
         assert "18081" not in text.replace("dropping", ""), device
     jackson = clients["jackson"].log_path.read_text()
     assert "dropping a task: not a signed message" in jackson

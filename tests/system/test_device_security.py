@@ -160,9 +160,10 @@ def test_the_kept_model_never_goes_back_even_across_a_restart(fleet: Fleet, tmp_
         assert kept.read_bytes() == b"onnx of round 6"
     fleet.publish(topic, old_payload)  # what a restarted device finds retained
     with running_daemon(fleet, model_dir=models):
-        wait_until(lambda: len(warnings_about(caplog, "ignoring the announcement of round 5: round 6")) == 2)
+        wait_until(lambda: len(warnings_about(caplog, "round 5: ignoring it, round 6")) == 2)
         fleet.publish(topic, signing.sign(fleet.coordinator.key, topic, messages.encode(_round_6(fleet))))
-        wait_until(lambda: any("round 6 is kept already" in r.getMessage() for r in caplog.records))
+        held = "round 6: its model is held already"
+        wait_until(lambda: any(held in r.getMessage() for r in caplog.records))
     assert kept.read_bytes() == b"onnx of round 6"
     assert fleet.coordinator.downloads == ["/api/models/5/onnx", "/api/models/6/onnx"]
 
@@ -204,7 +205,7 @@ def test_the_listener_keeps_its_model_against_forged_and_replayed_announcements(
         _send_bad_announcements(fleet, caplog, old_payload)
         fleet.publish(topic, signing.sign(fleet.coordinator.key, topic, messages.encode(_round_6(fleet))))
         wait_until(
-            lambda: any("round 6: its model is loaded already" in r.getMessage() for r in caplog.records)
+            lambda: any("round 6: its model is held already" in r.getMessage() for r in caplog.records)
         )
         assert follower.take() is None, "no other model was loaded"
     finally:

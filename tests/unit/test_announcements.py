@@ -1,9 +1,11 @@
 """The newest-announcement rule the model follower and the model keeper share: rounds only move forward,
 never below the floor kept across restarts."""
 
+from dataclasses import replace
+
 import pytest
 
-from fedspeech.edge_client.runtime.announcements import Floor, Standing, standing_of
+from fedspeech.edge_client.runtime.announcements import Floor, Standing, standing_of, worth_fetching
 from fedspeech.protocol.messages import BlobRef, ModelAnnouncement, ModelSpec
 
 SPEC = ModelSpec("cnn", 8000, 8000, 10)
@@ -79,3 +81,12 @@ def test_a_floor_that_cannot_be_written_is_kept_in_memory(tmp_path, caplog) -> N
     floor = Floor(blocked / "model-floor.json", "key", "t")  # its folder cannot be made
     floor.raise_to(announcement(2))
     assert floor.round == 2 and "cannot keep the floor of round 2" in caplog.text
+
+
+def test_worth_fetching_only_a_newer_round_with_a_model_and_raises_the_floor(tmp_path) -> None:
+    floor = Floor(tmp_path / "model-floor.json", "key", "root/model")
+    floor.raise_to(announcement(4))
+    assert not worth_fetching(announcement(3), -1, None, floor) and floor.round == 4  # a replay
+    assert not worth_fetching(announcement(4), 4, None, floor)  # held already
+    assert not worth_fetching(replace(announcement(5), onnx=None), 4, None, floor) and floor.round == 5
+    assert worth_fetching(announcement(6), 4, None, floor) and floor.round == 6
