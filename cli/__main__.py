@@ -143,7 +143,7 @@ def _listen(args: argparse.Namespace) -> None:
 def _listen_broker(args: argparse.Namespace) -> BrokerSettings:
     """The broker options, else the listener's password that the daemon of --device-id was issued."""
     from fedspeech.edge_client.credentials import LISTEN_PASSWORD_FILE, issued_login
-    from fedspeech.protocol.mqtt import listen_user
+    from fedspeech.protocol.topics import listen_user
 
     settings = broker_settings(args, args.broker, None)
     if args.device_id is None:

@@ -29,8 +29,8 @@ from fedspeech.coordinator.upload_outcomes import UploadOutcomes
 from fedspeech.protocol import signing
 from fedspeech.protocol.files import write_atomically
 from fedspeech.protocol.messages import TaskDefinition
-from fedspeech.protocol.mqtt import COORDINATOR_USER, BrokerSettings
-from fedspeech.protocol.topics import Topics
+from fedspeech.protocol.mqtt import BrokerSettings
+from fedspeech.protocol.topics import COORDINATOR_USER, Topics
 
 __all__ = ["HttpServer", "Service", "create_app", "serve"]
 

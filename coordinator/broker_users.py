@@ -22,8 +22,7 @@ from pathlib import Path
 
 from fedspeech.protocol.bounds import DEVICE_ID, TOKEN
 from fedspeech.protocol.files import write_atomically
-from fedspeech.protocol.mqtt import COORDINATOR_USER, listen_user, shares_a_user
-from fedspeech.protocol.topics import Topics
+from fedspeech.protocol.topics import COORDINATOR_USER, Topics, listen_user, shares_a_user
 
 log = logging.getLogger(__name__)
 

@@ -18,7 +18,7 @@ from fedspeech.coordinator import broker_users
 from fedspeech.coordinator.records import CredentialDigests
 from fedspeech.coordinator.store import Store, token_digest
 from fedspeech.protocol import bounds, messages
-from fedspeech.protocol.mqtt import shares_a_user
+from fedspeech.protocol.topics import shares_a_user
 
 log = logging.getLogger(__name__)
 

@@ -133,8 +133,11 @@ class Bridge:
             _log_refusal(environ, _Refused(_json_answer(408, reason), reason), logging.INFO)
             await _refuse(_json_answer(408, reason), incoming, send, None)
             return
-        if incoming.gone:
+        if incoming.gone:  # a device killed mid-upload: nothing of it reaches the app
             self.budget += reserved
+            log.warning("%s %r from %s: the client went away after %d of %s bytes; nothing was taken",
+                        environ["REQUEST_METHOD"], environ["PATH_INFO"], environ["REMOTE_ADDR"], len(body),
+                        declared if declared is not None else "unknown")  # fmt: skip
             return
         try:
             answer = await spawn(self._call_app, environ, body)

@@ -15,20 +15,6 @@ from fedspeech.protocol.topics import parse_broker_url
 
 RECONNECT_MIN_S, RECONNECT_MAX_S = 1, 30
 MAX_PASSWORD_BYTES = 1024
-# The broker's users: the coordinator; a device, named by its id; a `fedspeech listen` on it, <id>-listen.
-COORDINATOR_USER, LISTEN_SUFFIX = "coordinator", "-listen"
-
-
-def listen_user(device_id: str) -> str:
-    """The broker user of a `fedspeech listen` on the device with this id."""
-    return f"{device_id}{LISTEN_SUFFIX}"
-
-
-def shares_a_user(device_id: str) -> bool:
-    """Whether a device of this id would log in as the coordinator or another device's listener."""
-    return device_id == COORDINATOR_USER or device_id.endswith(LISTEN_SUFFIX)
-
-
 log = logging.getLogger(__name__)
 
 

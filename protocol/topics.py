@@ -1,4 +1,4 @@
-"""MQTT addressing of the control plane: broker URLs and topic names."""
+"""MQTT addressing of the control plane: broker URLs, topic names and the broker's user names."""
 
 from dataclasses import dataclass
 from urllib.parse import urlsplit
@@ -51,3 +51,17 @@ class Topics:
             return None
         parts = topic[len(prefix) :].split("/")
         return parts[0] if len(parts) == 2 and parts[0] else None
+
+
+# The broker's users: the coordinator; a device, named by its id; a `fedspeech listen` on it, <id>-listen.
+COORDINATOR_USER, LISTEN_SUFFIX = "coordinator", "-listen"
+
+
+def listen_user(device_id: str) -> str:
+    """The broker user of a `fedspeech listen` on the device with this id."""
+    return f"{device_id}{LISTEN_SUFFIX}"
+
+
+def shares_a_user(device_id: str) -> bool:
+    """Whether a device of this id would log in as the coordinator or another device's listener."""
+    return device_id == COORDINATOR_USER or device_id.endswith(LISTEN_SUFFIX)

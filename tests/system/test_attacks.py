@@ -134,8 +134,9 @@ def test_the_probes_attacks_fail_while_the_fleet_trains(tmp_path, mosquitto_url,
         assert kept["round"] == ROUNDS
 
     log = coordinator.log_path.read_text()
-    assert "registration refused: device jackson is already known" in log
-    assert "wrong token or enrolment secret for device jackson" in log
+    # both takeovers (no credential, a guessed one) get the answer an id that is not enrolled gets
+    refused = "registration refused: device jackson is not enrolled, or its token or enrolment secret"
+    assert log.count(refused) >= 2
     assert "POST /api/rounds/1/updates rejected (400)" in log
     for device in DEVICES:
         text = clients[device].log_path.read_text()

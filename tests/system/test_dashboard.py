@@ -148,7 +148,8 @@ def test_a_rejected_upload_shows_on_its_device_with_the_reason(tmp_path):
     _store_round(store, 0, 0.1, 0.5)
     http = app.test_client()
     headers = {"Authorization": "Bearer kitchen-token"}
-    assert http.post("/api/rounds/3/updates", headers=headers, data=b"<script>x</script>").status_code == 400
+    refused = http.post("/api/rounds/3/updates", headers=headers, data=b"<script>x</script>")
+    assert refused.status_code == 409  # no open task: refused before its body is read
     kitchen = http.get("/api/overview").get_json()["devices"][0]
     assert kitchen["last_update"]["round"] == 3 and not kitchen["last_update"]["accepted"]
     assert kitchen["last_update"]["reason"]
