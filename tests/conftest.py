@@ -17,6 +17,7 @@ import pytest
 
 from fedspeech.protocol.messages import ModelSpec
 from tests.helpers.devices import Processes
+from tests.helpers.mqtt_clients import Client
 from tests.helpers.waiting import wait_for
 
 MOSQUITTO = ("127.0.0.1", 1883)
@@ -85,6 +86,15 @@ def processes(tmp_path) -> Iterator[Processes]:
     procs = Processes(tmp_path)
     yield procs
     procs.stop_all()
+
+
+@pytest.fixture
+def clients() -> Iterator[list[Client]]:
+    """MQTT clients made by the test, closed at its end."""
+    made: list[Client] = []
+    yield made
+    for client in made:
+        client.close()
 
 
 @dataclass

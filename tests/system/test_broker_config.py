@@ -151,15 +151,6 @@ def broker(broker_folder) -> Iterator[Broker]:
         print(read_logs(running))  # shown by pytest when the test failed
 
 
-@pytest.fixture
-def clients() -> Iterator[list[Client]]:
-    """Clients made by the test, closed at its end."""
-    made: list[Client] = []
-    yield made
-    for client in made:
-        client.close()
-
-
 def test_a_device_reads_the_model_and_its_own_task_and_writes_its_status(broker, clients):
     coordinator = Client(broker.settings("coordinator", tls=False), (TOPICS.all_status,)).connected()
     clients.append(coordinator)

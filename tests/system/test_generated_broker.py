@@ -69,15 +69,6 @@ def fleet(tmp_path) -> Iterator[Fleet]:
         yield Fleet(state, secrets, f"mqtt://127.0.0.1:{port}", mosquitto)
 
 
-@pytest.fixture
-def clients() -> Iterator[list[Client]]:
-    """Clients made by the test, closed at its end."""
-    made: list[Client] = []
-    yield made
-    for client in made:
-        client.close()
-
-
 def test_a_client_without_credentials_is_refused(fleet, clients):
     stranger = fleet.settings("stranger", password_of="kitchen-pi")
     for settings in (fleet.settings(), fleet.settings("kitchen-pi", password_of="hall-pi"), stranger):
