@@ -100,6 +100,21 @@ def _bench_poisoning(args: argparse.Namespace) -> None:
     run_bench(config)
 
 
+def _bench_attacks(args: argparse.Namespace) -> None:
+    from fedspeech_bench.attacks.bench import run_attacks
+    from fedspeech_bench.attacks.catalogue import ATTACKS
+    from fedspeech_bench.attacks.live_fleet import FleetSettings
+
+    unknown = sorted(set(args.attack or ()) - set(ATTACKS))
+    if unknown:
+        raise SystemExit(
+            f"fedspeech bench attacks: no attack {', '.join(unknown)}; attacks: {', '.join(ATTACKS)}"
+        )
+    results_folder("bench attacks", args.out)
+    settings = FleetSettings(rounds=args.rounds, epochs=args.epochs)
+    run_attacks(args.out, args.attack or list(ATTACKS), settings)
+
+
 def _bench_central(args: argparse.Namespace) -> None:
     from fedspeech_bench.central import run_central
 
@@ -187,6 +202,14 @@ def add_bench_parser(subparsers: argparse._SubParsersAction) -> None:
     bp.add_argument("--seeds", type=at_least(1), default=3)
     bp.add_argument("--rounds", type=at_least(1), default=20)
     bp.set_defaults(run=_bench_poisoning)
+    ba = b.add_parser(
+        "attacks", help="each attack on a live deployment of real processes, against a clean run"
+    )
+    ba.add_argument("--out", type=Path, default=Path("fedspeech-bench-attacks"), help="where results go")
+    ba.add_argument("--attack", action="append", help="only this attack (repeatable; default all)")
+    ba.add_argument("--rounds", type=at_least(2), default=8, help="rounds of each arm (default 8)")
+    ba.add_argument("--epochs", type=at_least(1), default=2, help="local epochs a round (default 2)")
+    ba.set_defaults(run=_bench_attacks)
     bc = b.add_parser("central", help="the same model trained on all training clips in one place")
     bc.add_argument("--corpus", choices=["fsdd", "emodb", "speech_commands"], default="fsdd")
     bc.add_argument("--out", type=Path, default=Path("fedspeech-bench-central"), help="where results go")

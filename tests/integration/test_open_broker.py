@@ -33,10 +33,10 @@ from fedspeech.protocol.messages import (
 )
 from fedspeech.protocol.mqtt import BrokerSettings
 from fedspeech.protocol.topics import Topics
+from fedspeech_bench.attacks.strangers import Stranger
 from tests.helpers.coordinators import running_coordinator
 from tests.helpers.device_doubles import retained
 from tests.helpers.devices import ScriptedDevice, post, unchanged_update, upload
-from tests.helpers.strangers import Stranger
 from tests.helpers.waiting import wait_for
 
 pytestmark = pytest.mark.timeout(180)

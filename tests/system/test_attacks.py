@@ -17,9 +17,9 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from fedspeech.protocol import messages, signing
 from fedspeech.protocol.messages import BlobRef, ModelAnnouncement, Registration, Task
 from fedspeech.protocol.topics import Topics
+from fedspeech_bench.attacks.strangers import Stranger
 from tests.helpers.devices import ScriptedDevice, post, unchanged_update, upload
 from tests.helpers.ports import free_port
-from tests.helpers.strangers import Stranger
 from tests.helpers.waiting import get_json, wait_for
 
 ROUNDS = 5

@@ -3,7 +3,7 @@
 The issue's attack: 16 uploads of 64 MiB raised the coordinator to 2.1 GB (1.1 GB still resident after),
 and 4 uploads with 36 MB safetensors headers cost 24 s of CPU. Here a device that holds a token and an
 open task sends the 16 at once (4 of them for a round it has no task in), then the 4 at once (2 chunked),
-from a process of its own (tests/helpers/upload_burst.py); each is refused within 1 s of its headers
+from a process of its own (fedspeech_bench/attacks/upload_burst.py); each is refused within 1 s of its headers
 (no task; a declared size over what its task takes; first 8 bytes that announce a header too long to
 parse), well before 64 MiB could be read (the 50 ms the issue asks for is measured and printed, not
 asserted: a loaded machine's scheduler decides it), the coordinator's RSS stays within 200 MB of where
@@ -22,9 +22,9 @@ import pytest
 
 from fedspeech.protocol import routes
 from fedspeech.protocol.topics import Topics
+from fedspeech_bench.attacks.upload_burst import HEADER_COUNT, HUGE_COUNT, NO_TASK_COUNT
 from tests.helpers.devices import ScriptedDevice, unchanged_update, upload
 from tests.helpers.ports import free_port
-from tests.helpers.upload_burst import HEADER_COUNT, HUGE_COUNT, NO_TASK_COUNT
 from tests.helpers.waiting import get_json, wait_for
 
 MiB = 1024 * 1024
@@ -65,7 +65,7 @@ def test_a_token_holders_burst_of_huge_uploads_is_refused_before_it_is_read(
         sampler = threading.Thread(target=sample)
         sampler.start()
         cpu_before = sum(coordinator.cpu_times()[:2])
-        attacker = [sys.executable, "-m", "tests.helpers.upload_burst", str(port), device.token]
+        attacker = [sys.executable, "-m", "fedspeech_bench.attacks.upload_burst", str(port), device.token]
         attacker += [task.upload_path, routes.updates(task.round + 1)]  # and a round it has no task in
         sent = subprocess.run(attacker, cwd=REPO, capture_output=True, text=True, timeout=120)
         sent_at = time.monotonic()

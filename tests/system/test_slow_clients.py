@@ -59,7 +59,8 @@ def test_slow_clients_on_another_host_cannot_stop_the_api(tmp_path, mosquitto_ur
             body = unchanged_update(server.url, task, 40)
             slow = subprocess.Popen(
                 slow_host.command(
-                    sys.executable, "-m", "tests.helpers.slow_clients", slow_host.here, str(server.port),
+                    sys.executable, "-m", "fedspeech_bench.attacks.slow_clients",
+                    slow_host.here, str(server.port),
                     "--count", str(SLOW_CLIENTS), "--period", str(PERIOD_S), "--seconds", str(SLOW_S),
                 ),
                 cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,

@@ -3,9 +3,9 @@
 "scale" multiplies its change to the model by 100, so that it dominates a plain average (model
 replacement, Bagdasaryan et al. 2020, "How to backdoor federated learning"); "sign_flip" sends the
 change reversed, pushing the model away from where the honest devices move it; "scaled_global" sends -3
-x the global weights it was given and claims 100,000 samples, the attack that took a live deployment
-from 0.95 to 0.02 accuracy in one round. The daemon builds its trainer with `attacking_trainer(attack)`
-in place of `Trainer`.
+x the global weights it was given, claims 100,000 samples and reports a billion correct test clips per
+label, the attack that took a live deployment from 0.95 to 0.02 accuracy in one round. The daemon
+builds its trainer with `attacking_trainer(attack)` in place of `Trainer`.
 """
 
 from collections.abc import Callable
@@ -16,8 +16,8 @@ import numpy as np
 
 from fedspeech.edge_client.local_data import Split
 from fedspeech.edge_client.trainer import Trainer
-from fedspeech.protocol import weights
-from fedspeech.protocol.messages import Task
+from fedspeech.protocol import messages, weights
+from fedspeech.protocol.messages import EvaluationReport, Task
 from fedspeech.protocol.weights import Arrays
 
 # attack -> the factor its change to the model is multiplied by, or for an attack in GLOBAL the weights
@@ -25,6 +25,7 @@ from fedspeech.protocol.weights import Arrays
 ATTACKS = {"scale": 100.0, "sign_flip": -1.0, "scaled_global": -3.0}
 GLOBAL = {"scaled_global"}
 CLAIMS = {"scaled_global": 100_000}  # attack -> the samples its uploads claim (else the honest count)
+FAKED_REPORTS = {"scaled_global": 10**9}  # attack -> the correct test clips per label its reports claim
 
 
 def _factor(attack: str) -> float:
@@ -67,6 +68,13 @@ class AttackingTrainer(Trainer):
         if self.attack in CLAIMS:
             metadata = {**metadata, "num_samples": str(CLAIMS[self.attack])}
         return result, weights.encode(tamper(arrays, trained, self.attack), metadata=metadata)
+
+    def evaluate(self, task: Task, arrays: Arrays, test: Split, train: Split | None = None) -> bytes:
+        """The honest report, or for an attack that fakes them, every label's clips all counted correct."""
+        if self.attack not in FAKED_REPORTS:
+            return super().evaluate(task, arrays, test, train)
+        correct = np.diag([FAKED_REPORTS[self.attack]] * task.spec.num_classes)
+        return messages.encode(EvaluationReport(task.task_id, task.round, correct.tolist(), 0.0))
 
 
 def attacking_trainer(attack: str) -> Callable[[str, int], Trainer]:

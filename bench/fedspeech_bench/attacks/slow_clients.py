@@ -1,10 +1,12 @@
-"""Slow clients, run as a process of their own (on another test host): `python -m tests.helpers.slow_clients`.
+"""Slow clients, run as a process of their own: `python -m fedspeech_bench.attacks.slow_clients HOST PORT`.
 
 Each of COUNT connections sends the start of a request and then one byte every PERIOD seconds, half of
 them in the headers and half in a registration's body, as a client on a bad link or an attacker would;
 a connection the server closes is opened again at once. After SECONDS it prints, as JSON, how many
 connections it opened, how many the server closed before any answer within a moment of their opening
 (refused), the longest any connection stayed open, and the longest a connection took to be made.
+Run them on another host, or give them another source address (`--source 127.0.0.2`): a server that caps
+connections per address must not see them as the honest clients.
 """
 
 import argparse
@@ -30,8 +32,10 @@ def main() -> None:
     parser.add_argument("--count", type=int, default=64)
     parser.add_argument("--period", type=float, default=1.0)
     parser.add_argument("--seconds", type=float, default=12.0)
+    parser.add_argument("--source", help="connect from this address (default: the system's choice)")
     args = parser.parse_args()
     until = time.monotonic() + args.seconds
+    source = (args.source, 0) if args.source else None
     lock = threading.Lock()
     seen = {"opened": 0, "refused": 0, "longest_open_s": 0.0, "longest_connect_s": 0.0}
 
@@ -39,7 +43,7 @@ def main() -> None:
         while time.monotonic() < until:
             opened = time.monotonic()
             try:
-                with socket.create_connection((args.host, args.port), timeout=5) as sock:
+                with socket.create_connection((args.host, args.port), 5, source) as sock:
                     connected = time.monotonic()
                     with lock:
                         seen["longest_connect_s"] = max(seen["longest_connect_s"], connected - opened)

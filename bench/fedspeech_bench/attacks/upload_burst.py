@@ -1,4 +1,5 @@
-"""A token holder's burst of huge uploads, in a process of its own: `python -m tests.helpers.upload_burst`.
+"""A token holder's burst of huge uploads, in a process of its own:
+`python -m fedspeech_bench.attacks.upload_burst PORT TOKEN PATH NO_TASK_PATH`.
 
 First 16 uploads of 64 MiB at once (the last 4 for a round the device has no task in), then 4 with a 36 MB
 safetensors header at once (every other one chunked). Each is sent whole, as fast as the server takes it,
@@ -12,6 +13,7 @@ import selectors
 import socket
 import time
 from dataclasses import dataclass
+from typing import cast
 
 MiB = 1024 * 1024
 HUGE, HUGE_COUNT, NO_TASK_COUNT = 64 * MiB, 16, 4
@@ -56,8 +58,7 @@ def burst(port: int, uploads: list[Upload]) -> None:
         deadline = time.monotonic() + 60
         while selector.get_map() and time.monotonic() < deadline:
             for key, events in selector.select(timeout=1.0):
-                sock, upload = key.fileobj, key.data
-                assert isinstance(sock, socket.socket)
+                sock, upload = cast(socket.socket, key.fileobj), key.data
                 try:
                     if events & selectors.EVENT_READ:  # the answer: timed, and the body sent on regardless
                         reply = sock.recv(12)
