@@ -5,22 +5,12 @@ have (Mosquitto handles one connection's packets in order and delivers in order)
 """
 
 import queue
-import socket
 
 import pytest
 
 from fedspeech.protocol.mqtt import BrokerSettings, LastWill, connect, make_client
 
 WAIT_S = 20
-
-
-def port_open(port: int) -> bool:
-    """Whether something accepts TCP connections on 127.0.0.1:port."""
-    try:
-        socket.create_connection(("127.0.0.1", port), timeout=2).close()
-        return True
-    except OSError:
-        return False
 
 
 class Client:

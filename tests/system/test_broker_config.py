@@ -24,8 +24,9 @@ from fedspeech.protocol import messages, signing
 from fedspeech.protocol.messages import MAX_MESSAGE_BYTES, ModelAnnouncement
 from fedspeech.protocol.mqtt import BrokerSettings, LastWill, make_client
 from fedspeech.protocol.topics import Topics
+from fedspeech_bench.attacks.mosquitto import listening
 from tests.helpers.devices import Processes
-from tests.helpers.mqtt_clients import WAIT_S, Client, port_open
+from tests.helpers.mqtt_clients import WAIT_S, Client
 from tests.helpers.ports import free_port
 from tests.helpers.waiting import wait_for
 
@@ -127,7 +128,7 @@ def start_broker(folder: Path, config: str) -> tuple[subprocess.Popen, Broker]:
 
     def serving() -> bool:
         assert proc.poll() is None, f"mosquitto exited: {read_logs(broker)}"
-        return all(port_open(port) for port in ports)
+        return all(listening(port) for port in ports)
 
     wait_for(serving, WAIT_S, "Mosquitto to listen")
     return proc, broker

@@ -25,8 +25,8 @@ from fedspeech.edge_client.credentials import DeviceCredentials
 from fedspeech.protocol.messages import DeviceStatus, Profile
 from fedspeech.protocol.mqtt import BrokerSettings, LastWill
 from fedspeech.protocol.topics import Topics
+from fedspeech_bench.attacks.mosquitto import Mosquitto, running_mosquitto
 from tests.helpers.configs import coordinator_config
-from tests.helpers.mosquitto import Mosquitto, running_mosquitto
 from tests.helpers.mqtt_clients import WAIT_S, Client
 from tests.helpers.ports import free_port
 from tests.helpers.waiting import wait_for

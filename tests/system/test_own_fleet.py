@@ -14,7 +14,7 @@ import pytest
 
 from fedspeech.models.clips.datasets import load_corpus
 from fedspeech.models.clips.tasks import SPEECH_COMMANDS_LABELS
-from tests.helpers.mosquitto import running_mosquitto
+from fedspeech_bench.attacks.mosquitto import running_mosquitto
 from tests.helpers.ports import free_port
 from tests.helpers.waiting import get_json, wait_for
 

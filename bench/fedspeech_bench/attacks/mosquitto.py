@@ -1,15 +1,16 @@
-"""A Mosquitto of the test's own, in the foreground with a config file such as `fedspeech broker-config`'s."""
+"""A Mosquitto of one's own, in the foreground with a config file such as `fedspeech broker-config`'s."""
 
 import os
 import signal
+import socket
 import subprocess
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from tests.helpers.mqtt_clients import WAIT_S, port_open
-from tests.helpers.waiting import wait_for
+START_S = 20.0
 
 
 @dataclass
@@ -30,9 +31,9 @@ class Mosquitto:
 
 @contextmanager
 def running_mosquitto(config: Path, port: int) -> Iterator[Mosquitto]:
-    """Mosquitto with config, once it listens on 127.0.0.1:port; stopped (and its output printed) at the end.
+    """Mosquitto with config, once it listens on 127.0.0.1:port; stopped at the end (its output: .log()).
 
-    Started as root, Mosquitto would become user mosquitto, who may not read the files of the test's
+    Started as root, Mosquitto would become user mosquitto, who may not read the files of one's own
     folders: then it runs a copy of config that keeps it root.
     """
     if os.geteuid() == 0:
@@ -44,14 +45,22 @@ def running_mosquitto(config: Path, port: int) -> Iterator[Mosquitto]:
         proc = subprocess.Popen(["mosquitto", "-c", str(config)], stdout=out, stderr=subprocess.STDOUT)
     broker = Mosquitto(proc, output)
 
-    def listening() -> bool:
-        assert proc.poll() is None, f"mosquitto exited: {broker.log()}"
-        return port_open(port)
-
     try:
-        wait_for(listening, WAIT_S, "Mosquitto to listen")
+        deadline = time.monotonic() + START_S
+        while not listening(port):
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"mosquitto did not start: {broker.log()}")
+            time.sleep(0.1)
         yield broker
     finally:
         proc.terminate()
         proc.wait(timeout=10)
-        print(broker.log())  # shown by pytest when the test failed
+
+
+def listening(port: int) -> bool:
+    """Whether something accepts TCP connections on 127.0.0.1:port."""
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=2).close()
+        return True
+    except OSError:
+        return False
