@@ -110,8 +110,10 @@ def _bench_attacks(args: argparse.Namespace) -> None:
         raise SystemExit(
             f"fedspeech bench attacks: no attack {', '.join(unknown)}; attacks: {', '.join(ATTACKS)}"
         )
+    if args.attack_from > args.rounds:
+        raise SystemExit(f"fedspeech bench attacks: --attack-from {args.attack_from} is after the last round")
     results_folder("bench attacks", args.out)
-    settings = FleetSettings(rounds=args.rounds, epochs=args.epochs)
+    settings = FleetSettings(rounds=args.rounds, epochs=args.epochs, attack_from=args.attack_from)
     run_attacks(args.out, args.attack or list(ATTACKS), settings)
 
 
@@ -209,6 +211,10 @@ def add_bench_parser(subparsers: argparse._SubParsersAction) -> None:
     ba.add_argument("--attack", action="append", help="only this attack (repeatable; default all)")
     ba.add_argument("--rounds", type=at_least(2), default=8, help="rounds of each arm (default 8)")
     ba.add_argument("--epochs", type=at_least(1), default=2, help="local epochs a round (default 2)")
+    ba.add_argument(
+        "--attack-from", type=at_least(1), default=1,
+        help="the first round the compromised device attacks in, honest before (default 1)",
+    )  # fmt: skip
     ba.set_defaults(run=_bench_attacks)
     bc = b.add_parser("central", help="the same model trained on all training clips in one place")
     bc.add_argument("--corpus", choices=["fsdd", "emodb", "speech_commands"], default="fsdd")

@@ -6,6 +6,7 @@ from types import SimpleNamespace
 import numpy as np
 
 from fedspeech.coordinator.records import RoundRecord
+from fedspeech.edge_client.local_data import Split
 from fedspeech.protocol import messages
 from fedspeech.protocol.messages import EvaluationReport
 from fedspeech_bench.attacks.bench import Arm, same_models, table, verdict
@@ -49,6 +50,12 @@ def test_a_fleet_that_drifted_is_not_defended_whatever_was_refused():
     assert verdict(attack, lost_a_round, CLEAN) == "not defended"
 
 
+def test_an_attack_that_could_not_be_mounted_is_said_to_have_failed():
+    failed = _arm("rollback")
+    failed.evidence.failed = "no such file"
+    assert verdict(ATTACKS["rollback"], failed, CLEAN) == "attack failed", "not defended, nor held"
+
+
 def test_a_forged_online_device_may_cost_a_round_its_acknowledgement_timeout():
     attack = ATTACKS["forged_online"]
     assert verdict(attack, _arm(attack.name, round_s=15.0), CLEAN) == "defended"
@@ -77,3 +84,12 @@ def test_the_compromised_device_reports_a_billion_correct_clips_of_every_label()
     report = messages.decode(trainer.evaluate(task, {}, None), EvaluationReport)  # no clips needed to lie
     assert (report.task_id, report.round) == ("t1", 3)
     assert np.array_equal(np.array(report.confusion), np.diag([10**9] * 11))
+
+
+def test_the_compromised_device_is_honest_before_its_first_round_of_attack():
+    trainer = AttackingTrainer("mallory", attack="scaled_global", from_round=4)
+    no_clips = Split(np.zeros((0, 8000), np.float32), np.zeros(0, np.int64), {})
+    for round, faked in ((3, False), (4, True)):
+        task = SimpleNamespace(task_id="t1", round=round, spec=SimpleNamespace(num_classes=11), config={})
+        report = messages.decode(trainer.evaluate(task, {}, no_clips), EvaluationReport)
+        assert (np.array(report.confusion).sum() == 11 * 10**9) == faked

@@ -2,13 +2,15 @@
 
 Every arm starts the same deployment afresh (the demo's emulated fleet of six FSDD devices, the last of
 them run by the bench so that it may be compromised; default FedAvg, closed enrolment, an admin token)
-and trains the same rounds, with one attack mounted from the start. Each arm is compared with the clean
+and trains the same rounds, with one attack mounted from the start (the compromised device's from round
+--attack-from, so that it may attack a model the fleet has trained). Each arm is compared with the clean
 arm: the held-out accuracy of the last model, the median round time, the coordinator's peak resident
 memory, the slowest honest `GET /api/status`, and in how many rounds the global model is bit for bit
 the clean run's. An attack is "refused" when every attempt was turned away at the door, "defended"
 when the fleet held (accuracy within 2 points, rounds within the attack's allowance, an honest status
-answered within 1 s of the clean run's slowest, memory within 200 MiB, no round lost), and "not
-defended" otherwise. The devices keep both cores busy, so even the clean run's status waits at times.
+answered within 1 s of the clean run's slowest, memory within 200 MiB, no round lost), "not defended"
+otherwise, and "attack failed" when the attack could not be mounted at all. The devices keep both cores
+busy, so even the clean run's status waits at times.
 """
 
 import json
@@ -62,7 +64,9 @@ class Arm:
 
 
 def verdict(attack: Attack, arm: Arm, clean: Arm) -> str:
-    """refused, defended or not defended (see the module's docstring)."""
+    """refused, defended, not defended, or attack failed (see the module's docstring)."""
+    if arm.evidence.failed:
+        return "attack failed"
     held = (
         arm.finished
         and len(arm.rounds) == len(clean.rounds)
@@ -84,12 +88,12 @@ def same_models(arm: Arm, clean: Arm) -> int:
     return sum(r.round > 0 and theirs.get(r.round) == r.weights_sha256 for r in arm.rounds)
 
 
-def _start_insider(fleet: LiveFleet, spec: DeviceSpec, attack: str) -> DeviceProcess:
-    """The fleet's last device, run by the bench: honest, or mounting the attack."""
+def _start_insider(fleet: LiveFleet, spec: DeviceSpec, attack: str, attack_from: int) -> DeviceProcess:
+    """The fleet's last device, run by the bench: honest, or mounting the attack from round attack_from."""
     coordinator, broker, proxies = proxied_urls(spec, fleet.url, fleet.broker_url)
     argv = [sys.executable, "-m", "fedspeech_bench.attacks.insider", attack, coordinator, broker]
     argv += [fleet.topics.root, str(fleet.run_dir / "devices"), spec.speaker, spec.name]
-    argv += [str(fleet.run_dir / f"{spec.name}.secret")]
+    argv += [str(fleet.run_dir / f"{spec.name}.secret"), "--from-round", str(attack_from)]
     log_path = fleet.run_dir / "logs" / f"{spec.name}.log"
     env = {**ONE_THREAD, "PYTHONUNBUFFERED": "1"}
     return run_limited(spec.cpu_share, argv, name=spec.name, log_path=log_path, env=env, proxies=proxies)
@@ -100,6 +104,7 @@ def _mounted(attack: Attack, fleet: LiveFleet, stop: threading.Event, evidence: 
         attack.mount(fleet, stop, evidence)
     except Exception as exc:  # the attack's own failure is part of what the table shows
         log.exception("attack %s failed", attack.name)
+        evidence.failed = str(exc)
         evidence.notes.append(f"the attack itself failed: {exc}")
 
 
@@ -122,7 +127,7 @@ def run_arm(attack: Attack, specs: list[DeviceSpec], settings: FleetSettings, ru
     insider_spec = specs[-1]
     evidence, stop = Evidence(), threading.Event()
     with live_fleet(specs[:-1], settings, run_dir, [insider_spec.name]) as fleet:
-        insider = _start_insider(fleet, insider_spec, attack.insider)
+        insider = _start_insider(fleet, insider_spec, attack.insider, settings.attack_from)
         mount = threading.Thread(target=_mounted, args=(attack, fleet, stop, evidence), name=attack.name)
         try:
             mount.start()

@@ -37,6 +37,7 @@ class Evidence:
     tried: int = 0
     refused: int = 0
     notes: list[str] = field(default_factory=list)
+    failed: str = ""  # why the attack itself could not be mounted, if it could not
 
 
 Mount = Callable[[LiveFleet, threading.Event, Evidence], None]
@@ -229,7 +230,7 @@ def _rollback(fleet: LiveFleet, stop: threading.Event, evidence: Evidence) -> No
                 stranger.publish(fleet.topics.model, replay, retain=True)
                 folder = fleet.run_dir / f"listener-{len(loaded)}"
                 follower = ModelFollower(
-                    fleet.url, BrokerSettings(fleet.broker_url), fleet.topics.root, key, folder
+                    fleet.url, BrokerSettings(fleet.broker_url), fleet.topics.root, key, state_dir=folder
                 )
                 follower.start()
                 try:

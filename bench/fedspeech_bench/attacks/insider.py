@@ -1,8 +1,10 @@
 """An enrolled device that may be compromised, as a process of its own:
-`python -m fedspeech_bench.attacks.insider ATTACK COORDINATOR BROKER TOPIC_ROOT STATE SPEAKER DEVICE SECRET`.
+`python -m fedspeech_bench.attacks.insider ATTACK COORDINATOR BROKER TOPIC_ROOT STATE SPEAKER DEVICE SECRET
+[--from-round N]`.
 
 It is a device daemon on an FSDD speaker's clips whose trainer mounts ATTACK (fleets.poisoning's, or
-"none" for an honest device): it trains honestly, then uploads what the attack makes of its update.
+"none" for an honest device): it trains honestly, then uploads what the attack makes of its update, from
+round N on (1: every round).
 """
 
 import argparse
@@ -24,6 +26,7 @@ def main() -> None:
     parser.add_argument("attack", choices=[HONEST, *ATTACKS])
     for name in ("coordinator", "broker", "topic_root", "state", "speaker", "device_id", "secret_file"):
         parser.add_argument(name)
+    parser.add_argument("--from-round", type=int, default=1)
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     config = ClientConfig(
@@ -34,7 +37,7 @@ def main() -> None:
         state_dir=Path(args.state) / args.device_id,
         topic_root=args.topic_root,
         enrolment_secret=Path(args.secret_file).read_text().strip(),
-        make_trainer=Trainer if args.attack == HONEST else attacking_trainer(args.attack),
+        make_trainer=Trainer if args.attack == HONEST else attacking_trainer(args.attack, args.from_round),
     )
     config.check()
     run_client(config)

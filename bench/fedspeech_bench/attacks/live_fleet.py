@@ -31,12 +31,15 @@ SAMPLE_S = 0.05  # the coordinator's memory and an honest status, sampled this o
 
 @dataclass(frozen=True)
 class FleetSettings:
-    """What every arm's deployment runs: rounds, local epochs, and how often the devices evaluate."""
+    """What every arm's deployment runs: rounds, local epochs, how often the devices evaluate, and the
+    first round a compromised device attacks in (honest before).
+    """
 
     rounds: int
     epochs: int = 2
     eval_every: int = 3
     round_timeout_s: float = 300.0
+    attack_from: int = 1
 
 
 @dataclass

@@ -54,16 +54,20 @@ class AttackingTrainer(Trainer):
     replaced by the attack's claim, if it has one).
     """
 
-    def __init__(self, device_id: str, torch_threads: int = 1, *, attack: str) -> None:
+    def __init__(self, device_id: str, torch_threads: int = 1, *, attack: str, from_round: int = 1) -> None:
         _factor(attack)
         super().__init__(device_id, torch_threads)
-        self.attack = attack
+        self.attack, self.from_round = attack, from_round
 
     def train(
         self, task: Task, arrays: Arrays, train: Split, teacher: Arrays | None = None
     ) -> tuple[Any, bytes]:
-        """Train honestly from the given weights, then tamper with the change before it is uploaded."""
+        """Train honestly from the given weights, then (from from_round on) tamper with the change before it
+        is uploaded.
+        """
         result, upload = super().train(task, arrays, train, teacher)
+        if task.round < self.from_round:
+            return result, upload
         trained, metadata = weights.decode(upload)
         if self.attack in CLAIMS:
             metadata = {**metadata, "num_samples": str(CLAIMS[self.attack])}
@@ -71,13 +75,15 @@ class AttackingTrainer(Trainer):
 
     def evaluate(self, task: Task, arrays: Arrays, test: Split, train: Split | None = None) -> bytes:
         """The honest report, or for an attack that fakes them, every label's clips all counted correct."""
-        if self.attack not in FAKED_REPORTS:
+        if self.attack not in FAKED_REPORTS or task.round < self.from_round:
             return super().evaluate(task, arrays, test, train)
         correct = np.diag([FAKED_REPORTS[self.attack]] * task.spec.num_classes)
         return messages.encode(EvaluationReport(task.task_id, task.round, correct.tolist(), 0.0))
 
 
-def attacking_trainer(attack: str) -> Callable[[str, int], Trainer]:
-    """A factory like `Trainer(device_id, torch_threads)` building trainers that mount the given attack."""
+def attacking_trainer(attack: str, from_round: int = 1) -> Callable[[str, int], Trainer]:
+    """A factory like `Trainer(device_id, torch_threads)` building trainers that mount the given attack from
+    the tasks of round from_round on (honest before).
+    """
     _factor(attack)
-    return partial(AttackingTrainer, attack=attack)
+    return partial(AttackingTrainer, attack=attack, from_round=from_round)
