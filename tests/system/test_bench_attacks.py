@@ -28,8 +28,8 @@ def test_bench_attacks_runs_a_compromised_device_against_a_clean_deployment(tmp_
         assert all(r["results"] == 6 for r in arm["rounds"][1:]), "every device in every round"
         assert arm["watch"]["rss_peak"] >= arm["watch"]["rss_start"] > 0
         assert arm["watch"]["statuses"] > 0 and arm["watch"]["failed_statuses"] == 0
-    # bounded in both rounds; its faked reports of round 0 and the last round (both evaluated) refused
-    assert attacked["evidence"]["tried"] == 4 and attacked["evidence"]["refused"] == 2
+    # bounded in both rounds; its faked report of the last round (the only one evaluated) refused
+    assert attacked["evidence"]["tried"] == 3 and attacked["evidence"]["refused"] == 1
     assert clean["rounds"][0]["weights_sha256"] == attacked["rounds"][0]["weights_sha256"]
     assert clean["rounds"][2]["weights_sha256"] != attacked["rounds"][2]["weights_sha256"], "it did attack"
     rows = (out / "table.md").read_text().splitlines()

@@ -62,7 +62,8 @@ def _compromised(fleet: LiveFleet, stop: threading.Event, evidence: Evidence) ->
     stop.wait()
     log = fleet.log()
     bounded = len(re.findall(r"claims 100000 samples; counted as", log))
-    reports = log.count("evaluation report refused: more test clips than the device registered")
+    # the evaluation phase's line, once a report (the API logs its refusal again)
+    reports = len(re.findall(r"evaluation_phase: round \d+: \S+'s evaluation report refused: more test", log))
     evidence.tried, evidence.refused = bounded + reports, reports
     evidence.notes.append(f"{bounded} uploads counted at the bound, {reports} faked reports refused")
 
