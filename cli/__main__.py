@@ -19,7 +19,14 @@ from fedspeech.connection_options import (
 )
 from fedspeech.coordinator_command import add_parser as add_coordinator_parser
 from fedspeech.devices import add_parser as add_devices_parser
-from fedspeech.installed_commands import KNOWN, add_installed_commands, missing_command
+from fedspeech.installed_commands import (
+    KNOWN,
+    add_installed_commands,
+    extra_of,
+    install_hint,
+    missing_command,
+    require_extra,
+)
 from fedspeech.protocol import log_lines
 from fedspeech.protocol.mqtt import BrokerSettings
 from fedspeech.protocol.topics import DEFAULT_ROOT
@@ -27,6 +34,7 @@ from fedspeech.status import add_parser as add_status_parser
 
 
 def _client(args: argparse.Namespace) -> None:
+    require_extra("client")  # before anything starts: torch is imported for the first task
     from fedspeech.edge_client.credentials import Refused
     from fedspeech.edge_client.daemon import ClientConfig, run_client, run_clients
     from fedspeech.edge_client.local_data import DataSource
@@ -58,6 +66,7 @@ def _client(args: argparse.Namespace) -> None:
             data=source,
             state_dir=args.state / device_id,
             enrolment_secret=secret,
+            enrolment_secret_file=args.enrolment_secret_file,
             coordinator_key=coordinator_key(args),
             coordinator_ca=args.coordinator_ca,
             topic_root=args.topic_root,
@@ -91,6 +100,7 @@ def _host_device_id() -> str:
 
 
 def _record(args: argparse.Namespace) -> None:
+    require_extra("record")
     from fedspeech.edge_client.recording import RecordConfig, RecordError, run_record
     from fedspeech.models.clips.tasks import TaskFileError, load_task
 
@@ -110,6 +120,8 @@ def _record(args: argparse.Namespace) -> None:
 
 
 def _listen(args: argparse.Namespace) -> None:
+    if args.input is None:  # the microphone, or --list-devices
+        require_extra("listen")
     from fedspeech.edge_client.runtime.streaming import DetectorConfig
     from fedspeech.listen import ListenConfig, ListenError, list_devices, run_listen
 
@@ -284,7 +296,16 @@ def main(argv: list[str] | None = None) -> None:
     if not args.verbose:
         for chatty in ("onnxscript", "onnx_ir"):  # the ONNX export's internals, at INFO every round
             logging.getLogger(chatty).setLevel(logging.WARNING)
-    args.run(args)
+    try:
+        args.run(args)
+    except ModuleNotFoundError as exc:  # a module of an extra that is not installed, imported on the way
+        extra = extra_of(exc.name, args.command)
+        if extra is None:
+            raise
+        raise SystemExit(
+            f"fedspeech {args.command}: needs {exc.name}, which the {extra} extra installs: "
+            f"{install_hint(extra)}"
+        ) from None
 
 
 if __name__ == "__main__":

@@ -13,6 +13,7 @@ import urllib.parse
 from collections.abc import Callable
 from pathlib import Path
 
+from fedspeech.edge_client.credentials import warn_if_readable
 from fedspeech.protocol.mqtt import BrokerSettings
 from fedspeech.protocol.topics import parse_broker_url
 
@@ -53,13 +54,18 @@ def broker_settings(args: argparse.Namespace, url: str, username: str | None) ->
         settings.check()
     except ValueError as exc:
         raise SystemExit(f"fedspeech {args.command}: {exc}") from None
+    warn_if_readable(settings.password_file, "broker password")
+    warn_if_readable(settings.key_file, "broker client key")
     return settings
 
 
 def read_secret(path: Path | None, what: str, command: str = "") -> str | None:
-    """The first line of a secret's file, or None; SystemExit if it cannot be read."""
+    """The first line of a secret's file, or None; SystemExit if it cannot be read; a warning if others
+    may read it.
+    """
     if path is None:
         return None
+    warn_if_readable(path, what)
     try:
         return path.read_text().strip()[:1024] or None
     except OSError as exc:

@@ -23,8 +23,10 @@ from fedspeech.connection_options import (
     port,
     reason,
     seconds,
+    warn_if_readable,
     warn_if_unreachable,
 )
+from fedspeech.installed_commands import require_extra
 from fedspeech.models.architectures import MODELS, NEW_BLOCKS
 from fedspeech.protocol.topics import DEFAULT_ROOT
 from fedspeech.protocol.weights import PRECISIONS
@@ -39,7 +41,8 @@ STRATEGY_NAMES = "a strategy's name (README: Strategies)"
 
 def run(args: argparse.Namespace) -> None:
     """`fedspeech coordinator`: the service from its settings, until SIGTERM or SIGINT."""
-    from fedspeech.coordinator.app import create_app, serve
+    require_extra("coordinator")
+    from fedspeech.coordinator.app import TopicRootTaken, create_app, serve
     from fedspeech.coordinator.config_sources import ConfigError, combine, source_layers
     from fedspeech.models.clips.tasks import TaskFileError
 
@@ -50,6 +53,7 @@ def run(args: argparse.Namespace) -> None:
         raise SystemExit(f"fedspeech coordinator: {exc}") from None
     _check_paths(config, layers)
     _check_before_start(config)  # one line before anything starts or logs
+    _warn_if_secrets_readable(config)
     try:
         app = create_app(config)
     except (TaskFileError, ValueError, FileNotFoundError) as exc:
@@ -57,6 +61,8 @@ def run(args: argparse.Namespace) -> None:
     service = app.extensions["fedspeech"]
     try:
         service.start()
+    except TopicRootTaken as exc:
+        raise SystemExit(f"fedspeech coordinator: {exc}") from None
     except OSError as exc:  # the embedded broker's port, taken since it was checked
         if service.broker is None:
             raise
@@ -73,9 +79,13 @@ def run(args: argparse.Namespace) -> None:
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
-    stop.wait()
+    while not stop.wait(1.0):
+        if service.link.refusal is not None:  # the topic root, checked once the broker answered, is taken
+            break
     server.stop()
     service.stop()
+    if service.link.refusal is not None:
+        raise SystemExit(f"fedspeech coordinator: {service.link.refusal}")
 
 
 def _check_paths(config: "CoordinatorConfig", layers: "Sequence[Layer]") -> None:
@@ -94,6 +104,19 @@ def _check_paths(config: "CoordinatorConfig", layers: "Sequence[Layer]") -> None
     for name, folder in folders.items():
         if folder is not None and not folder.is_dir():
             raise SystemExit(f"fedspeech coordinator: {where(name, layers)} {folder}: no such folder")
+
+
+def _warn_if_secrets_readable(config: "CoordinatorConfig") -> None:
+    """A warning for each of the coordinator's secret files that other users may read."""
+    service = config.service
+    secrets = {
+        "admin token": service.admin_token_file,
+        "broker password": service.broker_password_file,
+        "broker client key": service.broker_key,
+        "TLS key": service.tls_key,
+    }
+    for what, path in secrets.items():
+        warn_if_readable(path, what)
 
 
 def _check_before_start(config: "CoordinatorConfig") -> None:
@@ -200,6 +223,13 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         help="with --norm-bound median: the bound as a multiple of the round's median change (default 2)",
     )
     c.add_argument("--topic-root", help=f"root of the MQTT topics (default {DEFAULT_ROOT})")
+    c.add_argument(
+        "--take-over-topic-root",
+        action="store_true",
+        default=None,
+        help="announce on a topic root whose retained model announcement another coordinator signed "
+        "(otherwise refused: one broker, one coordinator per topic root)",
+    )
     c.add_argument("--task", help="a task file, or a built-in task: fsdd (default), emodb, speech_commands")
     c.add_argument(
         "--eval-every", type=at_least(0), help="devices evaluate every N rounds' model (default 1, 0: never)"
@@ -212,7 +242,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     )
     c.add_argument("--data-dir", help="folder holding the corpora (default: bundled data/)")
     c.add_argument("--eval-limit", type=at_least(1), help="evaluate centrally on at most this many clips")
-    c.add_argument("--rounds", type=at_least(0), help="rounds to train (default 10)")
+    c.add_argument("--rounds", type=at_least(1), help="rounds to train (default 10)")
     c.add_argument("--min-devices", type=at_least(1), help="devices online before a round starts")
     c.add_argument("--min-results", type=at_least(1), help="updates needed to aggregate a round")
     c.add_argument("--round-timeout", type=float, help="seconds a device has to send its update")

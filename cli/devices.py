@@ -3,8 +3,12 @@
 import argparse
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from fedspeech.coordinator_api import CoordinatorApiError, add_admin_options, admin_request
+
+if TYPE_CHECKING:  # the parser is built without coordinator code
+    from fedspeech.coordinator.store import Store
 
 
 def run(args: argparse.Namespace) -> None:
@@ -35,21 +39,23 @@ def _over_http(args: argparse.Namespace) -> None:
 
 
 def _on_state(args: argparse.Namespace) -> None:
-    from fedspeech.coordinator.enrolment import add_device, revoke_device
-    from fedspeech.coordinator.store import Store
+    from fedspeech.coordinator.enrolment import revoke_device
+    from fedspeech.coordinator.store import Store, holds_state
 
-    if args.action != "add" and not (args.state / "state.sqlite3").exists():
-        raise ValueError(f"no coordinator state in {args.state} (give --state, or --coordinator URL)")
-    store = Store(args.state)
-    if args.action == "add":
-        secret = add_device(store, args.device_id)
-        print(secret)
-        print(
-            f"enrolled {args.device_id}; the secret above is shown only once. On the device, keep it "
-            "in a file only the daemon's user can read and pass --enrolment-secret-file FILE.",
-            file=sys.stderr,
+    folder = args.state.resolve()
+    new = not holds_state(folder)
+    if new and not (args.action == "add" and args.new_state):
+        other = (
+            "--new-state to start a coordinator's state there"
+            if args.action == "add"
+            else "--coordinator URL"
         )
+        raise ValueError(f"no coordinator state in {folder}: give the coordinator's --state DIR, or {other}")
+    store = Store(folder)
+    if args.action == "add":
+        _add(args, store, new)
     elif args.action == "revoke":
+        store.check_writable()
         if not revoke_device(store, args.device_id):
             raise ValueError(f"no device {args.device_id!r}")
         print(f"revoked {args.device_id}: its token no longer works; it must be enrolled again")
@@ -57,6 +63,38 @@ def _on_state(args: argparse.Namespace) -> None:
         for device in store.devices():
             state = "registered" if device.registered else "enrolled, not registered yet"
             print(f"{device.device_id}\t{state}")
+
+
+def _add(args: argparse.Namespace, store: "Store", new: bool) -> None:
+    """Enrol the device; its secret to --secret-file (mode 0600), else printed once on stdout."""
+    from fedspeech.coordinator.enrolment import add_device, revoke_device
+    from fedspeech.protocol.files import write_atomically
+
+    store.check_writable()
+    if args.secret_file is not None and not args.secret_file.parent.is_dir():
+        raise ValueError(f"--secret-file {args.secret_file}: no folder {args.secret_file.parent}")
+    secret = add_device(store, args.device_id)
+    where = f"enrolled {args.device_id} into the {'new ' if new else ''}coordinator's state {store.dir}"
+    if args.secret_file is None:
+        print(secret)
+        print(
+            f"{where}; the secret above is shown only once. On the device, keep it in a file only the "
+            "daemon's user can read (`--secret-file FILE` writes one) and pass --enrolment-secret-file FILE.",
+            file=sys.stderr,
+        )
+        return
+    try:
+        write_atomically(args.secret_file, (secret + "\n").encode(), private=True)
+    except OSError as exc:
+        revoke_device(store, args.device_id)  # a secret nobody holds
+        raise ValueError(
+            f"cannot write {args.secret_file}: {exc.strerror}; {args.device_id} is not enrolled"
+        ) from None
+    print(
+        f"{where}; its secret is in {args.secret_file} (mode 0600): copy it to the device and pass "
+        "--enrolment-secret-file FILE",
+        file=sys.stderr,
+    )
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -77,6 +115,19 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         a.add_argument(
             "--state", type=Path, default=Path("fedspeech-state"), help="coordinator state directory"
         )
-        if action != "add":
+        if action == "add":
+            a.add_argument(
+                "--secret-file",
+                type=Path,
+                metavar="FILE",
+                help="write the secret to FILE, readable by its owner only (mode 0600), not to stdout",
+            )
+            a.add_argument(
+                "--new-state",
+                action="store_true",
+                help="start the coordinator's state in --state if it holds none yet (else refused: a "
+                "device enrolled into a state no coordinator runs on is refused when it registers)",
+            )
+        else:
             add_admin_options(a, "instead of --state: the running coordinator's base URL")
     dv.set_defaults(run=run)

@@ -2,10 +2,13 @@
 
 A distribution declares them as entry points in the group COMMANDS; each names a function that adds
 its subparser to `fedspeech`'s, importing no more than the parsers need. A known command whose
-distribution is not installed still parses, and answers with one line saying how to install it.
+distribution is not installed still parses, and answers with one line saying how to install it. So does
+a command of fedspeech's own run without the extra it needs (EXTRAS: torch for `client`, flask and the
+rest for `coordinator`, sounddevice for `record` and the microphone).
 """
 
 import argparse
+import importlib.util
 from importlib.metadata import entry_points
 
 COMMANDS = "fedspeech.commands"
@@ -33,3 +36,44 @@ def missing_command(args: argparse.Namespace) -> None:
     message = getattr(args, "not_installed", None)
     if message is not None:
         raise SystemExit(message)
+
+
+# the modules each extra of fedspeech installs (pyproject.toml's optional-dependencies), by import name
+EXTRAS = {
+    "train": ("torch", "onnx", "onnxscript"),
+    "coordinator": (
+        *("torch", "onnx", "onnxscript"),  # fedspeech[train]
+        *("flask", "hypercorn", "amqtt", "matplotlib", "scipy", "prometheus_client"),
+    ),
+    "audio": ("sounddevice",),
+}
+# the extra each of fedspeech's commands needs (listen: for a microphone only)
+COMMAND_EXTRAS = {"coordinator": "coordinator", "client": "train", "record": "audio", "listen": "audio"}
+
+
+def install_hint(extra: str) -> str:
+    """How to install an extra into the environment fedspeech is installed in."""
+    return f'pip install "fedspeech[{extra}]"'
+
+
+def require_extra(command: str) -> None:
+    """SystemExit with one line naming the command's extra to install if a module it installs is missing.
+
+    Checked before a command starts anything: the device daemon imports torch only for its first task.
+    """
+    extra = COMMAND_EXTRAS[command]
+    missing = [name for name in EXTRAS[extra] if importlib.util.find_spec(name) is None]
+    if missing:
+        raise SystemExit(
+            f"fedspeech {command}: needs {', '.join(missing)}, which the {extra} extra installs: "
+            f"{install_hint(extra)}"
+        )
+
+
+def extra_of(module: str | None, command: str | None = None) -> str | None:
+    """The extra to install for a missing module: the command's, if it installs the module, else the
+    smallest that does; None for a module no extra installs.
+    """
+    top = (module or "").split(".")[0]
+    own = [COMMAND_EXTRAS[command]] if command in COMMAND_EXTRAS else []
+    return next((extra for extra in [*own, "audio", "train", "coordinator"] if top in EXTRAS[extra]), None)

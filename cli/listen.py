@@ -13,7 +13,9 @@ source:
 Following a coordinator, each newly announced model is downloaded, checked and loaded in the background
 and swapped in between two frames, so no audio is dropped. Only announcements signed by the coordinator's
 key count: the one given (--coordinator-key), else the one the coordinator sends when the listener starts.
-The newest round seen announced is kept in --state, and no older one is ever loaded.
+The newest round seen announced is kept in --state, and no older one is ever loaded. Until it has a model
+the listener asks the coordinator for its latest every few seconds, over HTTP(S), and logs why it waits
+(the coordinator does not answer, has announced none yet, or the broker's is signed by another key).
 """
 
 import sys

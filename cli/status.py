@@ -33,7 +33,7 @@ def render(o: dict[str, Any], coordinator: str, last_rounds: int) -> str:
     now = (
         "finished"
         if o["finished"]
-        else "idle"
+        else o.get("waiting") or "idle"  # a coordinator of an earlier version says nothing of its waits
         if o["open_round"] is None
         else f"round {o['open_round']} training"
     )
@@ -47,6 +47,9 @@ def render(o: dict[str, Any], coordinator: str, last_rounds: int) -> str:
         lines.append(
             f"model: round {m['round']}, {m['architecture']}, weights {_bytes(m['weights_bytes'])}{onnx}"
         )
+        if m.get("threshold_from"):
+            threshold = f"threshold {m['threshold']:.3f}, " if m.get("threshold") is not None else ""
+            lines.append(f"detection: {threshold}{m['threshold_from']}")
     lines.append("")
     devices = [
         [
@@ -57,10 +60,12 @@ def render(o: dict[str, Any], coordinator: str, last_rounds: int) -> str:
             _ago(d["last_seen"], o["at"]),
             str(d["rounds_joined"]),
             _update(d["last_update"]),
+            _error(d.get("last_error")),  # a coordinator of an earlier version has none
         ]
         for d in o["devices"]
     ]
-    lines += _table(["DEVICE", "STATE", "SCORE", "CLIPS", "LAST SEEN", "ROUNDS", "LAST UPDATE"], devices)
+    header = ["DEVICE", "STATE", "SCORE", "CLIPS", "LAST SEEN", "ROUNDS", "LAST UPDATE", "LAST ERROR"]
+    lines += _table(header, devices)
     lines.append("")
     rounds = [
         [
@@ -113,6 +118,12 @@ def _update(outcome: dict[str, Any] | None) -> str:
     if outcome["accepted"]:
         return f"round {outcome['round']}: accepted"
     return f"round {outcome['round']}: rejected, {outcome['reason'][:60]}"
+
+
+def _error(error: dict[str, Any] | None) -> str:
+    if error is None:
+        return "-"
+    return f"round {error['round']}: {error['reason'][:60]}"
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:

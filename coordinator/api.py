@@ -1,4 +1,6 @@
-"""HTTP API blueprint: registration, model downloads, update uploads, status, devices and rounds."""
+"""HTTP API blueprint: registration, model downloads, update uploads, failure reports, status, devices and
+rounds.
+"""
 
 import logging
 from dataclasses import asdict
@@ -11,14 +13,16 @@ from fedspeech.coordinator.admin import admin_only, is_admin, refusal
 from fedspeech.coordinator.body_rules import BodyRule, Rules
 from fedspeech.coordinator.enrolment import EnrolmentRefused, revoke_device, revoked_reason
 from fedspeech.coordinator.errors import BadUpload, NotWanted
+from fedspeech.coordinator.store import StateWriteError
 from fedspeech.protocol import messages, routes, signing, weights
 from fedspeech.protocol.bounds import MAX_BLOB_BYTES, ProtocolError
-from fedspeech.protocol.messages import Credentials, Registration, TaskInfo
+from fedspeech.protocol.messages import Credentials, Registration, TaskFailure, TaskInfo
 
 log = logging.getLogger(__name__)
 bp = Blueprint("api", __name__, url_prefix=routes.PREFIX)
 
 MAX_UPDATE_BYTES = MAX_BLOB_BYTES
+MAX_FAILURE_BYTES = 4096  # a failure report: its reason, JSON-escaped at worst, and the message's fields
 
 
 def _service():
@@ -63,6 +67,12 @@ def _refused(exc: Exception) -> tuple[Response, int]:
         round = (request.view_args or {}).get("round", -1)
         _service().outcomes.rejected(g.get("device_id"), round, _KINDS[type(exc)], str(exc))
     return _error(_STATUSES[type(exc)], str(exc), getattr(exc, "revoked", False))
+
+
+@bp.errorhandler(StateWriteError)
+def _not_stored(exc: StateWriteError) -> tuple[Response, int]:
+    log.error("%s", exc)
+    return _error(503, "the coordinator cannot store this now (its state folder takes no writes); try later")
 
 
 @bp.errorhandler(EnrolmentRefused)
@@ -127,6 +137,12 @@ def _update_rule(round: int) -> BodyRule:
     """
     limit = _service().inbox.upload_limit(round, _device())
     return BodyRule(limit, weights.check_header_length, weights.HEADER_LENGTH_BYTES)
+
+
+def _failure_rule(task_id: str) -> BodyRule:
+    """A failure report: only with a device's token, and short."""
+    _device()
+    return BodyRule(MAX_FAILURE_BYTES)
 
 
 def _validation_rule() -> BodyRule:
@@ -231,6 +247,22 @@ def acknowledge(task_id: str):
     return jsonify(acknowledged=True, device_id=device)
 
 
+@bp.post(routes.FAILURE_RULE)
+def report_failure(task_id: str):
+    """A device could not do its task: its round stops waiting for it, and the reason is its last error.
+
+    Only its own open task, with its token: anything else changes nothing.
+    """
+    body = _body(_failure_rule(task_id).limit)
+    try:
+        failure = messages.decode(body, TaskFailure)
+    except ProtocolError as exc:
+        return _error(400, f"bad failure report: {exc}")
+    device = g.device_id
+    _service().inbox.fail(device, task_id, failure.reason)
+    return jsonify(reported=True, device_id=device)
+
+
 @bp.post(routes.EVALUATIONS_RULE)
 def upload_evaluation(round: int):
     """Accept a device's evaluation of a round's model on its own test split (counts only)."""
@@ -274,6 +306,11 @@ def status():
         registered = service.store.registered()  # anyone on the broker can claim a device id there
         answer["devices_online"] = [d for d in service.link.online() if d in registered]
         answer["broker"] = service.broker_url
+        # the last task each device could not do, and why, since the coordinator started
+        errors = service.inbox.last_errors()
+        answer["device_errors"] = {d: asdict(errors[d]) for d in sorted(errors)}
+        # what keeps the next round from starting, and how to change it (it tells how many are online)
+        answer["waiting"] = service.orchestrator.waiting
     return jsonify(answer)
 
 
@@ -354,5 +391,6 @@ BODY_RULES: Rules = {
     "api.register": _message_rule,
     "api.upload_update": _update_rule,
     "api.upload_evaluation": _device_message_rule,
+    "api.report_failure": _failure_rule,
     "api.share_validation": _validation_rule,
 }

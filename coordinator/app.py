@@ -21,7 +21,7 @@ from fedspeech.coordinator.guesses import GuessLimit
 from fedspeech.coordinator.http_server import HttpServer, serve
 from fedspeech.coordinator.inbox import Inbox
 from fedspeech.coordinator.metrics import bp as metrics_bp
-from fedspeech.coordinator.mqtt_link import CoordinatorLink
+from fedspeech.coordinator.mqtt_link import CoordinatorLink, TopicRootTaken
 from fedspeech.coordinator.orchestrator import Orchestrator
 from fedspeech.coordinator.shared_validation import SharedValidation
 from fedspeech.coordinator.store import StateError, Store
@@ -32,9 +32,11 @@ from fedspeech.protocol.messages import TaskDefinition
 from fedspeech.protocol.mqtt import BrokerSettings
 from fedspeech.protocol.topics import COORDINATOR_USER, Topics
 
-__all__ = ["HttpServer", "Service", "create_app", "serve"]
+__all__ = ["HttpServer", "Service", "TopicRootTaken", "create_app", "serve"]
 
 log = logging.getLogger(__name__)
+
+CHECK_TOPIC_ROOT_S = 10.0  # the longest start waits for the broker to show what its topic root holds
 
 
 @dataclass
@@ -61,10 +63,18 @@ class Service:
         return self.orchestrator.inbox
 
     def start(self) -> None:
-        """Start the embedded broker (if any), the MQTT link and the round loop."""
+        """Start the embedded broker (if any), the MQTT link and the round loop.
+
+        TopicRootTaken, with nothing left running, if another coordinator announces on the topic root.
+        """
         if self.broker is not None:
             self.broker.start()
         self.link.start()
+        try:
+            self.link.check_topic_root(CHECK_TOPIC_ROOT_S)
+        except TopicRootTaken:
+            self.stop()
+            raise
         self.thread = threading.Thread(
             target=self.orchestrator.run, args=(self.stop_event,), name="rounds", daemon=True
         )
@@ -102,11 +112,11 @@ def _load(
     clips: list[Any], skipped: list[Any], definition: TaskDefinition, purpose: str, source: str
 ) -> tuple[list[Any], np.ndarray]:
     """The clips that load, with their waveforms; each skip logged; ValueError if none is usable."""
-    from fedspeech.models.clips.folders import ClipCache
+    from fedspeech.models.clips.folders import ClipCache, shown
 
     kept, waveforms, bad = ClipCache().load(clips, definition.sample_rate, definition.num_samples)
     for skip in skipped + bad:
-        log.warning("%s skips %s: %s", purpose, skip.path, skip.reason)
+        log.warning("%s skips %s: %s", purpose, shown(skip.path), skip.reason)
     if not kept:
         raise ValueError(f"no usable clips for {purpose} in {source}")
     log.info("%s: %d clips from %s", purpose, len(kept), source)
@@ -178,9 +188,10 @@ def create_app(config: CoordinatorConfig | None = None) -> Flask:
     settings, broker = _broker(service)
     model = _global_model(config)  # a bad task stops the coordinator before its state is touched
     store = Store(service.state_dir)
+    store.check_writable()  # refused now, rather than at the first registration
     store.remove_unfinished_writes()
     key = _signing_key(store.dir)
-    link = CoordinatorLink(settings, Topics(service.topic_root), key)
+    link = CoordinatorLink(settings, Topics(service.topic_root), key, take_over=service.take_over_topic_root)
     enrolment = Enrolment(store, service.open_enrolment, service.max_devices)
     orchestrator = Orchestrator(config.rounds, store, link, model)
     app.extensions["fedspeech"] = Service(

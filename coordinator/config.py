@@ -80,6 +80,8 @@ class ServiceConfig:
     # Flask's bound on any body (the largest update, api.MAX_UPDATE_BYTES); each route has its own below it
     max_content_length: int = bounds.MAX_BLOB_BYTES
     topic_root: str = DEFAULT_ROOT
+    # announce on a topic root whose retained announcement another coordinator signed (it is gone)
+    take_over_topic_root: bool = False
     task: str = "fsdd"  # a built-in task (fsdd, emodb, speech_commands) or the path of a task file
     model: str | None = None  # an architecture in fedspeech.models.MODELS; None: the task's default
     model_depth: int | None = None  # a transformer's full-grown depth, None for models.MAX_DEPTH
@@ -184,7 +186,8 @@ class RoundConfig:
                     f"{name} must be between {low:g} and {high:g} (a task's bounds), got {value}"
                 )
         # the counts the command line bounds, bounded here too for a file's or a variable's
-        counts = [("rounds", 0), ("min_devices", 1), ("min_results", 1), ("k", 1), ("depth_stages", 0)]
+        # rounds: at least 1, for 0 would only serve the initial model, which no one asks for
+        counts = [("rounds", 1), ("min_devices", 1), ("min_results", 1), ("k", 1), ("depth_stages", 0)]
         counts += [("eval_every", 0), ("eval_devices", 0), ("eval_min_reports", 1)]
         for name, low in counts:
             _at_least(name, getattr(self, name), low)

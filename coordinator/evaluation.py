@@ -6,6 +6,19 @@ from dataclasses import dataclass
 import numpy as np
 
 from fedspeech.models import scores as metrics
+from fedspeech.models.calibration import BINS, RIGHT, WRONG
+from fedspeech.protocol.labels import word_classes
+
+
+@dataclass(frozen=True)
+class Counts:
+    """One device's report as counts: its confusion matrix (true class by row), summed loss, and word
+    decisions by confidence (models.calibration).
+    """
+
+    confusion: np.ndarray
+    loss_sum: float
+    decisions: np.ndarray
 
 
 @dataclass(frozen=True)
@@ -32,6 +45,7 @@ class FederatedEvaluation:
     loss: float
     clips: int
     devices: list[DeviceEvaluation]
+    decisions: np.ndarray  # every report's word decisions, summed: what calibrates the threshold
 
 
 def check_counts(confusion: np.ndarray, labels: Sequence[str], test_counts: Mapping[str, int]) -> None:
@@ -49,23 +63,43 @@ def check_counts(confusion: np.ndarray, labels: Sequence[str], test_counts: Mapp
         raise ValueError(f"more test clips than the device registered ({shown})")
 
 
+def check_decisions(decisions: np.ndarray, confusion: np.ndarray, labels: Sequence[str]) -> None:
+    """ValueError unless a report's word decisions are the ones its confusion matrix holds.
+
+    Each clip predicted as a word is one decision, right on the diagonal, wrong off it: so the decisions
+    are bounded by the confusion matrix, which is bounded by the registered test clips.
+    """
+    if decisions.shape != (2, BINS) or (decisions < 0).any():
+        raise ValueError(f"word decisions must be (2, {BINS}) counts, not {decisions.shape}")
+    words = word_classes(labels)
+    right = int(np.trace(confusion[np.ix_(words, words)]))
+    wrong = int(confusion[:, words].sum()) - right
+    said = int(decisions[RIGHT].sum()), int(decisions[WRONG].sum())
+    if said != (right, wrong):
+        raise ValueError(
+            f"{said[0]} right and {said[1]} wrong word decisions; the confusion holds {right} and {wrong}"
+        )
+
+
 def device_evaluation(device_id: str, confusion: np.ndarray, loss_sum: float) -> DeviceEvaluation:
     """What the coordinator keeps of one report."""
     return DeviceEvaluation(device_id, int(confusion.sum()), int(np.trace(confusion)), float(loss_sum))
 
 
-def combine(reports: dict[str, tuple[np.ndarray, float]], min_reports: int) -> FederatedEvaluation | None:
+def combine(reports: Mapping[str, Counts], min_reports: int) -> FederatedEvaluation | None:
     """Sum the reports with at least one clip; None when fewer than min_reports devices had any.
 
-    Summing confusion matrices gives exactly the scores of the union of the devices' test clips.
+    Summing confusion matrices gives exactly the scores of the union of the devices' test clips, and
+    summing word decisions exactly the union's.
     """
-    counted = {d: report for d, report in reports.items() if report[0].sum() > 0}
+    counted = {d: report for d, report in reports.items() if report.confusion.sum() > 0}
     if not counted or len(counted) < min_reports:
         return None
-    confusion = np.sum([report[0] for report in counted.values()], axis=0)
+    confusion = np.sum([report.confusion for report in counted.values()], axis=0)
     clips = int(confusion.sum())
-    loss_sum = sum(report[1] for report in counted.values())
-    devices = [device_evaluation(d, *report) for d, report in sorted(counted.items())]
+    loss_sum = sum(report.loss_sum for report in counted.values())
+    devices = [device_evaluation(d, r.confusion, r.loss_sum) for d, r in sorted(counted.items())]
+    decisions = np.sum([report.decisions for report in counted.values()], axis=0)
     return FederatedEvaluation(
-        metrics.accuracy(confusion), metrics.macro_f1(confusion), loss_sum / clips, clips, devices
+        metrics.accuracy(confusion), metrics.macro_f1(confusion), loss_sum / clips, clips, devices, decisions
     )

@@ -11,9 +11,10 @@ import numpy as np
 from fedspeech.coordinator.acknowledgements import Acknowledgements
 from fedspeech.coordinator.config import RoundConfig
 from fedspeech.coordinator.errors import BadUpload, NotWanted
-from fedspeech.coordinator.evaluation import check_counts, combine
+from fedspeech.coordinator.evaluation import Counts, check_counts, check_decisions, combine
 from fedspeech.coordinator.ports import DeviceLink
 from fedspeech.coordinator.store import Store
+from fedspeech.models.calibration import BINS, Decisions
 from fedspeech.protocol import bounds, messages
 from fedspeech.protocol.bounds import ProtocolError
 from fedspeech.protocol.messages import EvaluationReport, Task
@@ -56,7 +57,7 @@ class OpenEvaluation:
 
     round: int
     tasks: dict[str, Task]
-    reports: dict[str, tuple[np.ndarray, float]] = field(default_factory=dict)
+    reports: dict[str, Counts] = field(default_factory=dict)
 
 
 class EvaluationPhase:
@@ -87,9 +88,13 @@ class EvaluationPhase:
         if len(report.confusion) != len(self.labels):
             raise BadUpload(f"confusion of {len(report.confusion)} classes; the task has {len(self.labels)}")
         confusion = np.array(report.confusion, dtype=np.int64)
+        decisions = np.zeros((2, BINS), dtype=np.int64)  # a device that counts none calibrates nothing
         device = self.store.device(device_id)
         try:
             check_counts(confusion, self.labels, device.test_counts if device is not None else {})
+            if report.decisions is not None:
+                decisions = np.array(report.decisions, dtype=np.int64)
+                check_decisions(decisions, confusion, self.labels)
         except ValueError as exc:
             log.warning("round %d: %s's evaluation report refused: %s", round, device_id, exc)
             raise BadUpload(f"evaluation report refused: {exc}") from None
@@ -102,11 +107,20 @@ class EvaluationPhase:
                 raise NotWanted(f"no open evaluation {report.task_id!r} for {device_id}")
             if device_id in evaluation.reports:
                 raise NotWanted(f"{device_id} already reported on round {round}")
-            evaluation.reports[device_id] = (confusion, report.loss_sum)
+            evaluation.reports[device_id] = Counts(confusion, report.loss_sum, decisions)
             self._lock.notify_all()
 
-    def run(self, round: int, tasks: dict[str, Task], deadline: float, stop: threading.Event) -> None:
-        """Hand out the tasks, wait for the reports of devices there or the deadline, store the result."""
+    def wake(self) -> None:
+        """Have the evaluation look again at once whether it has all it waits for (a device failed a task)."""
+        with self._lock:
+            self._lock.notify_all()
+
+    def run(
+        self, round: int, tasks: dict[str, Task], deadline: float, stop: threading.Event
+    ) -> Decisions | None:
+        """Hand out the tasks, wait for the reports of devices there or the deadline, store the result;
+        the reports' word decisions pooled (None without federated scores, or if no device counted any).
+        """
         with self._lock:
             self._open = evaluation = OpenEvaluation(round, tasks)
         self.acks.expect(tasks.items())
@@ -132,9 +146,14 @@ class EvaluationPhase:
                 "round %d: federated accuracy %.4f, macro-F1 %.4f, loss %.4f over %d clips of %d devices",
                 round, result.accuracy, result.macro_f1, result.loss, result.clips, len(result.devices),
             )  # fmt: skip
+        if result is None or not result.decisions.any():
+            return None
+        devices = f"{len(result.devices)} device{'s' if len(result.devices) > 1 else ''}"
+        on = f"the test clips of {devices} (round {round}'s model)"
+        return Decisions(result.decisions, on)
 
     def _all_reported(self, evaluation: OpenEvaluation) -> bool:
-        """Whether every device that is there (online, and took its task in time) reported."""
+        """Whether every device that is there (online, took its task in time, did not fail it) reported."""
         online, now = set(self.link.online()), time.time()
         return all(
             d in evaluation.reports or d not in online or self.acks.absent(task.task_id, now)

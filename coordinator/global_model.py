@@ -8,6 +8,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from fedspeech.coordinator.ports import Evaluation
+from fedspeech.models.calibration import Decisions, calibrate, decision_counts
+from fedspeech.protocol.labels import word_classes
 from fedspeech.protocol.messages import ModelSpec, TaskDefinition
 from fedspeech.protocol.weights import Arrays
 
@@ -150,8 +152,10 @@ class GlobalModel:
         )
         return get_arrays(model)
 
-    def to_onnx(self, arrays: Arrays, round: int) -> bytes:
-        """The model as ONNX bytes: labels, round and, with a held-out set, its calibrated threshold."""
+    def to_onnx(self, arrays: Arrays, round: int, devices: Decisions | None = None) -> bytes:
+        """The model as ONNX bytes: labels, round, and its threshold calibrated on the held-out set and the
+        devices' decisions (their latest evaluation's), if any, with where it came from.
+        """
         from fedspeech.export.onnx_export import export_onnx, update_onnx_weights
 
         spec = self.spec_of(arrays)
@@ -161,29 +165,21 @@ class GlobalModel:
             template = Path(self._workdir.name) / f"template-{spec.depth}.onnx"
             model = self._model(arrays)
             self._templates[spec] = export_onnx(model, spec, self.labels, template, task=self.task)
-        threshold = self.calibrated_threshold(arrays)
+        parts = [part for part in (self.heldout_decisions(arrays), devices) if part is not None]
+        threshold, source = calibrate(parts)
         return update_onnx_weights(
-            self._templates[spec], arrays, out, round=round, threshold=threshold
+            self._templates[spec], arrays, out, round=round, threshold=threshold, threshold_from=source
         ).read_bytes()
 
-    def calibrated_threshold(self, arrays: Arrays) -> float | None:
-        """The detection threshold calibrated on the held-out set (None without one)."""
-        import torch
-
-        from fedspeech.models.calibration import calibrate_threshold
-        from fedspeech.protocol.labels import is_word
+    def heldout_decisions(self, arrays: Arrays) -> Decisions | None:
+        """The model's word decisions on the held-out set (None without one)."""
+        from fedspeech.models.train import predict
 
         if self.heldout is None:
             return None
-        waveforms = np.ascontiguousarray(self.heldout[0], dtype=np.float32)
-        model = self._model(arrays).eval()
-        with torch.no_grad():
-            batches = [
-                torch.softmax(model(torch.from_numpy(waveforms[i : i + 256])), dim=-1)
-                for i in range(0, len(waveforms), 256)
-            ]
-        words = [i for i, label in enumerate(self.labels) if is_word(label)]
-        return calibrate_threshold(torch.cat(batches).numpy(), self.heldout[1], words)
+        probabilities, _ = predict(self._model(arrays), *self.heldout)
+        counts = decision_counts(probabilities, self.heldout[1], word_classes(self.labels))
+        return Decisions(counts, f"{len(self.heldout[1])} held-out clips")
 
     def parity(self, arrays: Arrays, onnx_path: Path) -> "Parity":
         """How closely an ONNX file of these weights agrees with torch on the held-out set."""

@@ -1,9 +1,10 @@
 """Where devices' uploads come in: the open round, the late updates and the global model behind one lock.
 
 Request threads call only this: an update is checked against the task it answers and kept for the round
-it counts in, an acknowledgement noted. The round loop opens and closes rounds here and waits here for what
-comes in; nothing else holds the lock. A round waits for a device that is online and took its task; one
-that did not acknowledge it in time is absent, whatever status the broker shows for it.
+it counts in, an acknowledgement or a failure noted. The round loop opens and closes rounds here and waits
+here for what comes in; nothing else holds the lock. A round waits for a device that is online and took its
+task; one that did not acknowledge it in time, or reported it could not do it, is absent, whatever status
+the broker shows for it.
 """
 
 import logging
@@ -12,7 +13,7 @@ import time
 from collections.abc import Collection
 from pathlib import Path
 
-from fedspeech.coordinator.acknowledgements import Acknowledgements
+from fedspeech.coordinator.acknowledgements import Acknowledgements, DeviceError
 from fedspeech.coordinator.errors import BadUpload, NotWanted
 from fedspeech.coordinator.evaluation_phase import EvaluationPhase
 from fedspeech.coordinator.influence import SampleLimits, fleet_median, sample_ceiling
@@ -157,6 +158,22 @@ class Inbox:
         self.acks.acknowledge(device_id, task_id)
         log.info("%s took its task %s", device_id, task_id)
 
+    def fail(self, device_id: str, task_id: str, reason: str) -> None:
+        """A device could not do its task, of the open round, an earlier one or an evaluation: whatever
+        waits for it stops waiting, and the reason is its last error. NotWanted if it has no such task.
+        """
+        error = self.acks.fail(device_id, task_id, reason)
+        log.warning(
+            "%s could not do its task %s of round %d: %s", device_id, task_id, error.round, error.reason
+        )
+        with self._lock:
+            self._lock.notify_all()  # the round loop looks again now
+        self.evaluation.wake()
+
+    def last_errors(self) -> dict[str, DeviceError]:
+        """Each device's last error: the last task it said it could not do, since the coordinator started."""
+        return self.acks.last_errors()
+
     def receive_evaluation(self, round: int, device_id: str, body: bytes) -> None:
         """Check a device's evaluation report and keep it; BadUpload or NotWanted say why not."""
         self.evaluation.receive(round, device_id, body)
@@ -283,5 +300,7 @@ class Inbox:
         return all(answered) or (required_in and open_.optional_results() >= open_.needed)
 
     def _absent(self, device: str, task: Task | None, online: set[str], now: float) -> bool:
-        """Whether a device is not there for its task: offline, or it did not acknowledge the task in time."""
+        """Whether a device is not there for its task: offline, it did not acknowledge the task in time, or
+        it said it could not do it.
+        """
         return device not in online or (task is not None and self.acks.absent(task.task_id, now))

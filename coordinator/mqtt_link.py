@@ -4,6 +4,10 @@ announcements.
 A status is a hint (anyone on an open broker can publish one): the round loop waits only for devices that
 acknowledged their tasks over HTTP (acknowledgements). A task is withdrawn by a signed withdrawal naming it,
 retained in its place, so that an empty message from anyone withdraws nothing.
+
+A topic root is one coordinator's: on its first connection the link reads the announcement retained on
+the root before it announces anything, and one its key did not sign (another coordinator's, on a broker
+they share) stops it, unless told to take the root over.
 """
 
 import logging
@@ -29,6 +33,10 @@ MAX_TRACKED = 10_000  # devices whose status is kept at all
 MAX_OFFLINE = 1_000  # of them offline; the longest offline are forgotten first
 
 
+class TopicRootTaken(Exception):
+    """Another coordinator's announcement is retained on the topic root; the text says what to do."""
+
+
 class CoordinatorLink:
     """One paho client: subscribes to every device's status, publishes tasks and the model, signed."""
 
@@ -39,8 +47,10 @@ class CoordinatorLink:
         key: Ed25519PrivateKey,
         max_tracked: int = MAX_TRACKED,
         max_offline: int = MAX_OFFLINE,
+        take_over: bool = False,
     ) -> None:
         self.topics, self.settings, self._key = topics, settings, key
+        self.take_over = take_over  # announce over another coordinator's retained announcement
         self.max_tracked, self.max_offline = max_tracked, max_offline
         self._status: dict[str, DeviceStatus] = {}
         self._seen: dict[str, float] = {}  # when each tracked device's latest status arrived
@@ -49,13 +59,35 @@ class CoordinatorLink:
         self._handed_out: dict[str, list[str]] = {}  # device -> its tasks published and not yet withdrawn
         self._announcement: bytes | None = None  # the latest, signed as published
         self._lock = threading.Lock()
+        self._announcing = threading.Lock()  # the latest announcement is the last one published
+        # the topic root's check: the announcement retained there not ours; then whether the root is ours
+        self._foreign = False
+        self._status_subscription: int | None = None  # whose SUBACK ends the check
+        self.checked = threading.Event()  # the check is over: the root is ours, or refusal says why not
+        self.refusal: str | None = None
+        self._started = False  # check_topic_root has returned: a refusal from now on is logged
         self._client = make_client(settings, f"fedspeech-coordinator-{uuid.uuid4().hex[:8]}")
         self._client.on_connect = self._on_connect
+        self._client.on_subscribe = self._on_subscribe
         route(self._client, topics.all_status, self._on_status)
+        route(self._client, topics.model, self._on_model)
 
     def start(self) -> None:
         """Connect in the background; paho reconnects with backoff on its own."""
         connect(self._client, self.settings, keepalive=30)
+
+    def check_topic_root(self, timeout: float) -> None:
+        """Wait up to timeout for the topic root's check; TopicRootTaken if it is another coordinator's.
+
+        A broker not reached by then is checked when it is: until then nothing is announced, and a root
+        found taken leaves `refusal` set.
+        """
+        self.checked.wait(timeout)
+        self._started = True
+        if self.refusal is not None:
+            raise TopicRootTaken(self.refusal)
+        if not self.checked.is_set():
+            log.info("the topic root %s is checked once the broker answers", self.topics.root)
 
     def stop(self) -> None:
         """Disconnect and stop the network thread."""
@@ -66,8 +98,39 @@ class CoordinatorLink:
         if reason_code.is_failure:
             log.warning("broker %s refused the connection: %s", self.settings.url, reason_code)
             return
-        client.subscribe(self.topics.all_status, qos=1)
+        if not self.checked.is_set():  # its retained announcement arrives before the next SUBACK
+            client.subscribe(self.topics.model, qos=0)
+        _, self._status_subscription = client.subscribe(self.topics.all_status, qos=1)
         log.info("connected to broker %s", self.settings.url)
+
+    def _on_model(self, msg: mqtt.MQTTMessage) -> None:
+        """Note a retained announcement this coordinator did not sign, while the topic root is checked."""
+        if self.checked.is_set() or not msg.retain or not msg.payload:
+            return
+        try:
+            signing.verify(self._key.public_key(), msg.topic, msg.payload)
+        except ProtocolError:
+            self._foreign = True
+
+    def _on_subscribe(self, client, userdata, mid, reason_codes, properties) -> None:
+        """After the SUBACK that follows the model topic's retained announcement, decide the topic root."""
+        if mid != self._status_subscription or self.checked.is_set():
+            return
+        root = self.topics.root
+        if self._foreign and not self.take_over:
+            self.refusal = (
+                f"the topic root {root} on {self.settings.url} holds a model announcement this coordinator "
+                "did not sign (another coordinator's?): give this one a --topic-root of its own (and its "
+                "devices and listeners the same), or --take-over-topic-root if that coordinator is gone"
+            )
+            if self._started:
+                log.error("%s", self.refusal)
+        elif self._foreign:
+            log.warning("taking over the topic root %s from another coordinator's announcement", root)
+        client.unsubscribe(self.topics.model)  # its own announcements need not come back
+        self.checked.set()
+        if self.refusal is None:
+            self._publish_announcement()
 
     def _on_status(self, msg: mqtt.MQTTMessage) -> None:
         device_id = self.topics.device_of(msg.topic)
@@ -128,10 +191,9 @@ class CoordinatorLink:
         """Ids of devices whose latest status is not offline."""
         return sorted(d for d, s in self.statuses().items() if s.state != "offline")
 
-    def _publish_signed(self, topic: str, message: Task | TaskWithdrawal | ModelAnnouncement) -> bytes:
+    def _publish_signed(self, topic: str, message: Task | TaskWithdrawal) -> None:
         payload = signing.sign(self._key, topic, messages.encode(message))
         self._client.publish(topic, payload, qos=1, retain=True)
-        return payload
 
     def publish_task(self, task: Task, device_id: str) -> None:
         """Send a device its signed task, retained so a reconnecting device still gets it."""
@@ -148,10 +210,23 @@ class CoordinatorLink:
         self._publish_signed(self.topics.task(device_id), TaskWithdrawal(handed_out))
 
     def announce(self, announcement: ModelAnnouncement) -> None:
-        """Publish the new global model, signed and retained for devices that join later."""
-        payload = self._publish_signed(self.topics.model, announcement)
+        """Publish the new global model, signed and retained for devices that join later.
+
+        Kept, not published, until the topic root is checked and found this coordinator's.
+        """
+        payload = signing.sign(self._key, self.topics.model, messages.encode(announcement))
         with self._lock:
             self._announcement = payload
+        if self.checked.is_set() and self.refusal is None:
+            self._publish_announcement()
+
+    def _publish_announcement(self) -> None:
+        """Publish the latest announcement, retained; whichever thread comes last publishes the latest."""
+        with self._announcing:
+            with self._lock:
+                payload = self._announcement
+            if payload is not None:
+                self._client.publish(self.topics.model, payload, qos=1, retain=True)
 
     def signed_announcement(self) -> bytes | None:
         """The latest announcement as published (signed for the model topic); None before the first."""

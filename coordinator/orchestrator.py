@@ -9,6 +9,7 @@ import logging
 import threading
 import time
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -30,6 +31,7 @@ from fedspeech.coordinator.server_side import CoordinatorClips
 from fedspeech.coordinator.store import StateWriteError, Store
 from fedspeech.coordinator.strategies import Result, RoundPlan, make_strategy
 from fedspeech.models import depth_of
+from fedspeech.models.calibration import Decisions
 from fedspeech.protocol import weights
 from fedspeech.protocol.messages import BlobRef, Profile, Task
 from fedspeech.protocol.weights import Arrays
@@ -53,6 +55,9 @@ class Orchestrator:
         acks = Acknowledgements(config.ack_timeout_s)  # which devices took their tasks
         self.evaluation = EvaluationPhase(store, link, model.definition.labels, config.eval_min_reports, acks)
         self.settled_round = -1  # the last round whose model is stored and, where asked for, evaluated
+        # what keeps the next round from starting, in words an operator can act on; None while none waits
+        self._device_decisions: Decisions | None = None  # pooled from the latest evaluation on the devices
+        self.waiting: str | None = None
         self.finished = threading.Event()
         self._train = MODES[self.strategy.mode]  # how its rounds train
         first = model.spec_at(self._depth(1))  # a bad depth schedule fails here, at start-up
@@ -88,6 +93,7 @@ class Orchestrator:
         if latest is None:
             arrays = self.model.initial(self.config.seed, self._depth(1))
             latest = self._complete(0, arrays, RoundTally(started=time.time()))
+            self._announce(latest)
             self.settled_round = 0
         else:
             data = self.store.model_path(latest.round, "weights").read_bytes()
@@ -104,7 +110,7 @@ class Orchestrator:
         return latest
 
     def _run_round(self, round: int, stop: threading.Event) -> RoundRecord | None:
-        devices = self._wait_for_devices(stop)
+        devices = self._wait_for_devices(round, stop)
         if not devices:
             return None
         busy = self._still_training(devices)
@@ -124,7 +130,8 @@ class Orchestrator:
         on_time = set(closed.updates)
         if len(results) < min(self.config.min_results, plan.needed):
             log.warning(
-                "round %d: %d of %d results by the deadline, fewer than %d: round is run again",
+                "round %d: %d of %d results by the deadline, fewer than %d: round is run again "
+                "(--min-results sets how many it needs, --round-timeout how long it waits)",
                 round, len(results), plan.needed, self.config.min_results,
             )  # fmt: skip
             self.strategy.on_round_end(round, plan, on_time, missed, [])
@@ -159,9 +166,10 @@ class Orchestrator:
         self.store.remove_relays(round)
         if evaluates(round, self.config.eval_every, self.config.rounds):
             try:
-                self._evaluate_on_devices(record, stop)
+                record = self._evaluate_on_devices(record, stop)
             except StateWriteError as exc:  # the round itself is stored: it stands
                 log.error("%s; the round stands without it", exc)
+        self._announce(record)
         self.settled_round = round
         return record
 
@@ -214,15 +222,25 @@ class Orchestrator:
         """Shared arrays completed with the global model's own normalisation layers."""
         return {**{name: self._current[name] for name in self._local_names}, **shared}
 
-    def _evaluate_on_devices(self, record: RoundRecord, stop: threading.Event) -> None:
-        """Ask online devices to evaluate the round's model on their test splits; store what they report."""
+    def _evaluate_on_devices(self, record: RoundRecord, stop: threading.Event) -> RoundRecord:
+        """Ask online devices to evaluate the round's model on their test splits; store what they report.
+
+        The round's ONNX model is exported again with its threshold calibrated on the word decisions the
+        devices counted (the record returned has its new digest): the model announced next is calibrated
+        on its own decisions, not an earlier model's.
+        """
         registered = self.store.registered()
         online = [d for d in self.link.online() if d in registered]
         training = self.inbox.carried()
         devices, deadline = evaluation_plan(self.config, record.round, online, training, time.time())
         evaluate = device_tasks.evaluation(record.round, self.strategy.personal)
         tasks = self._tasks(record.round, deadline, dict.fromkeys(devices, evaluate))
-        self.evaluation.run(record.round, tasks, deadline, stop)
+        decisions = self.evaluation.run(record.round, tasks, deadline, stop)
+        if decisions is None:
+            return record
+        self._device_decisions = decisions
+        onnx = self.model.to_onnx(self._current, record.round, decisions)
+        return replace(record, onnx_sha256=self.store.replace_onnx(record.round, onnx))
 
     def _tasks(self, round: int, deadline: float, work: Mapping[str, Mapping[str, Any]]) -> dict[str, Task]:
         """One task per device on the latest global model, with that device's work."""
@@ -243,25 +261,56 @@ class Orchestrator:
         """The global weights devices train now."""
         return self.inbox.current
 
-    def _wait_for_devices(self, stop: threading.Event) -> list[str]:
-        while not stop.is_set():
-            registered = self.store.registered()
-            ready = [d for d in self.link.online() if d in registered]
-            if len(ready) >= max(self.config.min_devices, self.strategy.needs.min_devices):
-                return ready
-            stop.wait(0.25)
-        return []
+    def _wait_for_devices(self, round: int, stop: threading.Event) -> list[str]:
+        """The registered devices online, once there are enough for the round; [] if stopped first.
+
+        Meanwhile `waiting` says what the round waits for, logged once each time that changes.
+        """
+        try:
+            while not stop.is_set():
+                registered = self.store.registered()
+                ready = [d for d in self.link.online() if d in registered]
+                needed = max(self.config.min_devices, self.strategy.needs.min_devices)
+                if len(ready) >= needed:
+                    return ready
+                waiting = self._too_few(round, needed, len(ready))
+                if waiting != self.waiting:
+                    log.info("%s", waiting)
+                    self.waiting = waiting
+                stop.wait(0.25)
+            return []
+        finally:
+            self.waiting = None
+
+    def _too_few(self, round: int, needed: int, ready: int) -> str:
+        """Why the round cannot start with ready devices, and what would start it."""
+        more = needed - ready
+        text = f"round {round} needs {needed} devices, {ready or 'none'} online: start "
+        text += "another" if more == 1 else f"{more} more"
+        own = self.strategy.needs.min_devices  # the strategy's own minimum
+        if ready >= max(own, 1):
+            return f"{text} or set --min-devices {ready}"
+        if own > self.config.min_devices:
+            return f"{text} (the {self.strategy.name} strategy needs {own})"
+        return text
 
     def _complete(
         self, round: int, arrays: Arrays, tally: RoundTally, teacher: Arrays | None = None
     ) -> RoundRecord:
-        """Grow if the next round is deeper, then store and announce a new global model."""
+        """Grow if the next round is deeper, then store a new global model and publish it to the round loop;
+        its ONNX model calibrated with the devices' latest word decisions, if any.
+        """
         arrays = self._grown_for(round + 1, arrays)
-        record, teacher_at = round_storage.store_round(self.store, self.model, round, arrays, tally, teacher)
+        record, teacher_at = round_storage.store_round(
+            self.store, self.model, round, arrays, tally, teacher, self._device_decisions
+        )
         self.inbox.publish(arrays, self.model.spec_of(arrays))
         self._teacher = teacher_at or self._teacher
-        self.link.announce(round_storage.announcement(self.store, self.model, record, arrays))
         return record
+
+    def _announce(self, record: RoundRecord) -> None:
+        """Announce the stored global model to devices and listeners."""
+        self.link.announce(round_storage.announcement(self.store, self.model, record, self._current))
 
     def _learning_rate(self, round: int) -> float:
         """The devices' learning rate in a round, on the configured schedule."""

@@ -1,15 +1,19 @@
 """The fleet at a glance: devices, rounds and the current model, for the dashboard and `fedspeech status`."""
 
+import functools
 import time
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Any
 
+from fedspeech.coordinator.acknowledgements import DeviceError
 from fedspeech.coordinator.mqtt_link import CoordinatorLink
 from fedspeech.coordinator.orchestrator import Orchestrator
 from fedspeech.coordinator.records import RoundRecord
 from fedspeech.coordinator.selection import hardware_scores
 from fedspeech.coordinator.store import Store
 from fedspeech.coordinator.upload_outcomes import Outcome, UploadOutcomes
+from fedspeech.protocol import onnx_metadata as meta
 from fedspeech.protocol import routes
 
 MAX_ROUNDS = 1000  # the latest rounds an overview lists: enough for the curves of any run worth plotting
@@ -30,6 +34,7 @@ class DeviceView:
     last_seen: float | None  # when its latest MQTT status arrived (Unix time)
     rounds_joined: int  # rounds whose model its update went into
     last_update: Outcome | None  # its latest upload since the coordinator started
+    last_error: DeviceError | None  # the last task it reported it could not do, since the coordinator started
     train_counts: dict[str, int]
     test_counts: dict[str, int]
 
@@ -44,6 +49,8 @@ class ModelView:
     weights_bytes: int
     onnx_bytes: int | None
     onnx_url: str | None  # where it downloads
+    threshold: float | None  # its detection threshold, as its ONNX model carries it (None: uncalibrated)
+    threshold_from: str | None  # on which clips it was calibrated, or why it was not
 
 
 @dataclass(frozen=True)
@@ -58,6 +65,7 @@ class Overview:
     target_rounds: int
     finished: bool
     devices_online: int
+    waiting: str | None  # what keeps the next round from starting, and how to change it; None if nothing
     devices: list[DeviceView]
     rounds: list[RoundRecord]  # oldest first, the latest MAX_ROUNDS
     model: ModelView | None
@@ -68,6 +76,7 @@ def overview(
 ) -> Overview:
     """The overview of the coordinator's state now."""
     statuses, seen, last = link.statuses(), link.last_seen(), outcomes.last()
+    errors = orchestrator.inbox.last_errors()
     joined = store.rounds_joined()
     known = store.devices()
     registered = {d.device_id for d in known if d.registered}
@@ -91,6 +100,7 @@ def overview(
                 last_seen=seen.get(device.device_id),
                 rounds_joined=joined.get(device.device_id, 0),
                 last_update=last.get(device.device_id),
+                last_error=errors.get(device.device_id),
                 train_counts=status.train_counts if status else {},
                 test_counts=status.test_counts if status else {},
             )
@@ -106,6 +116,7 @@ def overview(
         target_rounds=orchestrator.config.rounds,
         finished=orchestrator.finished.is_set(),
         devices_online=len(online),
+        waiting=orchestrator.waiting,
         devices=devices,
         rounds=rounds,
         model=_model(store, orchestrator, latest) if latest else None,
@@ -116,6 +127,7 @@ def _model(store: Store, orchestrator: Orchestrator, latest: RoundRecord) -> Mod
     spec = orchestrator.inbox.current_spec()
     onnx = store.model_path(latest.round, "onnx")
     has_onnx = latest.onnx_sha256 is not None and onnx.exists()
+    threshold, threshold_from = _threshold(onnx, latest.onnx_sha256) if has_onnx else (None, None)
     return ModelView(
         round=latest.round,
         architecture=spec.name,
@@ -123,4 +135,16 @@ def _model(store: Store, orchestrator: Orchestrator, latest: RoundRecord) -> Mod
         weights_bytes=store.model_path(latest.round, "weights").stat().st_size,
         onnx_bytes=onnx.stat().st_size if has_onnx else None,
         onnx_url=routes.model(latest.round, "onnx") if has_onnx else None,
+        threshold=threshold,
+        threshold_from=threshold_from,
     )
+
+
+@functools.lru_cache(maxsize=4)
+def _threshold(path: Path, sha256: str | None) -> tuple[float | None, str | None]:
+    """The threshold an ONNX file carries and where it came from (read once per file, by its digest)."""
+    import onnx
+
+    metadata = {p.key: p.value for p in onnx.load_model(path, load_external_data=False).metadata_props}
+    threshold = metadata.get(meta.THRESHOLD)
+    return (float(threshold) if threshold else None), metadata.get(meta.THRESHOLD_FROM)

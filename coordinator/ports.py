@@ -7,6 +7,7 @@ no HTTP and no torch. `mqtt_link.CoordinatorLink` and `global_model.GlobalModel`
 from dataclasses import dataclass
 from typing import Protocol
 
+from fedspeech.models.calibration import Decisions
 from fedspeech.protocol.messages import DeviceStatus, ModelAnnouncement, ModelSpec, Task, TaskDefinition
 from fedspeech.protocol.weights import Arrays
 
@@ -71,8 +72,8 @@ class ModelOps(Protocol):
         """Scores on the coordinator's held-out set, or None without one."""
         ...
 
-    def to_onnx(self, arrays: Arrays, round: int) -> bytes:
-        """The model as ONNX bytes."""
+    def to_onnx(self, arrays: Arrays, round: int, devices: Decisions | None = None) -> bytes:
+        """The model as ONNX bytes, its threshold calibrated with the devices' word decisions if given."""
         ...
 
     # what some methods need: FedBN the normalisation layers' names, quality-weighted aggregation a

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from fedspeech.coordinator.ports import ModelOps
 from fedspeech.coordinator.records import RoundRecord, UpdateRecord
 from fedspeech.coordinator.store import Store
+from fedspeech.models.calibration import Decisions
 from fedspeech.protocol import routes, weights
 from fedspeech.protocol.messages import BlobRef, ModelAnnouncement
 from fedspeech.protocol.weights import Arrays
@@ -28,12 +29,21 @@ class RoundTally:
 
 
 def store_round(
-    store: Store, model: ModelOps, round: int, arrays: Arrays, tally: RoundTally, teacher: Arrays | None
+    store: Store,
+    model: ModelOps,
+    round: int,
+    arrays: Arrays,
+    tally: RoundTally,
+    teacher: Arrays | None,
+    decisions: Decisions | None = None,
 ) -> tuple[RoundRecord, BlobRef | None]:
-    """Evaluate, export and store a round's model, updates and teacher; its record, the teacher's address."""
+    """Evaluate, export and store a round's model, updates and teacher; its record, the teacher's address.
+
+    decisions, the devices' latest word decisions, calibrate the ONNX model's threshold if given.
+    """
     blob = weights.encode(arrays, metadata={"round": str(round)})
     evaluation = model.evaluate(arrays)
-    onnx = model.to_onnx(arrays, round)
+    onnx = model.to_onnx(arrays, round, decisions)
     finished = time.time()
     record = RoundRecord(
         round=round,

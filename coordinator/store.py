@@ -1,5 +1,6 @@
 """The coordinator's state directory: SQLite for devices and rounds, safetensors and ONNX model files."""
 
+import contextlib
 import hashlib
 import json
 import shutil
@@ -24,9 +25,11 @@ from fedspeech.coordinator.records import (
     device_record,
 )
 from fedspeech.protocol.files import write_atomically
+from fedspeech.protocol.weights import sha256
 
 # tokens of revoked devices, kept so that the device holding one can be told (the newest are kept)
 MAX_REVOKED_TOKENS = 10_000
+DATABASE = "state.sqlite3"
 
 
 class StateError(ValueError):
@@ -35,6 +38,11 @@ class StateError(ValueError):
 
 class StateWriteError(Exception):
     """The state directory did not take a write (a full disk, a read-only folder); nothing half written."""
+
+
+def holds_state(state_dir: Path) -> bool:
+    """Whether a folder holds a coordinator's state: the database a coordinator or `devices add` made."""
+    return (Path(state_dir) / DATABASE).is_file()
 
 
 def token_digest(token: str) -> str:
@@ -52,7 +60,7 @@ class Store:
             self.models_dir.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
             raise StateError(f"cannot use the state directory {self.dir}: {exc.strerror}") from None
-        self._db = self.dir / "state.sqlite3"
+        self._db = self.dir / DATABASE
         try:
             with self._connect() as db:
                 if db.execute("PRAGMA quick_check").fetchone() != ("ok",):
@@ -74,6 +82,26 @@ class Store:
         finally:
             db.close()
 
+    def check_writable(self) -> None:
+        """StateError unless the state directory, its model folder and its database all take writes.
+
+        A read-only mount or a folder of another user otherwise fails only at the first registration.
+        """
+        try:
+            for folder in (self.dir, self.models_dir):
+                probe = folder / ".write-check"
+                write_atomically(probe, b"")
+                probe.unlink(missing_ok=True)  # another writer may have removed it first
+            with self._connect() as db:  # the same value written back: a write all the same
+                version = db.execute("PRAGMA user_version").fetchone()[0]
+                db.execute(f"PRAGMA user_version = {int(version)}")
+        except (OSError, sqlite3.Error) as exc:
+            why = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+            raise StateError(
+                f"cannot write the state directory {self.dir} ({why}): give a folder this user may write "
+                "with --state, or make this one writable (a read-only mount, another user's folder?)"
+            ) from None
+
     def remove_unfinished_writes(self) -> None:
         """Delete model files a crash left half-written, and relayed updates of rounds that never ended.
 
@@ -92,18 +120,23 @@ class Store:
         test_counts: Mapping[str, int] | None = None,
     ) -> None:
         """Add a device or replace its token, sample count, profile and test counts; an enrolment secret
-        is kept.
+        is kept. StateWriteError if the state does not take it (a full disk, a folder made read-only).
         """
         counts = json.dumps(dict(test_counts or {}))
-        with self._connect() as db:
-            db.execute(
-                "INSERT INTO devices (device_id, token_sha256, num_samples, profile, registered_at, "
-                "test_counts) VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (device_id) DO UPDATE SET "
-                "token_sha256 = excluded.token_sha256, num_samples = excluded.num_samples, "
-                "profile = excluded.profile, registered_at = excluded.registered_at, "
-                "test_counts = excluded.test_counts",
-                (device_id, token_digest(token), num_samples, json.dumps(profile), time.time(), counts),
-            )
+        try:
+            with self._connect() as db:
+                db.execute(
+                    "INSERT INTO devices (device_id, token_sha256, num_samples, profile, registered_at, "
+                    "test_counts) VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (device_id) DO UPDATE SET "
+                    "token_sha256 = excluded.token_sha256, num_samples = excluded.num_samples, "
+                    "profile = excluded.profile, registered_at = excluded.registered_at, "
+                    "test_counts = excluded.test_counts",
+                    (device_id, token_digest(token), num_samples, json.dumps(profile), time.time(), counts),
+                )
+        except sqlite3.OperationalError as exc:
+            raise StateWriteError(
+                f"could not store the registration of {device_id} in {self.dir}: {exc}"
+            ) from None
 
     def enrol_device(self, device_id: str, secret: str) -> bool:
         """Add a device that may register with this secret; False if the id is taken."""
@@ -259,6 +292,25 @@ class Store:
             for path, _ in files:  # files of a round without a record: never served, and they take space
                 path.unlink(missing_ok=True)
             raise StateWriteError(f"could not store round {record.round} in {self.dir}: {exc}") from None
+
+    def replace_onnx(self, round: int, onnx: bytes) -> str:
+        """Put a new ONNX file in place of a stored round's (the same weights, new metadata); its sha256.
+
+        StateWriteError if the disk does not take it; then the round keeps its file and digest.
+        """
+        digest = sha256(onnx)
+        path = self.model_path(round, "onnx")
+        previous = path.read_bytes() if path.exists() else None
+        try:
+            write_atomically(path, onnx)
+            with self._connect() as db:
+                db.execute("UPDATE rounds SET onnx_sha256 = ? WHERE round = ?", (digest, round))
+        except (OSError, sqlite3.Error) as exc:
+            if previous is not None:
+                with contextlib.suppress(OSError):
+                    write_atomically(path, previous)
+            raise StateWriteError(f"could not store the new ONNX model of round {round}: {exc}") from None
+        return digest
 
     def save_evaluation(
         self,

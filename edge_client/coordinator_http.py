@@ -1,5 +1,5 @@
-"""The device's HTTP client: what the fleet learns, registration, token checks, acknowledgements and
-uploads, with retries; one request at a time goes through http_requests.
+"""The device's HTTP client: what the fleet learns, registration, token checks, acknowledgements, failure
+reports and uploads, with retries; one request at a time goes through http_requests.
 """
 
 import functools
@@ -14,6 +14,7 @@ from fedspeech.edge_client.http_requests import (
     CONNECTION_ERRORS,
     Dropped,
     Reply,
+    Unwanted,
     api_url,
     backoff,
     connection_error,
@@ -23,9 +24,17 @@ from fedspeech.edge_client.http_requests import (
     request,
     says_revoked,
 )
-from fedspeech.protocol import messages, routes, weights
+from fedspeech.protocol import log_lines, message_checks, messages, routes, weights
 from fedspeech.protocol.bounds import ProtocolError
-from fedspeech.protocol.messages import BlobRef, Credentials, ModelAnnouncement, Registration, Task, TaskInfo
+from fedspeech.protocol.messages import (
+    BlobRef,
+    Credentials,
+    ModelAnnouncement,
+    Registration,
+    Task,
+    TaskFailure,
+    TaskInfo,
+)
 
 log = logging.getLogger(__name__)
 
@@ -34,7 +43,8 @@ class CoordinatorClient:
     """The coordinator's HTTP API as one device uses it; every wait ends early when stop is set.
 
     credentials hold the device's token and the coordinator's pinned key; enrolment_secret is what the
-    operator's `fedspeech devices add` printed, offered when the device has no token the coordinator takes.
+    operator's `fedspeech devices add` printed, offered when the device has no token the coordinator takes,
+    and secret_source where it came from, for the error that refuses it.
     """
 
     def __init__(
@@ -45,9 +55,11 @@ class CoordinatorClient:
         credentials: DeviceCredentials,
         enrolment_secret: str | None = None,
         context: ssl.SSLContext | None = None,
+        secret_source: str = "--enrolment-secret-file",
     ) -> None:
         self.base_url, self.device_id, self.stop = base_url.rstrip("/"), device_id, stop
         self.credentials, self.enrolment_secret, self.context = credentials, enrolment_secret, context
+        self.secret_source = secret_source
 
     def url(self, path: str) -> str:
         """The URL of an API path taken from a message; Dropped if the path is not one."""
@@ -108,7 +120,7 @@ class CoordinatorClient:
         offers = [(self.credentials.token, "kept token"), (self.enrolment_secret, "enrolment secret")]
         # last, nothing: a coordinator with open enrolment that forgot this device takes it as a new one
         offers = [(c, name) for c, name in offers if c] + [(None, "nothing")]
-        revoked = False
+        revoked = secret_refused = False
         for credential, name in offers:
             if revoked and credential is None:
                 break  # revoked: a new enrolment secret brings the device back, never registering as new
@@ -120,10 +132,13 @@ class CoordinatorClient:
                 log.info("registered %s with %s (%d samples)", self.device_id, self.base_url, num_samples)
                 return True
             revoked = revoked or says_revoked(answer)
+            secret_refused = secret_refused or (name == "enrolment secret" and answer.status == 401)
             reason = f"HTTP {answer.status}: {error_reason(answer)}"
             log.info("the coordinator refused to register %s with its %s (%s)", self.device_id, name, reason)
         if revoked:
             raise self.revoked()
+        if secret_refused:
+            raise self.secret_refused()
         message = (
             f"the coordinator at {self.base_url} refused to register {self.device_id} ({reason}). "
             f"Enrol it on the coordinator with `fedspeech devices add {self.device_id}` and start this "
@@ -131,6 +146,20 @@ class CoordinatorClient:
         )
         log.warning("%s", message)
         raise Refused(message)
+
+    def secret_refused(self) -> Refused:
+        """The one line a device stops with when the coordinator refuses its enrolment secret.
+
+        The coordinator answers a wrong secret as it answers an id it has not enrolled (asking tells no one
+        which ids are enrolled): the line names both.
+        """
+        device = self.device_id
+        return Refused(
+            f"the coordinator at {self.base_url} refused to register {device} with its enrolment secret "
+            f"(from {self.secret_source}): the secret is wrong, or {device} is not enrolled there. On the "
+            f"coordinator, `fedspeech devices add {device}` prints a new one (`fedspeech devices revoke "
+            f"{device}` first if it is enrolled already)"
+        )
 
     def revoked(self) -> Refused:
         """The one line a revoked device stops with."""
@@ -206,11 +235,40 @@ class CoordinatorClient:
             log.warning("could not acknowledge task %s: %s", task.task_id, connection_error(exc))
             return
         if reply.status == 409:
-            raise Dropped(f"the coordinator no longer wants it: {error_reason(reply)}")
+            raise Unwanted(f"the coordinator no longer wants it: {error_reason(reply)}")
         if reply.status != 200:
             log.warning(
                 "acknowledging task %s answered HTTP %d: %s", task.task_id, reply.status, error_reason(reply)
             )
+
+    def report_failure(self, task: Task, reason: str) -> None:
+        """Tell the coordinator, with the token, that the device could not do the task and why (escaped and
+        cut to message_checks.MAX_FAILURE_CHARS): its round stops waiting for this device.
+
+        Asked once: a report that does not get through is logged, and the round waits for this device as
+        it would have.
+        """
+        short = log_lines.escape(reason)[: message_checks.MAX_FAILURE_CHARS] or "no reason given"
+        body = messages.encode(TaskFailure(short))
+        headers = {"Authorization": f"Bearer {self.credentials.token}", "Content-Type": "application/json"}
+        try:
+            url = self.url(routes.failure(task.task_id))
+            reply = request("POST", url, body, headers, timeout=10.0, context=self.context)
+        except Dropped as exc:
+            log.warning("could not report that task %s failed: %s", task.task_id, exc)
+            return
+        except CONNECTION_ERRORS as exc:
+            log.warning("could not report that task %s failed: %s", task.task_id, connection_error(exc))
+            return
+        if reply.status == 200:
+            log.info("reported to the coordinator that task %s failed", task.task_id)
+        elif reply.status == 409:
+            log.info("task %s failed after the coordinator stopped waiting for it", task.task_id)
+        else:
+            log.warning(
+                "reporting that task %s failed answered HTTP %d: %s",
+                task.task_id, reply.status, error_reason(reply),
+            )  # fmt: skip
 
     def upload(
         self, path: str, body: bytes, content_type: str, deadline: float, register: Callable[[], bool]
@@ -245,7 +303,7 @@ class CoordinatorClient:
                         raise Dropped("stopped while registering again")
                     continue
                 if reply.status == 409:
-                    raise Dropped(f"the coordinator no longer wants it: {error_reason(reply)}")
+                    raise Unwanted(f"the coordinator no longer wants it: {error_reason(reply)}")
                 if reply.status < 500:
                     raise Dropped(f"upload rejected with HTTP {reply.status}: {error_reason(reply)}")
                 reason = f"HTTP {reply.status}: {error_reason(reply)}"

@@ -7,6 +7,7 @@ names another key is not the one this device enrolled with, and the device refus
 """
 
 import logging
+import stat
 from dataclasses import replace
 from pathlib import Path
 
@@ -24,6 +25,21 @@ TOKEN_FILE, KEY_FILE = "token", "coordinator.pub"
 # listener (user: <id>-listen)
 BROKER_PASSWORD_FILE, LISTEN_PASSWORD_FILE = "broker-password", "listen-password"
 MAX_FILE_BYTES = 1024
+
+
+def warn_if_readable(path: Path | None, what: str) -> None:
+    """Log one warning if the secret in path may be read by users other than its owner."""
+    if path is None:
+        return
+    try:
+        mode = stat.S_IMODE(path.stat().st_mode)
+    except OSError:
+        return  # the file's reader says why it cannot be read
+    if mode & 0o044:
+        log.warning(
+            "the %s %s is readable by other users (mode %03o): make it private with `chmod 600 %s`",
+            what, path, mode, path,
+        )  # fmt: skip
 
 
 class Refused(Exception):
@@ -67,6 +83,7 @@ class DeviceCredentials:
             raise Refused(f"cannot keep {self.folder / name}: {exc}") from None
 
     def _read_token(self) -> str | None:
+        warn_if_readable(self.folder / TOKEN_FILE, "device's token")
         token = self._read(TOKEN_FILE)
         if token is not None and not bounds.TOKEN.match(token):
             log.warning("%s does not hold a token; registering without it", self.folder / TOKEN_FILE)
@@ -124,5 +141,6 @@ def issued_login(settings: BrokerSettings, user: str, password_file: Path) -> Br
     """settings logging in as user with password_file, if it exists and the operator named no login."""
     if settings.username is not None or settings.password_file is not None or not password_file.is_file():
         return settings
+    warn_if_readable(password_file, "broker password")
     log.info("logging in to the broker as %s with the password the coordinator issued", user)
     return replace(settings, username=user, password_file=password_file)

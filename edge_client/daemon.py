@@ -2,10 +2,11 @@
 
 It keeps its token and the coordinator's pinned key in its own state folder, takes only tasks and
 withdrawals signed by that key, acknowledges each task over HTTP as it arrives (its round waits for this
-device from then on), and stops for good (Refused) if the coordinator refuses it, revoked it (asked every
-minute while idle) or names another key. With a model directory it also keeps the latest global model
-there as ONNX, for `fedspeech listen`, and in its state folder the newest round it saw announced, below
-which it never goes.
+device from then on), reports at once a task it could not do (its round stops waiting for it), and stops
+for good (Refused) if the coordinator refuses it, revoked it (asked every minute while idle) or names
+another key. A bad file in its data folder is skipped with one line, never a reason to stop. With a model
+directory it also keeps the latest global model there as ONNX, for `fedspeech listen`, and in its state
+folder the newest round it saw announced, below which it never goes.
 """
 
 import functools
@@ -21,7 +22,7 @@ from pathlib import Path
 from fedspeech.edge_client.broker_link import BrokerLink
 from fedspeech.edge_client.coordinator_http import CoordinatorClient
 from fedspeech.edge_client.credentials import DeviceCredentials, Refused
-from fedspeech.edge_client.http_requests import Dropped, https_context
+from fedspeech.edge_client.http_requests import Dropped, Unwanted, https_context
 from fedspeech.edge_client.local_data import DataSource, LocalData
 from fedspeech.edge_client.local_norm import LocalNorm
 from fedspeech.edge_client.model_keeper import ModelKeeper
@@ -55,6 +56,7 @@ class ClientConfig:
     torch_threads: int = 1
     model_dir: Path | None = None  # where the latest global model is kept as ONNX (None: not kept)
     enrolment_secret: str | None = None  # printed by `fedspeech devices add` on the coordinator
+    enrolment_secret_file: Path | None = None  # where it was read from, named when it is refused
     share_validation: int = 0  # training clips sent to the coordinator for validation (0: none, ever)
     coordinator_key: str | None = None  # base64 Ed25519 key to pin (None: the kept one, else the first named)
     coordinator_ca: Path | None = None  # the CA of an HTTPS coordinator's certificate (None: the system's)
@@ -173,14 +175,18 @@ def _run(config: ClientConfig, stop: threading.Event) -> None:
     """The device's life: learn the task, warm up, register, go online, do tasks until stopped."""
     context = https_context(config.coordinator_ca)
     credentials = DeviceCredentials(config.state_dir, config.coordinator_key)
+    source = str(config.enrolment_secret_file or "--enrolment-secret-file")
     http = CoordinatorClient(
-        config.coordinator_url, config.device_id, stop, credentials, config.enrolment_secret, context
+        config.coordinator_url, config.device_id, stop, credentials, config.enrolment_secret, context, source
     )
     info = http.task_info()
     if info is None:
         return
     data = LocalData(config.data, config.max_samples)
-    data.refresh(info.definition)
+    try:
+        data.refresh(info.definition)
+    except OSError as exc:  # the folder itself: each task reads it again, and reports the error it meets
+        log.warning("%s: %s; it is read again for each task", config.device_id, exc)
     _log_data(data, config)
     local_norm = LocalNorm(config.state_dir)  # FedBN's layers or SiloBN's statistics, kept across restarts
     trainer = config.make_trainer(config.device_id, config.torch_threads)
@@ -298,11 +304,15 @@ def _register_again(device: _Device) -> bool:
 
 
 def _do_task(device: _Device, task: Task) -> None:
-    """Train or evaluate one task and upload the result; whatever happens, report online again afterwards."""
+    """Train or evaluate one task and upload the result; whatever happens, report online again afterwards.
+
+    A task that fails is reported to the coordinator at once, unless it is no longer wanted anyway.
+    """
     trained = None
+    failure: str | None = None  # why the task could not be done, for the coordinator
     try:
         if task.deadline < time.time():
-            raise Dropped("its deadline passed while it was queued")
+            raise Unwanted("its deadline passed while it was queued")
         _check_wanted(device, task)
         _check_consistent(task.spec, task.definition)
         device.data.refresh(task.definition)  # recordings added since the last task count now
@@ -334,14 +344,20 @@ def _do_task(device: _Device, task: Task) -> None:
                 "round %d done: %d samples, loss %.4f, %.1f s, %d B down, %d B up",
                 task.round, trained.num_samples, trained.loss, trained.seconds, len(blob), len(body),
             )  # fmt: skip
-    except (Dropped, TrainingStopped, weights.WeightsError, UnknownSetting, FileNotFoundError) as exc:
-        log.warning("dropping task %s of round %d: %s", task.task_id, task.round, exc)  # (no data folder)
+    except (Unwanted, TrainingStopped) as exc:  # withdrawn, past its deadline, or the daemon is stopping
+        log.warning("dropping task %s of round %d: %s", task.task_id, task.round, exc)
+    except (Dropped, weights.WeightsError, UnknownSetting, OSError) as exc:  # OSError: the data folder's
+        log.warning("dropping task %s of round %d: %s", task.task_id, task.round, exc)
+        failure = str(exc)
     except Refused:
         raise  # the coordinator no longer takes this device: it stops
-    except Exception:
+    except Exception as exc:
         log.exception("task %s of round %d failed", task.task_id, task.round)
+        failure = f"{type(exc).__name__}: {exc}"
     if device.http.stop.is_set():
         return  # going offline
+    if failure is not None:
+        device.http.report_failure(task, failure)
     if trained is not None:  # a training run measured this device's speed on the real model
         rtt_ms = measure_rtt_ms(device.config.coordinator_url, context=device.http.context)
         device.profile = measure_profile(trained.seconds_per_sample, rtt_ms)
@@ -349,9 +365,9 @@ def _do_task(device: _Device, task: Task) -> None:
 
 
 def _check_wanted(device: _Device, task: Task) -> None:
-    """Raise Dropped if the coordinator withdrew the task (its round took the results it needed)."""
+    """Raise Unwanted if the coordinator withdrew the task (its round took the results it needed)."""
     if device.link.withdrawn(task):
-        raise Dropped("the coordinator withdrew it: its round closed")
+        raise Unwanted("the coordinator withdrew it: its round closed")
 
 
 def _check_consistent(spec: ModelSpec, definition: TaskDefinition) -> None:

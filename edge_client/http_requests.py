@@ -32,6 +32,12 @@ class Dropped(Exception):
     """The current task cannot be done; the text says why."""
 
 
+class Unwanted(Dropped):
+    """The current task is no longer wanted (withdrawn, its deadline passed, its round closed): there is
+    nothing to tell the coordinator.
+    """
+
+
 @dataclass
 class Reply:
     """An HTTP status and body."""

@@ -24,7 +24,7 @@ from fedspeech.models.clips.datasets import (
     load_windows,
     speakers,
 )
-from fedspeech.models.clips.folders import ClipCache, Skipped, list_folder, list_negative
+from fedspeech.models.clips.folders import ClipCache, Skipped, list_folder, list_negative, shown
 from fedspeech.protocol.labels import none_class
 from fedspeech.protocol.messages import TaskDefinition
 
@@ -105,7 +105,9 @@ class LocalData:
     def refresh(self, task: TaskDefinition) -> None:
         """Scan the source for the task's labels and negatives and load their clips.
 
-        Each file skipped is logged once; the negatives' windows join the training side, never the test.
+        Each file skipped is logged once, in one line naming it; the negatives' windows join the training
+        side, never the test. FileNotFoundError if the data folder is not there, OSError if it cannot be
+        listed.
         """
         clips, skipped = self._list(task)
         kept, waveforms, bad = self._cache.load(clips, task.sample_rate, task.num_samples)
@@ -113,7 +115,7 @@ class LocalData:
         for skip in skipped + bad + bad_negatives:
             if (skip.path, skip.reason) not in self._reported:
                 self._reported.add((skip.path, skip.reason))
-                log.warning("skipping %s: %s", skip.path, skip.reason)
+                log.warning("skipping %s: %s", shown(skip.path), skip.reason)
         test = np.array([clip.test for clip in kept], dtype=bool)
         labels = np.array([clip.label for clip in kept], dtype=np.int64)
         none = none_class(task.labels) or 0  # a task without a none class has no negative windows

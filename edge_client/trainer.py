@@ -17,7 +17,7 @@ from fedspeech.edge_client.local_data import Split
 from fedspeech.edge_client.local_norm import LocalNorm, lay_over
 from fedspeech.models.objectives import Number, UnknownSetting, check_settings, terms_from_settings
 from fedspeech.protocol import messages, weights
-from fedspeech.protocol.labels import none_class
+from fedspeech.protocol.labels import none_class, word_classes
 from fedspeech.protocol.messages import EvaluationReport, ModelSpec, Task
 
 log = logging.getLogger(__name__)
@@ -212,18 +212,22 @@ class Trainer:
         return result, weights.encode(weights.with_precision(shared, task.precision), metadata)
 
     def evaluate(self, task: Task, arrays: weights.Arrays, test: Split, train: Split | None = None) -> bytes:
-        """Evaluate the given weights on the local test split; return the report to upload (counts only).
+        """Evaluate the given weights on the local test split; return the report to upload (counts only):
+        the confusion matrix, the summed loss, and the word decisions by confidence that calibrate the
+        model's detection threshold.
 
         Under local_norm the device's own normalisation arrays replace the task's: the personalised model.
         Under local_statistics the normalisation statistics are taken again on the training split's clips
         at the task's weights, and kept: the device's model is the global one measured on its own voice.
         """
+        from fedspeech.models.calibration import BINS, decision_counts
         from fedspeech.models.scores import confusion_matrix
         from fedspeech.models.train import predict
 
         local_norm, local_statistics = _local_norm(task.config), _local_statistics(task.config)
         num_classes = task.spec.num_classes
         confusion = np.zeros((num_classes, num_classes), dtype=np.int64)
+        decisions = np.zeros((2, BINS), dtype=np.int64)
         loss_sum = 0.0
         model = None
         if local_statistics and train is not None and len(train.waveforms):
@@ -231,10 +235,11 @@ class Trainer:
         if len(test.labels):
             if model is None:
                 model = self._load(task, arrays, local_norm)
-            predictions, losses = predict(model, test.waveforms, test.labels)
-            confusion = confusion_matrix(test.labels, predictions, num_classes)
+            probabilities, losses = predict(model, test.waveforms, test.labels)
+            confusion = confusion_matrix(test.labels, probabilities.argmax(axis=1), num_classes)
+            decisions = decision_counts(probabilities, test.labels, word_classes(task.definition.labels))
             loss_sum = float(losses.sum())
-        report = EvaluationReport(task.task_id, task.round, confusion.tolist(), loss_sum)
+        report = EvaluationReport(task.task_id, task.round, confusion.tolist(), loss_sum, decisions.tolist())
         return messages.encode(report)
 
     def _load(self, task: Task, arrays: weights.Arrays, local_norm: bool) -> Any:

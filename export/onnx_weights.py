@@ -21,11 +21,13 @@ def update_onnx_weights(
     round: int | None = None,
     task: str | None = None,
     threshold: float | None = None,
+    threshold_from: str | None = None,
 ) -> Path:
     """Write to out a copy of an export_onnx file with the named weights replaced by arrays.
 
     The names are get_arrays names; any subset of them may be given, the other weights stay as they are.
-    round, task and threshold, if given, replace the template's.
+    round, task and threshold, if given, replace the template's; threshold_from, if given, replaces the
+    template's threshold and where it came from (a threshold of None then removes the template's).
     """
     proto = onnx.load_model(template)
     initializers = {init.name: init for init in proto.graph.initializer}
@@ -43,19 +45,24 @@ def update_onnx_weights(
         metadata[meta.ROUND] = str(round)
     if task is not None:
         metadata[meta.TASK] = task
-    metadata |= threshold_metadata(threshold)
+    if threshold_from is not None:
+        metadata.pop(meta.THRESHOLD, None)
+    metadata |= threshold_metadata(threshold, threshold_from)
     del proto.metadata_props[:]
     onnx.helper.set_model_props(proto, metadata)
     return _save_atomically(proto, out)
 
 
-def threshold_metadata(threshold: float | None) -> dict[str, str]:
-    """The metadata entry of a calibrated detection threshold (none for None); ValueError if not in (0, 1]."""
+def threshold_metadata(threshold: float | None, threshold_from: str | None = None) -> dict[str, str]:
+    """The metadata entries of a calibrated detection threshold (none for None) and where it came from (if
+    given); ValueError if the threshold is not in (0, 1].
+    """
+    entries = {meta.THRESHOLD_FROM: threshold_from} if threshold_from is not None else {}
     if threshold is None:
-        return {}
+        return entries
     if not 0 < threshold <= 1:
         raise ValueError(f"a detection threshold is a probability in (0, 1], not {threshold}")
-    return {meta.THRESHOLD: f"{threshold:.4f}"}
+    return {meta.THRESHOLD: f"{threshold:.4f}"} | entries
 
 
 def _save_atomically(proto: onnx.ModelProto, path: Path) -> Path:

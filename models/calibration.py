@@ -1,35 +1,86 @@
-"""The detection threshold of a model, calibrated on held-out clips; numpy only."""
+"""The detection threshold of a model, calibrated on held-out clips from counts that add up; numpy only.
+
+What calibration needs of a set of clips is how sure the model was of each word it heard there, and whether
+that word was right: two rows of counts over confidence bins. Counts from several sets (the coordinator's
+held-out clips, each device's test clips) add up to those of their union, so the devices calibrate the
+global model without any clip leaving them.
+"""
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import numpy as np
 
+from fedspeech.protocol.bounds import DECISION_BINS
+
 LOWEST, HIGHEST = 0.3, 0.95  # a threshold outside these says more about the clips than the model
+BINS = DECISION_BINS  # confidence counted in steps of 1 / BINS; a threshold is one of the steps
+RIGHT, WRONG = 0, 1  # the rows of decision counts
+UNCALIBRATED = (
+    "not calibrated: no held-out clips (--eval-data) and no evaluation on the devices (--eval-every) yet"
+)
 
 
-def calibrate_threshold(probabilities: np.ndarray, labels: np.ndarray, words: Sequence[int]) -> float:
-    """The lowest threshold taking the most right word decisions less wrong ones on held-out clips.
+@dataclass(frozen=True)
+class Decisions:
+    """Word decisions counted on a set of clips (decision_counts), and that set in words."""
 
-    probabilities (clips, classes) are the model's on held-out clips of true classes labels (clips,);
-    words are the classes that are words. A clip whose winning class is a word is a decision: right if
-    that is its class, wrong otherwise (a wrong word heard). Of the thresholds at which the right
-    decisions taken, less the wrong ones taken, are most, the lowest is chosen, clamped to [LOWEST,
-    HIGHEST]: held-out clips are whole words, centred, and a live stream's windows are less sure of the
-    same words, so every bit of slack left above the wrong decisions is a word missed live. With no
-    decision it is HIGHEST.
+    counts: np.ndarray
+    on: str  # e.g. "300 held-out clips"
+
+
+def decision_counts(probabilities: np.ndarray, labels: np.ndarray, words: Sequence[int]) -> np.ndarray:
+    """(2, BINS) counts of the word decisions on clips, by confidence: right ones, then wrong ones.
+
+    probabilities (clips, classes) are the model's on clips of true classes labels (clips,); words are the
+    classes that are words. A clip whose winning class is a word is a decision: right if that is its class,
+    wrong otherwise (a wrong word heard). Its confidence p is counted in bin floor(p * BINS).
     """
     probabilities, labels = np.asarray(probabilities), np.asarray(labels)
     if probabilities.ndim != 2 or labels.shape != probabilities.shape[:1]:
         raise ValueError(f"probabilities {probabilities.shape} and labels {labels.shape} do not match")
     winner = probabilities.argmax(axis=1)
     decided = np.isin(winner, list(words))
-    if not decided.any():
-        return HIGHEST
     confidence = probabilities[np.arange(len(labels)), winner][decided]
+    bins = np.minimum((confidence * BINS).astype(np.int64), BINS - 1)
     right = (winner == labels)[decided]
-    # the gain only changes at a decision's probability: just above a wrong one, or at a right one
-    candidates = np.unique(np.concatenate([[LOWEST], confidence[right], np.nextafter(confidence[~right], 1)]))
-    taken_right = (confidence[right][None, :] >= candidates[:, None]).sum(axis=1)
-    taken_wrong = (confidence[~right][None, :] >= candidates[:, None]).sum(axis=1)
-    gain = taken_right - taken_wrong
-    return float(np.clip(candidates[np.argmax(gain)], LOWEST, HIGHEST))
+    counts = np.zeros((2, BINS), dtype=np.int64)
+    np.add.at(counts, (np.where(right, RIGHT, WRONG), bins), 1)
+    return counts
+
+
+def threshold_of(counts: np.ndarray) -> float | None:
+    """The lowest threshold taking the most right decisions less wrong ones; None if there is no decision.
+
+    A threshold t = k / BINS takes the decisions counted in bins k and above. Of those at which the right
+    decisions taken, less the wrong ones taken, are most, the lowest is chosen, clamped to [LOWEST,
+    HIGHEST]: held-out clips are whole words, centred, and a live stream's windows are less sure of the same
+    words, so every bit of slack left above the wrong decisions is a word missed live.
+    """
+    counts = np.asarray(counts)
+    if counts.shape != (2, BINS) or (counts < 0).any():
+        raise ValueError(f"decision counts are (2, {BINS}) non-negative counts, not {counts.shape}")
+    if not counts.any():
+        return None
+    taken = counts[:, ::-1].cumsum(axis=1)[:, ::-1]  # taken[row, k]: decisions at k / BINS and above
+    gain = np.append(taken[RIGHT] - taken[WRONG], 0)  # the last: a threshold above every decision
+    lowest = round(LOWEST * BINS)
+    best = lowest + int(np.argmax(gain[lowest:]))  # argmax: the first, so the lowest
+    return min(best / BINS, HIGHEST)
+
+
+def calibrate_threshold(probabilities: np.ndarray, labels: np.ndarray, words: Sequence[int]) -> float | None:
+    """The threshold of decision_counts on one set of clips (None if no clip was heard as a word)."""
+    return threshold_of(decision_counts(probabilities, labels, words))
+
+
+def calibrate(parts: Sequence[Decisions]) -> tuple[float | None, str]:
+    """The threshold of the parts' counts added up, and where it came from in words (or why there is none)."""
+    if not parts:
+        return None, UNCALIBRATED
+    counts = np.sum([part.counts for part in parts], axis=0)
+    on = " and ".join(part.on for part in parts)
+    threshold = threshold_of(counts)
+    if threshold is None:
+        return None, f"not calibrated: no word was heard on {on}"
+    return threshold, f"calibrated on {int(counts.sum())} word decisions on {on}"

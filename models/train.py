@@ -185,7 +185,7 @@ def train_local(
 def predict(
     model: nn.Module, waveforms: np.ndarray, labels: np.ndarray, batch_size: int = 256
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Predicted classes and per-clip cross-entropy of the model in eval mode."""
+    """Class probabilities (clips, classes) and per-clip cross-entropy of the model in eval mode."""
     if len(waveforms) == 0:
         raise ValueError("no samples to evaluate")
     waveforms = np.ascontiguousarray(waveforms, dtype=np.float32)
@@ -195,7 +195,7 @@ def predict(
     )
     targets = torch.from_numpy(np.asarray(labels, dtype=np.int64))
     per_clip = nn.functional.cross_entropy(logits, targets, reduction="none")
-    return logits.argmax(dim=1).numpy(), per_clip.numpy()
+    return torch.softmax(logits, dim=1).numpy(), per_clip.numpy()
 
 
 def evaluate(
@@ -203,7 +203,8 @@ def evaluate(
 ) -> EvalResult:
     """Accuracy, macro-F1 and loss of the model in eval mode."""
     labels = np.asarray(labels, dtype=np.int64)
-    predictions, losses = predict(model, waveforms, labels, batch_size)
+    probabilities, losses = predict(model, waveforms, labels, batch_size)
+    predictions = probabilities.argmax(axis=1)
     num_classes = int(max(labels.max(), predictions.max())) + 1
     confusion = scores.confusion_matrix(labels, predictions, num_classes)
     return EvalResult(

@@ -8,6 +8,7 @@ MAX_LABELS = 64
 MAX_NEGATIVES, MAX_NEGATIVE_CHARS = 16, 100  # a task's negatives: paths inside a device's data folder
 MAX_CONFIG = 16  # training settings a task may carry
 MAX_COUNT = 10**9  # bound on any count a device reports
+DECISION_BINS = 200  # a report's word decisions are counted by confidence in steps of 1 / DECISION_BINS
 SAMPLE_RATES = (4_000, 48_000)
 MIN_CLIP_SECONDS, MAX_CLIP_SECONDS = 0.1, 10.0
 MAX_BLOB_BYTES = 64 * 1024 * 1024  # a model's weights or ONNX file, and a device's upload

@@ -22,3 +22,8 @@ def none_class(labels: Sequence[str]) -> int | None:
         if name in labels:
             return list(labels).index(name)
     return None
+
+
+def word_classes(labels: Sequence[str]) -> list[int]:
+    """The indices of the labels that are words."""
+    return [i for i, label in enumerate(labels) if is_word(label)]

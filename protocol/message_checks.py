@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 
 from fedspeech.protocol import routes
 from fedspeech.protocol.bounds import (
+    DECISION_BINS,
     MAX_BATCH_SIZE,
     MAX_BLOB_BYTES,
     MAX_CLIP_SECONDS,
@@ -36,10 +37,12 @@ if TYPE_CHECKING:
         Profile,
         Task,
         TaskDefinition,
+        TaskFailure,
         TaskWithdrawal,
     )
 
 MAX_WITHDRAWN = 64  # task ids one withdrawal names
+MAX_FAILURE_CHARS = 300  # of the reason a device gives for a task it could not do: one line of a log
 MAX_TIME = 2.0**40  # bound on a message's Unix time, some 35,000 years from 1970
 
 
@@ -159,6 +162,12 @@ def check_withdrawal(withdrawal: "TaskWithdrawal") -> None:
         raise ProtocolError(f"a withdrawal names at most {MAX_WITHDRAWN} task ids")
 
 
+def check_failure(failure: "TaskFailure") -> None:
+    """ProtocolError unless a failure report gives a reason of 1 to MAX_FAILURE_CHARS characters."""
+    if not 0 < len(failure.reason) <= MAX_FAILURE_CHARS:
+        raise ProtocolError(f"reason: 1 to {MAX_FAILURE_CHARS} characters, got {len(failure.reason)}")
+
+
 def check_spec(spec: "ModelSpec") -> None:
     """ProtocolError unless a model spec names an architecture and sizes within the bounds."""
     low, high = SAMPLE_RATES
@@ -209,3 +218,8 @@ def check_confusion(report: "EvaluationReport") -> None:
         raise ProtocolError(f"confusion counts must be between 0 and {MAX_COUNT}")
     if not (math.isfinite(report.loss_sum) and report.loss_sum >= 0):
         raise ProtocolError("loss_sum must be a finite number, not negative")
+    if report.decisions is not None:
+        if len(report.decisions) != 2 or any(len(row) != DECISION_BINS for row in report.decisions):
+            raise ProtocolError(f"decisions must be 2 rows of {DECISION_BINS} counts")
+        if any(not 0 <= count <= MAX_COUNT for row in report.decisions for count in row):
+            raise ProtocolError(f"decision counts must be between 0 and {MAX_COUNT}")

@@ -151,13 +151,25 @@ class EvaluationReport:
     """What a device sends back for an evaluation: counts only, never audio or file names.
 
     confusion[i][j] counts its test clips of true class i predicted as j; loss_sum is the summed
-    cross-entropy over them.
+    cross-entropy over them. decisions counts the clips predicted as a word by the model's confidence
+    in them, in DECISION_BINS steps: right ones, then wrong ones (what calibrates a detection threshold;
+    None from a device that does not count them).
     """
 
     task_id: str
     round: int
     confusion: list[list[int]]
     loss_sum: float
+    decisions: list[list[int]] | None = None
+
+
+@dataclass(frozen=True)
+class TaskFailure:
+    """HTTP body a device posts when it could not do a task (which, the URL says): why, in one short line
+    (at most message_checks.MAX_FAILURE_CHARS characters).
+    """
+
+    reason: str
 
 
 @dataclass(frozen=True)
@@ -195,6 +207,7 @@ _KINDS: dict[type, str] = {
     TaskInfo: "task_info",
     EvaluationReport: "evaluation",
     TaskWithdrawal: "withdrawal",
+    TaskFailure: "task_failure",
 }
 
 
@@ -310,3 +323,5 @@ def _check_values(message: Any) -> None:
         message_checks.check_confusion(message)
     if isinstance(message, TaskWithdrawal):
         message_checks.check_withdrawal(message)
+    if isinstance(message, TaskFailure):
+        message_checks.check_failure(message)

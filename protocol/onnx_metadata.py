@@ -9,5 +9,7 @@ ROUND = "round"  # round of the global model, absent for a model exported outsid
 DEPTH = "depth"  # encoder blocks of a growing model, absent for others
 QUANTIZATION = "quantization"  # "int8" for a quantised copy, absent for fp32
 THRESHOLD = "threshold"  # the detection threshold calibrated on held-out clips, absent without them
+# on which clips the threshold was calibrated, or why the model has none, in words a listener logs
+THRESHOLD_FROM = "threshold_from"
 
 REQUIRED = (LABELS, SAMPLE_RATE, NUM_SAMPLES)  # what a runtime needs to feed the model and name its outputs

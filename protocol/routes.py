@@ -25,6 +25,8 @@ KEY_RULE = "/key"  # the public key tasks and announcements are signed with: {"c
 VALIDATION_RULE = "/validation"  # clips a device chose to share for quality-weighted aggregation
 OVERVIEW_RULE = "/overview"  # devices, rounds and the model at a glance: the dashboard and `fedspeech status`
 ACK_RULE = "/tasks/<task_id>/ack"  # a device took its task (with its token): its round waits for its result
+# a device could not do its task (with its token, and why): its round stops waiting for it
+FAILURE_RULE = "/tasks/<task_id>/failure"
 # the latest model announcement, signed as on the broker: what a listener checks a retained one against
 ANNOUNCEMENT_RULE = "/models/announcement"
 
@@ -55,6 +57,11 @@ def device(device_id: str) -> str:
 def ack(task_id: str) -> str:
     """Where a device acknowledges that it took a task."""
     return f"{PREFIX}/tasks/{task_id}/ack"
+
+
+def failure(task_id: str) -> str:
+    """Where a device reports that it could not do a task, and why."""
+    return f"{PREFIX}/tasks/{task_id}/failure"
 
 
 def updates(round: int) -> str:

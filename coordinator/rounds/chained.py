@@ -1,7 +1,7 @@
 """The chained round mode, grouped sequential training's: the devices of each group train one after
 another, each from the last good update before it; groups run side by side, and the round is over when
 every group is through. A device has ROUND_TIMEOUT_S from its task: one that has not answered by then,
-or went offline, is skipped, and its group goes on from the last good model.
+went offline or said it could not do its task, is skipped, and its group goes on from the last good model.
 """
 
 import logging

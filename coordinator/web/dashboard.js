@@ -59,6 +59,8 @@ function deviceRow(d, now) {
     ? el("td", update.accepted ? `round ${update.round}: accepted` : `round ${update.round}: rejected, ${update.reason}`,
       update.accepted ? "" : "rejected")
     : el("td", "none yet");
+  const error = d.last_error;
+  const errorCell = error ? el("td", `round ${error.round}: ${error.reason}`, "failed") : el("td", "none");
   return row([
     el("td", d.device_id, "device-id"),
     el("td", d.online ? (d.state === "online" ? "online" : `online, ${d.state}`)
@@ -69,6 +71,7 @@ function deviceRow(d, now) {
     el("td", ago(d.last_seen, now)),
     el("td", d.rounds_joined, "number rounds-joined"),
     updateCell,
+    errorCell,
     el("td", counts(d.train_counts, d.test_counts)),
   ], { device: d.device_id });
 }
@@ -123,7 +126,7 @@ function chart(svg, rounds, series, fixedMax) {
 function render(o) {
   const now = o.at;
   const round = o.completed_round === null ? "no round yet" : `round ${o.completed_round} of ${o.target_rounds}`;
-  const open = o.open_round === null ? (o.finished ? "finished" : "no round open") : `round ${o.open_round} training`;
+  const open = o.open_round === null ? (o.finished ? "finished" : o.waiting || "no round open") : `round ${o.open_round} training`;
   const online = `${o.devices_online} of ${o.devices.length} devices online`;
   document.getElementById("summary").textContent = `${o.task}, ${o.strategy}: ${round}, ${open}, ${online}`;
 
@@ -139,6 +142,10 @@ function render(o) {
       link.setAttribute("download", `fedspeech-round-${m.round}.onnx`);
       link.id = "model-download";
       model.append(link);
+    }
+    if (m.threshold_from) {
+      const threshold = m.threshold === null ? "" : `detection threshold ${m.threshold.toFixed(3)}, `;
+      model.append(el("div", threshold + m.threshold_from));
     }
   }
   document.querySelector("#devices tbody").replaceChildren(...o.devices.map((d) => deviceRow(d, now)));

@@ -4,8 +4,11 @@ Torch-free. An announcement counts only if the coordinator's key signed it and i
 the model loaded and not below the floor, the newest round seen announced, kept in the state folder across
 restarts (an old announcement replayed is ignored). Before it loads a model announced on the broker, whose
 retained message anyone on an open broker may have replaced or cleared, and after each reconnection, the
-follower asks the coordinator for its latest announcement over HTTP(S), signed by the same key; while it
-has no model and the coordinator cannot be asked, it asks again RETRY_S later. Each model is downloaded on
+follower asks the coordinator for its latest announcement over HTTP(S), signed by the same key. Until it
+has a model it asks again every few seconds (a bounded backoff), so that it takes the coordinator's first
+model even if the broker's message never reaches it, and says why it waits, once each time the reason
+changes: the coordinator does not answer, has announced no model yet, or the announcement retained on the
+broker is signed by another key (another coordinator on the same topic root). Each model is downloaded on
 a thread of the follower's own (its size and sha256 checked, as the device daemon does) and loaded, then
 handed over: the listening thread takes it with `take` and swaps it in between two frames, so no audio is
 dropped. A model that cannot be downloaded, does not match its announcement or does not load is logged,
@@ -16,6 +19,7 @@ import http.client
 import json
 import logging
 import threading
+import time
 import uuid
 from pathlib import Path
 from typing import Any
@@ -25,6 +29,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 from fedspeech.edge_client.http_requests import (
     Dropped,
     backoff,
+    connection_error,
     error_reason,
     fetch_announcement,
     fetch_blob,
@@ -43,6 +48,7 @@ log = logging.getLogger(__name__)
 
 KEY_ATTEMPTS = 5
 RETRY_S = 30.0  # between two attempts at a model that could not be downloaded or loaded
+ASK_EVERY_S = 10.0  # at most, between two questions to the coordinator while no model is held
 
 
 class ModelFollower:
@@ -82,6 +88,10 @@ class ModelFollower:
         self._round = -1  # of the newest model loaded
         self._wanted: ModelAnnouncement | None = None  # newer than it, not loaded yet
         self._client: Any = None
+        self._key_origin = "pinned with --coordinator-key" if coordinator_key else "sent by the coordinator"
+        self._latest: ModelAnnouncement | None = None  # the coordinator's, as last asked (offered once)
+        self._said = ""  # why no model can be had from the coordinator, as last logged (once per change)
+        self._foreign_said = False  # whether a retained announcement signed by another key was logged
 
     def start(self) -> None:
         """Connect to the broker (reconnecting by itself), follow the announcement; ValueError if no key."""
@@ -115,13 +125,19 @@ class ModelFollower:
                 break
             except (OSError, http.client.HTTPException) as exc:  # the coordinator is not up yet, maybe
                 if attempt == KEY_ATTEMPTS or self._stop.is_set():
-                    raise ValueError(f"cannot get the coordinator's key from {url}: {exc}") from None
-                log.info("asking %s for its key failed (%s); again in %.1f s", url, exc, delay)
+                    raise ValueError(
+                        f"cannot get the coordinator's key from {url}: {connection_error(exc)}; start the "
+                        "coordinator first, or give its key with --coordinator-key to wait for it"
+                    ) from None
+                log.info(
+                    "asking %s for its key failed (%s); again in %.1f s", url, connection_error(exc), delay
+                )
                 self._stop.wait(delay)
         if reply.status != 200:
             raise ValueError(f"cannot get the coordinator's key: {url} answered {error_reason(reply)}")
         text = _key_text(reply.body)
         key = signing.parse_public_key(text)
+        self._key_origin = f"sent by {url}"
         log.warning(
             "trusting the key %s that %s sent: pin it with --coordinator-key %s so that an impostor "
             "cannot hand this listener its models",
@@ -164,9 +180,26 @@ class ModelFollower:
             body = signing.verify(self._key, self.topic, payload)
             announcement = messages.decode(body, ModelAnnouncement)
         except ProtocolError as exc:
-            log.warning("dropping a model announcement: %s", exc)
+            if str(exc).startswith("bad signature"):  # a signed message, by another key than the pinned one
+                self._signed_by_another_key()
+            else:
+                log.warning("dropping a model announcement: %s", exc)
             return
+        self._foreign_said = False
         self._offer(announcement)
+
+    def _signed_by_another_key(self) -> None:
+        """Say once, until a genuine announcement comes, that the broker's is another coordinator's."""
+        if self._foreign_said:
+            return
+        self._foreign_said = True
+        assert self._key is not None
+        log.warning(
+            "the retained announcement on %s has a bad signature: it is signed by another key than the "
+            "coordinator's (%s): is another coordinator using this topic root? give each coordinator its "
+            "own --topic-root, and this listener its coordinator's; waiting for a model signed by %s",
+            self.topic, self._key_origin, signing.public_key_text(self._key),
+        )  # fmt: skip
 
     def _offer(self, announcement: ModelAnnouncement) -> None:
         """Want a verified announcement's model if it is newer than any held, wanted or seen (the floor)."""
@@ -176,33 +209,68 @@ class ModelFollower:
             self._wanted = announcement
         self._wake.set()
 
-    def _ask_latest(self) -> bool:
-        """Offer the coordinator's latest announcement, asked over HTTP(S); False (logged) if it cannot be."""
+    def _ask_latest(self) -> None:
+        """Offer the coordinator's latest announcement, asked over HTTP(S), unless offered already; log why
+        there is none, once per reason.
+        """
         assert self._key is not None
+        url, waiting = self.coordinator_url, self._round < 0
         try:
-            latest = fetch_announcement(self.coordinator_url, self._key, self.topic, self._context)
-        except (Dropped, ProtocolError) as exc:
-            log.warning("cannot check the coordinator's latest model: %s", exc)
-            return False
-        if latest is not None:
+            latest = fetch_announcement(url, self._key, self.topic, self._context)
+        except Dropped as exc:
+            if waiting:
+                self._say(logging.WARNING, f"no model yet: {exc}; asking again until the coordinator answers")
+            else:
+                self._say(logging.WARNING, f"cannot check the coordinator's latest model: {exc}")
+            return
+        except ProtocolError as exc:
+            self._say(
+                logging.WARNING,
+                f"{'no model yet: ' if waiting else ''}the latest announcement of the coordinator at {url} "
+                f"does not check ({exc}): is this listener's --topic-root the coordinator's, and "
+                "--coordinator-key its key?",
+            )
+            return
+        if latest is None:
+            if waiting:
+                none = f"the coordinator at {url} has announced none yet; asking it again every few seconds"
+                self._say(logging.INFO, f"no model yet: {none}")
+            return
+        self._said = ""
+        if latest != self._latest:  # asked again while no model is held: offered (and logged) once
+            self._latest = latest
             self._offer(latest)
-        return True
+
+    def _say(self, level: int, line: str) -> None:
+        """Log line unless it is what was said last."""
+        if line != self._said:
+            self._said = line
+            log.log(level, "%s", line)
 
     def _follow(self) -> None:
-        """Ask the coordinator when due, then download and load each wanted model (on the follower's thread),
-        until stopped.
+        """Ask the coordinator when due (every few seconds while no model is held), then download and load
+        each wanted model (on the follower's thread), until stopped.
         """
+        delays = backoff(maximum=ASK_EVERY_S)  # between two questions while no model is held
+        failed, retry_at = None, 0.0  # the wanted model that could not be had, and when to try it again
         while not self._stop.is_set():
-            if self._ask.is_set():
+            if self._ask.is_set() or self._round < 0:
                 self._ask.clear()
-                if not self._ask_latest() and self._round < 0:
-                    self._ask.set()  # no model yet: ask again after a while
+                self._ask_latest()
             with self._lock:
                 wanted = self._wanted
-            if wanted is None or not self._load(wanted):
-                idle = wanted is None and not self._ask.is_set()
-                self._wake.wait(None if idle else RETRY_S)
-                self._wake.clear()
+            if wanted is not None and (wanted is not failed or time.monotonic() >= retry_at):
+                if self._load(wanted):
+                    continue
+                failed, retry_at = wanted, time.monotonic() + RETRY_S
+            if self._round < 0:
+                timeout: float | None = next(delays)
+            elif wanted is not None:
+                timeout = max(0.0, retry_at - time.monotonic())
+            else:
+                timeout = None
+            self._wake.wait(timeout)
+            self._wake.clear()
 
     def _load(self, announcement: ModelAnnouncement) -> bool:
         """Download, check and load an announced model and hand it over; False (logged) if it cannot be."""

@@ -273,6 +273,7 @@ class StreamingDetector:
         if self.config.threshold is not None:
             return self.config.threshold, "given"
         calibrated = model_threshold(model)
+        said = model.metadata.get(meta.THRESHOLD_FROM, "")[:200]  # how it was calibrated, or why not
         if calibrated is not None:
-            return calibrated, "calibrated, from the model's metadata"
-        return DEFAULT_THRESHOLD, "the default: the model has none calibrated"
+            return calibrated, said or "calibrated, from the model's metadata"
+        return DEFAULT_THRESHOLD, f"the default: {said or 'the model has none calibrated'}"

@@ -1,6 +1,7 @@
 """A folder of one's own recordings, `DIR/<label>/*`, as labelled clips with a train/test split per file."""
 
 import hashlib
+import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -9,6 +10,7 @@ import numpy as np
 import soundfile
 
 from fedspeech.models.clips.datasets import TEST_FRACTION, AudioError, Clip, load_audio
+from fedspeech.protocol import log_lines
 
 Reader = Callable[[Path, int, int], np.ndarray]  # (path, sample_rate, num_samples) -> audio
 
@@ -23,13 +25,40 @@ class Skipped:
     reason: str
 
 
+def shown(path: Path) -> str:
+    """A path as one line of text for a log: bytes that are not UTF-8 as \\xff, control characters escaped."""
+    return log_lines.escape(os.fsencode(path).decode("utf-8", "backslashreplace"))
+
+
+def unusable(path: Path) -> str | None:
+    """Why a file or folder cannot be used whatever it holds (its name, a link to nowhere), or None."""
+    try:
+        path.name.encode()
+    except UnicodeEncodeError:  # Python holds the bytes that are not UTF-8 as surrogates
+        return "its name is not UTF-8: rename it"
+    if log_lines.escape(path.name) != path.name:
+        return "its name holds a control character (a newline, a tab): rename it"
+    if path.is_symlink() and not path.exists():
+        return "a symbolic link to nothing, or a loop of links"
+    return None
+
+
 def is_test(relative: str) -> bool:
     """Whether the file at this path (relative to its data folder) is in the test split.
 
     A hash of the path decides, so the split survives restarts and new files never move old ones.
     """
-    digest = hashlib.sha256(relative.encode()).digest()
+    digest = hashlib.sha256(relative.encode(errors="surrogateescape")).digest()  # the name's own bytes
     return int.from_bytes(digest[:8], "big") < TEST_FRACTION * 2**64
+
+
+def _listed(folder: Path, skipped: list[Skipped]) -> list[Path]:
+    """The entries of a folder, sorted; none, and a skip saying why, if it cannot be listed."""
+    try:
+        return sorted(folder.iterdir())
+    except OSError as exc:
+        skipped.append(Skipped(folder, f"cannot list it ({exc.strerror or exc})"))
+        return []
 
 
 def list_folder(
@@ -38,27 +67,37 @@ def list_folder(
     """Every file in root/<label>/ for the task's labels, sorted; what is not in a label folder is skipped.
 
     Hidden files (a name starting with '.') are passed over silently: half-written recordings live there;
-    so are the task's negatives, which are read on their own (list_negative).
+    so are the task's negatives, which are read on their own (list_negative). So is anything with an
+    unusable name or a label folder that cannot be listed, with the reason. FileNotFoundError if root is
+    not a folder, OSError if it cannot be listed.
     """
     passed_over = {Path(negative).parts[0] for negative in negatives}
     root = Path(root)
     if not root.is_dir():
-        raise FileNotFoundError(f"no data folder {root}")
+        raise FileNotFoundError(f"no data folder {shown(root)}")
     clips: list[Clip] = []
     skipped: list[Skipped] = []
-    for entry in sorted(root.iterdir()):
+    try:
+        entries = sorted(root.iterdir())
+    except OSError as exc:
+        raise OSError(f"cannot list the data folder {shown(root)}: {exc.strerror or exc}") from None
+    for entry in entries:
         if entry.name.startswith(".") or entry.name in passed_over:
             continue
-        if not entry.is_dir():
+        if reason := unusable(entry):
+            skipped.append(Skipped(entry, reason))
+        elif not entry.is_dir():
             skipped.append(Skipped(entry, "not inside a label folder"))
         elif entry.name not in labels:
             skipped.append(Skipped(entry, f"folder {entry.name!r} is not a label of the task"))
         else:
             label = labels.index(entry.name)
-            for path in sorted(entry.iterdir()):
+            for path in _listed(entry, skipped):
                 if path.name.startswith("."):
                     continue
-                if not path.is_file():
+                if reason := unusable(path):
+                    skipped.append(Skipped(path, reason))
+                elif not path.is_file():
                     skipped.append(Skipped(path, "not a regular file"))
                 elif len(clips) >= MAX_FILES:
                     skipped.append(Skipped(path, f"more than {MAX_FILES} files in the folder"))
@@ -72,7 +111,8 @@ def list_negative(root: Path, negative: str) -> tuple[list[Path], list[Skipped]]
 
     FileNotFoundError if it does not exist; ValueError unless it resolves inside root (symlinks followed).
     Hidden files, and files not named as audio soundfile reads (a folder's notes, its license), are
-    passed over; what is not a regular file is skipped.
+    passed over; what is not a regular file, or has an unusable name, is skipped, as is a folder that
+    cannot be listed.
     """
     path = Path(root) / negative
     if not path.exists():
@@ -85,10 +125,12 @@ def list_negative(root: Path, negative: str) -> tuple[list[Path], list[Skipped]]
     audio = {f".{kind.lower()}" for kind in soundfile.available_formats()}
     files: list[Path] = []
     skipped: list[Skipped] = []
-    for entry in sorted(path.iterdir()):
+    for entry in _listed(path, skipped):
         if entry.name.startswith(".") or entry.suffix.lower() not in audio:
             continue
-        if not entry.is_file():
+        if reason := unusable(entry):
+            skipped.append(Skipped(entry, reason))
+        elif not entry.is_file():
             skipped.append(Skipped(entry, "not a regular file"))
         elif len(files) >= MAX_FILES:
             skipped.append(Skipped(entry, f"more than {MAX_FILES} files in the folder"))
@@ -98,7 +140,8 @@ def list_negative(root: Path, negative: str) -> tuple[list[Path], list[Skipped]]
 
 
 class ClipCache:
-    """Clips read once per version of a file (its size and mtime); bad files are remembered with why.
+    """Clips read once per version of a file (its size and mtime); bad files are remembered with why,
+    but for those that cannot be opened, tried again each time.
 
     read turns a file into its audio: load_audio (one clip), or another Reader such as a file's windows.
     """
@@ -131,11 +174,15 @@ class ClipCache:
             seen.add(key)
             if key not in self._audio:
                 try:
+                    os.close(os.open(clip.path, os.O_RDONLY | os.O_NONBLOCK))  # its mode may forbid it
                     self._audio[key] = self._read(clip.path, sample_rate, num_samples)
                 except AudioError as exc:
                     reason = str(exc).removeprefix(f"{clip.path}: ")
                     self._audio[key] = reason
                     fresh.append(Skipped(clip.path, reason))
+                except OSError as exc:  # tried again next time: its mode may change, not its mtime
+                    fresh.append(Skipped(clip.path, f"cannot read it ({exc.strerror or exc})"))
+                    continue
             audio = self._audio[key]
             if isinstance(audio, np.ndarray):
                 kept.append(clip)

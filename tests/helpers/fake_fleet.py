@@ -16,6 +16,7 @@ from fedspeech.coordinator.influence import SampleLimits
 from fedspeech.coordinator.orchestrator import Orchestrator
 from fedspeech.coordinator.ports import Evaluation
 from fedspeech.coordinator.store import Store
+from fedspeech.models.calibration import Decisions
 from fedspeech.protocol import weights
 from fedspeech.protocol.messages import (
     DeviceStatus,
@@ -55,8 +56,9 @@ class FakeModel:
     def evaluate(self, arrays: Arrays) -> Evaluation:
         return Evaluation(float(arrays["w"][0]), 0.0, 1.0)
 
-    def to_onnx(self, arrays: Arrays, round: int) -> bytes:
-        return f"onnx of round {round}".encode().ljust(self.onnx_bytes, b"\0")
+    def to_onnx(self, arrays: Arrays, round: int, devices: Decisions | None = None) -> bytes:
+        calibrated = f", calibrated on {devices.on}" if devices is not None else ""
+        return f"onnx of round {round}{calibrated}".encode().ljust(self.onnx_bytes, b"\0")
 
 
 Responder = Callable[[Task], None]

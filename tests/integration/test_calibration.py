@@ -6,7 +6,14 @@ import pytest
 from fedspeech.coordinator.global_model import GlobalModel
 from fedspeech.edge_client.runtime.session import OnnxModel
 from fedspeech.export.onnx_export import export_onnx, update_onnx_weights
-from fedspeech.models.calibration import HIGHEST, LOWEST, calibrate_threshold
+from fedspeech.models.calibration import (
+    BINS,
+    HIGHEST,
+    LOWEST,
+    calibrate_threshold,
+    decision_counts,
+    threshold_of,
+)
 from fedspeech.models.train import get_arrays
 from fedspeech.protocol.labels import is_word
 from fedspeech.protocol.messages import TaskDefinition
@@ -38,11 +45,11 @@ def test_threshold_takes_the_most_right_decisions_less_wrong_ones_and_is_the_low
     # 8 - 2 = 6; at 0.5: 6; at 0.55: 7 - 2 = 5; just above 0.6: 6 - 1 = 5; ... just above 0.9: 2 - 0 = 2.
     # The most is 6, and the lowest threshold giving it is just above 0.45.
     threshold = calibrate_threshold(probabilities, labels, WORDS)
-    assert threshold == pytest.approx(0.45) and threshold > 0.45
+    assert threshold == pytest.approx(0.45, abs=1.5 / BINS) and threshold > 0.45
     # without the two lowest right ones: 6 - 3 = 3 from 0.3, 6 - 2 = 4 above 0.45, 6 - 1 = 5 above 0.6 and
     # at 0.62, then less: just above the wrong decision at 0.6
     threshold = calibrate_threshold(probabilities[2:], labels[2:], WORDS)
-    assert threshold == pytest.approx(0.6) and threshold > 0.6
+    assert threshold == pytest.approx(0.6, abs=1.5 / BINS) and threshold > 0.6
     # no wrong decision: every right one is taken, down to the lowest threshold allowed
     assert calibrate_threshold(probabilities[:8], labels[:8], WORDS) == LOWEST
 
@@ -56,11 +63,29 @@ def test_threshold_is_clamped():
     unsure = rows([0.28] * 50, list(labels), classes=4)
     assert calibrate_threshold(unsure, labels, WORDS) == LOWEST
     nothing_right = rows([0.9] * 50, list(labels), right=False)  # every word decision is rejected
-    assert 0.9 < calibrate_threshold(nothing_right, labels, WORDS) == pytest.approx(0.9)
+    assert 0.9 < calibrate_threshold(nothing_right, labels, WORDS) == pytest.approx(0.9, abs=1.5 / BINS)
     no_word = rows([0.9] * 2, [2, 2])
-    assert calibrate_threshold(no_word, np.array([2, 2]), WORDS) == HIGHEST
+    assert calibrate_threshold(no_word, np.array([2, 2]), WORDS) is None, "no word heard: no calibration"
     with pytest.raises(ValueError, match="do not match"):
         calibrate_threshold(confident, labels[:10], WORDS)
+
+
+def test_counts_of_parts_add_up_to_the_threshold_of_their_union():
+    rng = np.random.default_rng(0)
+    winning = rng.uniform(0.34, 1.0, 400)
+    labels = rng.integers(0, 3, 400)
+    probabilities = np.concatenate(
+        [rows(list(winning[:300]), list(labels[:300])), rows(list(winning[300:]), list(labels[300:]), False)]
+    )
+    parts = np.array_split(rng.permutation(400), 5)  # five devices' test clips
+    counts = sum(decision_counts(probabilities[p], labels[p], WORDS) for p in parts)
+    assert (counts == decision_counts(probabilities, labels, WORDS)).all()
+    assert counts.sum() == np.isin(probabilities.argmax(axis=1), WORDS).sum()
+    assert threshold_of(counts) == calibrate_threshold(probabilities, labels, WORDS)
+    assert threshold_of(np.zeros((2, BINS), dtype=np.int64)) is None
+    for bad in (np.zeros((2, BINS - 1)), -np.ones((2, BINS))):
+        with pytest.raises(ValueError, match="decision counts"):
+            threshold_of(bad)
 
 
 def test_export_writes_the_threshold(fsdd_model, tmp_path):

@@ -1,6 +1,7 @@
 """No stranger steers the fleet: registration needs a device's token or enrolment secret, tasks are signed."""
 
 import logging
+import threading
 import time
 
 import paho.mqtt.client as mqtt
@@ -9,6 +10,8 @@ import pytest
 from fedspeech.coordinator.app import create_app
 from fedspeech.coordinator.enrolment import add_device, revoke_device
 from fedspeech.coordinator.mqtt_link import CoordinatorLink
+from fedspeech.edge_client import ClientConfig, DataSource, run_client
+from fedspeech.edge_client.credentials import Refused
 from fedspeech.protocol import messages, signing
 from fedspeech.protocol.bounds import ProtocolError
 from fedspeech.protocol.messages import (
@@ -22,6 +25,7 @@ from fedspeech.protocol.messages import (
 from fedspeech.protocol.mqtt import BrokerSettings
 from fedspeech.protocol.topics import Topics, parse_broker_url
 from tests.helpers.configs import coordinator_config
+from tests.helpers.coordinators import running_coordinator
 from tests.helpers.devices import one_round_coordinator
 from tests.helpers.waiting import wait_for
 
@@ -211,3 +215,32 @@ def test_only_registered_devices_count_as_online(tmp_path, mosquitto_url, topic_
         assert http.get("/api/status").get_json()["devices_online"] == []
         _token(_register(http, "kitchen"))
         assert http.get("/api/status").get_json()["devices_online"] == ["kitchen"]
+
+
+def test_a_refused_enrolment_secret_is_named_as_the_cause(tmp_path, mosquitto_url, topic_root):
+    settings = {"broker_url": mosquitto_url, "topic_root": topic_root, "open_enrolment": False}
+    with running_coordinator(tmp_path, **settings, eval_corpus=None, rounds=1) as (service, url):
+        add_device(service.store, "hall")
+        secret_file = tmp_path / "hall.secret"
+        secret_file.write_text("a-secret-of-another-device-0123\n")
+        for device_id in ("hall", "attic"):  # a wrong secret, and an id the coordinator never enrolled
+            config = ClientConfig(
+                coordinator_url=url,
+                broker=BrokerSettings(mosquitto_url),
+                device_id=device_id,
+                data=DataSource(corpus="fsdd", speaker="jackson"),
+                state_dir=tmp_path / device_id,
+                topic_root=topic_root,
+                max_samples=8,
+                enrolment_secret=secret_file.read_text().strip(),
+                enrolment_secret_file=secret_file,
+            )
+            with pytest.raises(Refused) as refused:
+                run_client(config, threading.Event())
+            assert str(refused.value) == (
+                f"the coordinator at {url} refused to register {device_id} with its enrolment secret (from "
+                f"{secret_file}): the secret is wrong, or {device_id} is not enrolled there. On the "
+                f"coordinator, `fedspeech devices add {device_id}` prints a new one (`fedspeech devices "
+                f"revoke {device_id}` first if it is enrolled already)"
+            )
+        assert service.store.device("hall").registered is False, "nothing changed on the coordinator"

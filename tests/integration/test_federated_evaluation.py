@@ -6,13 +6,21 @@ import numpy as np
 import pytest
 
 from fedspeech.coordinator.config import RoundConfig
-from fedspeech.coordinator.evaluation import combine
+from fedspeech.coordinator.evaluation import Counts, combine
 from fedspeech.coordinator.evaluation_phase import evaluates, evaluation_plan, evaluators
 from fedspeech.models import scores
+from fedspeech.models.calibration import BINS
 from fedspeech.protocol import bounds, messages, weights
-from fedspeech.protocol.messages import Credentials, EvaluationReport, Profile, Registration
+from fedspeech.protocol.messages import Credentials, EvaluationReport, Profile, Registration, TaskFailure
 from tests.helpers.devices import one_round_coordinator
 from tests.helpers.waiting import wait_for
+
+
+def _counts(confusion: np.ndarray, loss_sum: float, decisions: int = 0) -> Counts:
+    """A report's counts, with a number of word decisions (all right, at 0.5)."""
+    counted = np.zeros((2, BINS), dtype=np.int64)
+    counted[0, BINS // 2] = decisions
+    return Counts(confusion, loss_sum, counted)
 
 
 def test_pooled_counts_score_like_the_union_of_the_test_sets():
@@ -21,7 +29,7 @@ def test_pooled_counts_score_like_the_union_of_the_test_sets():
     predictions = [np.where(rng.random(len(y)) < 0.7, y, rng.integers(0, 4, size=len(y))) for y in labels]
     losses = [rng.random(len(y)) for y in labels]
     reports = {
-        f"d{i}": (scores.confusion_matrix(y, p, 4), float(loss.sum()))
+        f"d{i}": _counts(scores.confusion_matrix(y, p, 4), float(loss.sum()))
         for i, (y, p, loss) in enumerate(zip(labels, predictions, losses, strict=True))
     }
     pooled = combine(reports, min_reports=1)
@@ -41,9 +49,11 @@ def test_too_few_reports_give_no_scores_and_empty_reports_do_not_count():
     one = np.array([[3, 1], [0, 2]])
     empty = np.zeros((2, 2), dtype=np.int64)
     assert combine({}, min_reports=1) is None
-    assert combine({"a": (empty, 0.0)}, min_reports=1) is None  # a device without test clips
-    assert combine({"a": (one, 1.0), "b": (empty, 0.0)}, min_reports=2) is None
-    assert combine({"a": (one, 1.0), "b": (one, 3.0)}, min_reports=2).accuracy == pytest.approx(5 / 6)
+    assert combine({"a": _counts(empty, 0.0)}, min_reports=1) is None  # a device without test clips
+    assert combine({"a": _counts(one, 1.0), "b": _counts(empty, 0.0)}, min_reports=2) is None
+    both = combine({"a": _counts(one, 1.0, 2), "b": _counts(one, 3.0, 3)}, min_reports=2)
+    assert both.accuracy == pytest.approx(5 / 6)
+    assert both.decisions.sum() == 2 + 3, "the word decisions summed"
 
 
 DEVICE = "kitchen"
@@ -137,3 +147,30 @@ def test_bad_reports_are_rejected_and_a_good_one_is_pooled(coordinator, caplog):
         {"device_id": DEVICE, "clips": 42, "correct": 40, "loss_sum": 8.4, "accuracy": pytest.approx(40 / 42)}
     ]
     assert record.accuracy is None, "no central held-out set was given"
+
+
+def test_an_evaluation_that_fails_on_its_device_is_not_waited_for(coordinator):
+    app, service, device = coordinator
+    http = app.test_client()
+    wait_for(lambda: service.store.latest_round(), 60, "round 0")
+    registration = Registration(DEVICE, 50, Profile(2, 0.0, 512.0), dict.fromkeys("0123456789", 6))
+    token = messages.decode(
+        http.post("/api/devices", data=messages.encode(registration)).data, Credentials
+    ).token
+    device.go_online(50)
+    auth = {"Authorization": f"Bearer {token}"}
+    train = device.next_task(30)
+    arrays, _ = weights.decode(http.get(train.weights.path).data)
+    update = weights.encode(arrays, {"task_id": train.task_id, "num_samples": "50"})
+    headers = {**auth, "X-Content-SHA256": weights.sha256(update)}
+    assert http.post(train.upload_path, data=update, headers=headers).status_code == 200
+
+    evaluate = device.next_task(60)
+    assert evaluate.action == "evaluate"
+    failure = messages.encode(TaskFailure("no test clips: /srv/clips cannot be listed"))
+    assert http.post(f"/api/tasks/{evaluate.task_id}/failure", data=failure, headers=auth).status_code == 200
+    wait_for(service.orchestrator.finished.is_set, 10, "the evaluation to end, not its 120 s deadline")
+    record = service.store.latest_round()
+    assert (record.evaluation_asked, record.evaluation_reports, record.federated_accuracy) == (1, 0, None)
+    error = service.inbox.last_errors()[DEVICE]
+    assert (error.round, error.reason) == (1, "no test clips: /srv/clips cannot be listed")

@@ -27,14 +27,13 @@ DEVICES = ["jackson", "george"]
 
 
 def _enrol(device: str, state, folder) -> str:
-    """`fedspeech devices add` as the operator runs it; the secret kept in a 0600 file."""
-    added = subprocess.run(
-        [sys.executable, "-m", "fedspeech", "devices", "add", device, "--state", str(state)],
+    """`fedspeech devices add ID --secret-file FILE` as the operator runs it (the first makes the state)."""
+    path = folder / f"{device}.secret"
+    subprocess.run(
+        [sys.executable, "-m", "fedspeech", "devices", "add", device, "--state", str(state), "--new-state",
+         "--secret-file", str(path)],
         capture_output=True, text=True, check=True,
     )  # fmt: skip
-    path = folder / f"{device}.secret"
-    path.write_text(added.stdout)
-    path.chmod(0o600)
     return str(path)
 
 

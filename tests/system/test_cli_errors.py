@@ -205,10 +205,10 @@ def _cases(tmp: Path, busy: int, broker: str, nothing: str) -> dict[str, tuple[l
             "coordinator",
             ["--port", "65535"],
         ),
-        "coordinator negative rounds": (
-            ["coordinator", "--rounds", "-1"],
+        "coordinator no rounds": (
+            ["coordinator", "--rounds", "0"],
             "coordinator",
-            ["--rounds", "at least 0"],
+            ["--rounds", "at least 1"],
         ),
         "coordinator rounds not a number": (
             ["coordinator", "--rounds", "ten"],
@@ -389,7 +389,7 @@ def test_a_mistake_ends_in_one_line_that_names_the_fix(case, tmp_path, listening
     ("text", "fixes"),
     [
         ("[rounds]\nroundz = 3\n", ["[rounds] roundz", "did you mean rounds?"]),
-        ("[rounds]\nrounds = -1\n", ["coordinator.toml", "rounds must be at least 0"]),
+        ("[rounds]\nrounds = 0\n", ["coordinator.toml", "rounds must be at least 1, got 0"]),
         ("[strategy]\nname = 'fedprox'\nmu = -1\n", ["coordinator.toml", "strategy fedprox", "mu must be"]),
         (
             "[evaluation]\neval_data = 'clips'\n",
@@ -409,6 +409,83 @@ def test_a_bad_state_folder_ends_in_one_line_after_the_start_up_log(mosquitto_ur
     args = ["--state", str(tmp_path / "state"), "--broker", mosquitto_url, "--port", "0"]
     result = fedspeech("coordinator", *args)
     assert_last_line(result, "coordinator", "cannot use the state directory", str(tmp_path / "state"))
+
+
+def test_devices_add_refuses_a_folder_without_a_coordinators_state_unless_told(tmp_path):
+    elsewhere = tmp_path / "elsewhere"
+    refused = fedspeech("devices", "add", "kitchen-pi", "--state", str(elsewhere))
+    assert_one_line(refused, "devices", f"no coordinator state in {elsewhere}", "--state DIR", "--new-state")
+    assert not elsewhere.exists(), "nothing made"
+
+
+def test_devices_add_writes_a_private_secret_file_and_names_the_state_it_enrolled_into(tmp_path):
+    first = fedspeech(
+        "devices", "add", "kitchen-pi", "--new-state", "--secret-file", "kitchen.secret", cwd=tmp_path
+    )
+    assert first.returncode == 0 and first.stdout == "", first.stderr
+    state = tmp_path / "fedspeech-state"
+    assert f"enrolled kitchen-pi into the new coordinator's state {state};" in first.stderr
+    secret = tmp_path / "kitchen.secret"
+    assert secret.stat().st_mode & 0o777 == 0o600
+    assert len(secret.read_text().strip()) >= 32
+    second = fedspeech("devices", "add", "hall-pi", "--secret-file", "hall.secret", cwd=tmp_path)
+    assert second.returncode == 0, second.stderr
+    assert f"enrolled hall-pi into the coordinator's state {state};" in second.stderr, "no --new-state needed"
+    listed = fedspeech("devices", "list", cwd=tmp_path)
+    assert [line.split("\t")[0] for line in listed.stdout.splitlines()] == ["hall-pi", "kitchen-pi"]
+
+
+def test_a_client_warns_in_one_line_about_a_secret_file_others_can_read(processes, tmp_path):
+    secret = tmp_path / "kitchen-pi.secret"
+    secret.write_text("a-secret-that-everyone-may-read\n")
+    secret.chmod(0o644)  # as `fedspeech devices add ID > FILE` leaves it under the usual umask
+    nothing = f"http://127.0.0.1:{free_port()}"
+    client = processes.start(
+        "client", "client", "--speaker", "theo", "--coordinator", nothing,
+        "--state", str(tmp_path / "device"), "--enrolment-secret-file", str(secret),
+    )  # fmt: skip
+    warning = (
+        f"WARNING fedspeech.edge_client.credentials: the enrolment secret {secret} is readable by other "
+        f"users (mode 644): make it private with `chmod 600 {secret}`"
+    )
+    wait_for(lambda: warning in client.log_path.read_text(), 90, "the warning")
+    client.send_signal(signal.SIGTERM)
+    assert client.wait(timeout=30) == 0
+    assert client.log_path.read_text().count("readable by other users") == 1
+
+
+def test_a_state_folder_the_coordinator_cannot_write_is_refused_at_start(mosquitto_url, tmp_path):
+    from fedspeech.coordinator.store import Store
+
+    state = tmp_path / "state"
+    Store(state)  # a coordinator's state, as an earlier run left it
+    # root writes whatever a file's mode says: a read-only bind mount, in a mount namespace of its own
+    read_only = 'mount --bind "$1" "$1" && mount -o remount,bind,ro "$1"'
+    probe = subprocess.run(["unshare", "--mount", "sh", "-c", f'{read_only} && ! touch "$1/x"', "sh", state])
+    if probe.returncode != 0:
+        pytest.skip("cannot make a read-only bind mount here (needs unshare and mount, as root)")
+    args = ["--state", str(state), "--broker", mosquitto_url, "--port", "0"]
+    result = subprocess.run(
+        ["unshare", "--mount", "sh", "-c", f'{read_only} && shift && exec "$@"', "sh", state,
+         sys.executable, "-m", "fedspeech", "coordinator", *args],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert_last_line(result, "coordinator", f"cannot write the state directory {state}", "--state")
+
+
+def test_a_second_coordinator_on_a_taken_topic_root_ends_in_one_line(
+    processes, mosquitto_url, topic_root, tmp_path
+):
+    port = free_port()
+    common = ["--broker", mosquitto_url, "--topic-root", topic_root]
+    processes.start("first", "coordinator", "--state", str(tmp_path / "first"), "--port", str(port), *common)
+    wait_for(
+        lambda: (get_json(f"http://127.0.0.1:{port}/api/status") or {}).get("completed_round") == 0,
+        120,
+        "round 0",
+    )
+    second = fedspeech("coordinator", "--state", str(tmp_path / "second"), "--port", "0", *common)
+    assert_last_line(second, "coordinator", topic_root, "--topic-root", "--take-over-topic-root")
 
 
 # ---- peers that do not answer ----

@@ -10,8 +10,10 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from fedspeech.coordinator.app import create_app, serve
 from fedspeech.coordinator.records import RoundRecord, UpdateRecord
-from fedspeech.protocol import weights
+from fedspeech.protocol import messages, routes, weights
+from fedspeech.protocol.messages import TaskFailure
 from tests.helpers.configs import coordinator_config
+from tests.helpers.device_doubles import make_task
 
 TOKEN = "an-admin-token-of-some-length"
 
@@ -23,6 +25,7 @@ def _app(tmp_path, **settings):
 @pytest.fixture
 def guarded(tmp_path):
     (tmp_path / "admin-token").write_text(TOKEN + "\n")
+    (tmp_path / "admin-token").chmod(0o600)  # as the operator keeps it: no warning on the commands' output
     return _app(tmp_path, admin_token_file=tmp_path / "admin-token")
 
 
@@ -153,6 +156,28 @@ def test_a_rejected_upload_shows_on_its_device_with_the_reason(tmp_path):
     kitchen = http.get("/api/overview").get_json()["devices"][0]
     assert kitchen["last_update"]["round"] == 3 and not kitchen["last_update"]["accepted"]
     assert kitchen["last_update"]["reason"]
+
+
+def test_a_task_a_device_could_not_do_shows_on_it_with_the_reason(tmp_path):
+    app = _app(tmp_path)
+    service = app.extensions["fedspeech"]
+    service.store.register_device("kitchen", "kitchen-token", 40, {})
+    service.store.register_device("hall", "hall-token", 40, {})
+    task = make_task("task-1", blob=b"weights")
+    service.inbox.acks.expect([("kitchen", task)])  # handed out, as a round does
+    http = app.test_client()
+    report = messages.encode(TaskFailure("no data folder /srv/clips\n<script>x</script>"))
+    path = routes.failure("task-1")
+    assert http.post(path, data=report, headers={"Authorization": "Bearer hall-token"}).status_code == 409
+    assert http.get("/api/overview").get_json()["devices"][0]["last_error"] is None, "not hall's to report"
+    assert http.post(path, data=report, headers={"Authorization": "Bearer kitchen-token"}).status_code == 200
+    devices = {d["device_id"]: d for d in http.get("/api/overview").get_json()["devices"]}
+    assert devices["hall"]["last_error"] is None
+    error = devices["kitchen"]["last_error"]
+    assert (error["round"], error["reason"]) == (1, "no data folder /srv/clips\\n<script>x</script>")
+    assert http.get("/api/status").get_json()["device_errors"]["kitchen"] == error
+    assert b"<th>Last error</th>" in http.get("/").data
+    assert b"d.last_error" in http.get("/assets/dashboard.js").data  # set as text, as every value
 
 
 def _fedspeech(*args):

@@ -22,7 +22,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from fedspeech.edge_client.runtime.session import OnnxModel
 from fedspeech.edge_client.runtime.streaming import StreamingDetector
-from fedspeech.protocol import messages, signing, weights
+from fedspeech.protocol import messages, routes, signing, weights
 from fedspeech.protocol.labels import is_word
 from fedspeech.protocol.messages import BlobRef, ModelAnnouncement, ModelSpec
 from fedspeech.protocol.topics import Topics, parse_broker_url
@@ -317,16 +317,22 @@ def model_server():
     server.server_close()
 
 
-def announce(
-    client: mqtt.Client, topic: str, server: ModelServer, round: int, path: Path, sha256: str | None = None
-) -> None:
-    """Serve an ONNX file as round's model and publish its announcement, retained and signed."""
+def serve_model(topic: str, server: ModelServer, round: int, path: Path, sha256: str | None = None) -> bytes:
+    """Serve an ONNX file as round's model; its announcement, signed for topic."""
     data = path.read_bytes()
     server.files[f"/api/models/{round}/onnx"] = data
     onnx_ref = BlobRef(f"/api/models/{round}/onnx", sha256 or weights.sha256(data), len(data))
     weights_ref = BlobRef(f"/api/models/{round}/weights", "0" * 64, 1)  # listening devices never fetch it
     body = messages.encode(ModelAnnouncement(round, SPEC, DIGITS, weights_ref, onnx_ref))
-    client.publish(topic, signing.sign(server.key, topic, body), qos=1, retain=True).wait_for_publish(5)
+    return signing.sign(server.key, topic, body)
+
+
+def announce(
+    client: mqtt.Client, topic: str, server: ModelServer, round: int, path: Path, sha256: str | None = None
+) -> None:
+    """Serve an ONNX file as round's model and publish its announcement, retained and signed."""
+    payload = serve_model(topic, server, round, path, sha256)
+    client.publish(topic, payload, qos=1, retain=True).wait_for_publish(5)
 
 
 def test_follows_the_coordinator_and_swaps_without_dropping_audio(
@@ -359,7 +365,8 @@ def test_follows_the_coordinator_and_swaps_without_dropping_audio(
         wait_for(lambda: "swapped in model cnn round 3" in log.read_text(), 15, "the round 3 model")
         stranger = ModelServer(model_server.url, Ed25519PrivateKey.generate(), model_server.files)
         announce(publisher, topic, stranger, 4, models["model"])  # a model signed by another key
-        wait_for(lambda: "bad signature" in log.read_text(), 15, "the stranger's model refused")
+        refused = f"the retained announcement on {topic} has a bad signature: it is signed by another key"
+        wait_for(lambda: refused in log.read_text(), 15, "the stranger's model refused")
         assert proc.wait(timeout=60) == 0
         publisher.publish(topic, b"", qos=1, retain=True).wait_for_publish(5)
     finally:
@@ -379,6 +386,33 @@ def test_follows_the_coordinator_and_swaps_without_dropping_audio(
     samples = len(soundfile.read(wav)[0]) + RATE
     seconds = float(re.search(r"listened to (\d+\.\d+) s of audio", text).group(1))
     assert seconds == pytest.approx(np.ceil(samples / 80) * 80 / RATE, abs=0.005)
+
+
+def test_a_listener_started_first_says_why_it_waits_and_takes_the_model_over_http(
+    models, digits_wav, topic_root, model_server, processes, tmp_path
+):
+    wav, _ = digits_wav
+    deaf = f"mqtt://127.0.0.1:{free_port()}"  # a broker that never answers: the listener hears nothing there
+    proc = processes.start(
+        "listen-first",
+        "listen",
+        "--coordinator", model_server.url,
+        "--coordinator-key", model_server.public_key,
+        "--broker", deaf,
+        "--topic-root", topic_root,
+        "--input", str(wav),
+    )  # fmt: skip
+    log = proc.log_path
+    waiting = f"no model yet: the coordinator at {model_server.url} has announced none yet"
+    wait_for(lambda: waiting in log.read_text(), 30, "the listener saying why it waits")
+    time.sleep(2.0)  # a few more questions, each answered the same
+    model_server.files[routes.ANNOUNCEMENT] = serve_model(
+        Topics(topic_root).model, model_server, 1, models["model"]
+    )
+    assert proc.wait(timeout=60) == 0
+    text = log.read_text()
+    assert text.count(waiting) == 1, "said once, not at each question"
+    assert_digits_in_order([label for _, label, _ in detections(text)])
 
 
 # ---- a virtual microphone ----

@@ -1,7 +1,6 @@
 """A fleet on its own recordings: a task file, device data folders, and a coordinator that holds no speech."""
 
 import json
-import os
 import shutil
 import sqlite3
 import subprocess
@@ -62,10 +61,13 @@ def readme_broker(tmp_path, topic_root) -> Iterator[tuple[dict[str, Path], str]]
     Yields each device's secret file and the broker's URL.
     """
     secrets = {}
-    for device in DEVICE_LABELS:  # enrolled as an operator would: a secret per device
+    for i, device in enumerate(DEVICE_LABELS):  # enrolled as the README does: a secret file per device
         secrets[device] = tmp_path / f"{device}.secret"
-        with open(secrets[device], "w", opener=lambda path, flags: os.open(path, flags, 0o600)) as out:
-            fedspeech("devices", "add", device, "--state", str(tmp_path / "state"), stdout=out)
+        new_state = ["--new-state"] if i == 0 else []  # the first one makes the coordinator's state
+        state = ["--state", str(tmp_path / "state"), *new_state]
+        added = fedspeech("devices", "add", device, *state, "--secret-file", str(secrets[device]))
+        assert f"coordinator's state {tmp_path / 'state'};" in added.stderr, added.stderr
+        assert secrets[device].stat().st_mode & 0o777 == 0o600
     port = free_port()
     fedspeech(
         "broker-config", "--state", str(tmp_path / "state"), "--port", str(port), "--topic-root", topic_root

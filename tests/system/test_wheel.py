@@ -16,6 +16,7 @@ import subprocess
 import sys
 import tomllib
 import zipfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -122,6 +123,14 @@ def bench_wheel(wheel) -> Path:
     return path
 
 
+@pytest.fixture(scope="module")
+def plain_venv(wheel, tmp_path_factory) -> Iterator[Venv]:
+    """A venv with the wheel and none of its extras: no torch, no flask, no sounddevice."""
+    venv = Venv(tmp_path_factory.mktemp("plain") / "venv", str(wheel))
+    yield venv
+    venv.remove()
+
+
 def expected_files(source: Path) -> set[str]:
     """What a wheel of source must hold besides its metadata: every module, the data and the dashboard."""
     setuptools = tomllib.loads((source / "pyproject.toml").read_text())["tool"]["setuptools"]
@@ -160,8 +169,8 @@ def test_wheel_holds_the_code_and_the_data_and_no_benchmark(wheel):
     assert "fedspeech.commands" not in entry_points
 
 
-def test_listen_runs_from_the_wheel_without_torch(wheel, fsdd_model, tmp_path):
-    venv = Venv(tmp_path / "venv", str(wheel))
+def test_listen_runs_from_the_wheel_without_torch(plain_venv, fsdd_model):
+    venv = plain_venv
     no_torch = subprocess.run(
         [venv.python, "-c", "import torch"], capture_output=True, text=True, env=venv.env, timeout=120
     )
@@ -193,7 +202,56 @@ def test_listen_runs_from_the_wheel_without_torch(wheel, fsdd_model, tmp_path):
     assert watched["onnxruntime"]
     for name, path in watched["modules"].items():
         venv.assert_inside(path, name)
-    venv.remove()
+
+
+# each command run without its extra, and what it must say
+WITHOUT_EXTRAS = {
+    "coordinator": (["coordinator", "--port", "0"], "coordinator", "torch, onnx, onnxscript, flask"),
+    "client": (["client", "--speaker", "theo"], "train", "torch, onnx, onnxscript"),
+    "listen": (["listen", "--model", "model.onnx"], "audio", "sounddevice"),
+    "record": (["record", "--task", "fsdd", "--label", "1", "--data", "takes"], "audio", "sounddevice"),
+}
+
+
+def test_a_command_without_its_extra_names_the_extra_to_install_in_one_line(plain_venv):
+    for command, (args, extra, modules) in WITHOUT_EXTRAS.items():
+        result = subprocess.run(
+            [plain_venv.bin / "fedspeech", *args],
+            capture_output=True, text=True, env=plain_venv.env, cwd=plain_venv.cwd, timeout=120,
+        )  # fmt: skip
+        said = output(result.stdout, result.stderr)
+        assert result.returncode == 1 and "Traceback" not in result.stderr, said
+        (line,) = result.stderr.splitlines()
+        assert line.startswith(f"fedspeech {command}: needs {modules}"), line
+        assert line.endswith(f'which the {extra} extra installs: pip install "fedspeech[{extra}]"'), line
+    assert not (plain_venv.cwd / "fedspeech-state").exists(), "the coordinator stopped before its state"
+
+    # the command it names works where fedspeech came from a wheel: pip keeps the installed fedspeech
+    plain_venv.run("python", "-m", "pip", "install", "--no-input", "fedspeech[audio]")
+    installed = plain_venv.run("python", "-m", "pip", "show", "--files", "fedspeech").stdout
+    assert "Version: 0.1.0" in installed
+    listed = subprocess.run(
+        [plain_venv.bin / "fedspeech", "listen", "--list-devices"],
+        capture_output=True, text=True, env=plain_venv.env, cwd=plain_venv.cwd, timeout=120,
+    )  # fmt: skip
+    assert "needs sounddevice" not in listed.stderr, output(listed.stdout, listed.stderr)
+
+
+def test_the_readmes_wheel_install_command_names_the_wheel_when_pasted(tmp_path):
+    readme = (ROOT / "README.md").read_text()
+    commands = re.findall(r"`(pip install [^`]*\.whl[^`]*)`", readme)
+    assert commands, "the README says how a device installs the wheel"
+    wheel = tmp_path / "fedspeech-0.1.0-py3-none-any.whl"  # as copied to a device
+    wheel.write_bytes(b"")
+    for command in commands:  # pasted into bash, with a pip that shows what it was given
+        shown = subprocess.run(
+            ["bash", "-c", f'pip() {{ printf "%s\\n" "$@"; }}; {command}'],
+            cwd=tmp_path, capture_output=True, text=True, timeout=30,
+        )  # fmt: skip
+        arguments = shown.stdout.splitlines()
+        assert arguments[0] == "install", command
+        requirement = arguments[-1]
+        assert requirement.startswith(f"{wheel.name}["), f"{command} gives pip {requirement!r}"
 
 
 def test_demo_and_device_commands_run_from_the_wheel_with_extras(wheel, bench_wheel, tmp_path):

@@ -6,7 +6,7 @@ import pytest
 from flask import Response
 from werkzeug.test import EnvironBuilder
 
-from fedspeech.coordinator.api import BODY_RULES
+from fedspeech.coordinator.api import BODY_RULES, MAX_FAILURE_BYTES
 from fedspeech.coordinator.app import create_app
 from fedspeech.coordinator.body_rules import DEFAULT_LIMIT, BodyRule, admit
 from fedspeech.coordinator.records import RoundRecord
@@ -49,6 +49,11 @@ def test_a_bodys_rule_is_checked_from_its_headers_alone(app):
         headers = {"HTTP_AUTHORIZATION": f"Bearer {auth}"} if auth else {}
         refused = admit(app, _environ(**upload, **headers), BODY_RULES)
         assert isinstance(refused, Response) and refused.status_code == status, auth
+    failure = {"REQUEST_METHOD": "POST", "PATH_INFO": "/api/tasks/t1/failure", "CONTENT_LENGTH": "100000"}
+    refused = admit(app, _environ(**failure), BODY_RULES)
+    assert isinstance(refused, Response) and refused.status_code == 401, "a failure report needs a token"
+    report = admit(app, _environ(**failure, HTTP_AUTHORIZATION=f"Bearer {'k' * 43}"), BODY_RULES)
+    assert report == BodyRule(MAX_FAILURE_BYTES), "and is short"
     registration = admit(app, _environ(REQUEST_METHOD="POST", PATH_INFO="/api/devices"), BODY_RULES)
     assert registration == BodyRule(messages.MAX_MESSAGE_BYTES)
     nowhere = admit(app, _environ(REQUEST_METHOD="POST", PATH_INFO="/api/nowhere"), BODY_RULES)

@@ -72,6 +72,8 @@ ROUTES = {
     ("POST", "/api/rounds/1/evaluations"): (401, PAST, 401),
     ("GET", "/api/rounds/1/relays/0"): (401, PAST, 401),
     ("POST", "/api/validation"): (401, PAST, 401),
+    ("POST", "/api/tasks/t1/ack"): (401, PAST, 401),
+    ("POST", "/api/tasks/t1/failure"): (401, PAST, 401),
 }
 
 
@@ -102,7 +104,7 @@ def test_status_names_devices_and_the_broker_only_to_the_admin(fleet):
     assert set(http.get("/api/status").get_json()) == public
     assert set(http.get("/api/status", headers={"Authorization": f"Bearer {kitchen}"}).get_json()) == public
     admin = http.get("/api/status", headers={"Authorization": f"Bearer {ADMIN}"}).get_json()
-    assert set(admin) == public | {"devices_online", "broker"}
+    assert set(admin) == public | {"devices_online", "broker", "device_errors", "waiting"}
 
 
 def _same_answer(first, second, first_id: str, second_id: str) -> None:

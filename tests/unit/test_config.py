@@ -202,7 +202,7 @@ def test_service_settings_out_of_bounds_are_refused(setting, says):
         ServiceConfig(**setting)
 
 
-@pytest.mark.parametrize("setting", ["min_devices", "min_results", "k", "eval_min_reports"])
+@pytest.mark.parametrize("setting", ["rounds", "min_devices", "min_results", "k", "eval_min_reports"])
 def test_round_counts_below_one_are_refused_as_the_options_are(setting):
     with pytest.raises(ValueError, match=f"^{setting} must be at least 1, got 0$"):
         RoundConfig(**{setting: 0})

@@ -29,7 +29,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from fedspeech.models.clips.tasks import TaskFileError, load_task
-from fedspeech.protocol import bounds, messages, routes, signing, weights
+from fedspeech.protocol import bounds, message_checks, messages, routes, signing, weights
 from fedspeech.protocol.bounds import ProtocolError
 from fedspeech.protocol.messages import (
     BlobRef,
@@ -42,6 +42,7 @@ from fedspeech.protocol.messages import (
     Registration,
     Task,
     TaskDefinition,
+    TaskFailure,
     TaskInfo,
 )
 from fedspeech.protocol.topics import Topics, parse_broker_url
@@ -70,7 +71,16 @@ def noted(note: str) -> Iterator[None]:
 
 # --- valid inputs: the seeds of the mutations --------------------------------------------------------
 
-KINDS = [Registration, Credentials, DeviceStatus, Task, ModelAnnouncement, TaskInfo, EvaluationReport]
+KINDS = [
+    Registration,
+    Credentials,
+    DeviceStatus,
+    Task,
+    ModelAnnouncement,
+    TaskInfo,
+    EvaluationReport,
+    TaskFailure,
+]
 KEY = Ed25519PrivateKey.from_private_bytes(bytes(range(32)))  # fixed, so that runs repeat
 OTHER_KEY = Ed25519PrivateKey.from_private_bytes(bytes(32))
 SPEC = ModelSpec("cnn", 8000, 8000, 10)
@@ -124,6 +134,7 @@ VALID = {
     ),
     "task_info": TaskInfo(DIGITS, SPEC),
     "evaluation": EvaluationReport("t1", 3, [[5, 1], [0, 4]], 2.75),
+    "task_failure": TaskFailure("no data folder /srv/clips"),
 }
 SEEDS = {name: json.loads(messages.encode(message)) for name, message in VALID.items()}
 KIND_NAMES = {type(message): SEEDS[name]["kind"] for name, message in VALID.items()}
@@ -501,6 +512,8 @@ def assert_in_bounds(message: Any) -> None:
         assert 2 <= size <= bounds.MAX_LABELS and all(len(row) == size for row in message.confusion)
         assert all(0 <= n <= bounds.MAX_COUNT for row in message.confusion for n in row)
         assert _is_number(message.loss_sum, 0, math.inf)
+    if isinstance(message, TaskFailure):
+        assert 1 <= len(message.reason) <= message_checks.MAX_FAILURE_CHARS
     assert messages.decode(messages.encode(message), type(message)) == message
 
 

@@ -128,6 +128,31 @@ def test_the_wait_for_a_round_ends_on_its_results(tmp_path):
     assert sorted(closed.updates) == ["a", "b"]
 
 
+def test_a_failure_report_ends_the_wait_for_its_device_alone_and_is_kept_escaped(tmp_path):
+    inbox = inbox_of(tmp_path)
+    tasks = open_round(inbox, needed=2)
+    open_ = inbox._opened()
+    for device, task in tasks.items():
+        inbox.acknowledge(device, task.task_id)
+    send(inbox, "a", tasks["a"])
+    assert not inbox.complete(open_), "b took its task: the round waits for it"
+    for device, task_id in (("a", tasks["b"].task_id), ("c", tasks["b"].task_id), ("b", "not-its-task")):
+        with pytest.raises(NotWanted, match=f"^{device} has no open task"):
+            inbox.fail(device, task_id, "forged")
+    assert not inbox.complete(open_) and inbox.last_errors() == {}, "a refused report changes nothing"
+
+    threading.Timer(0.05, inbox.fail, ["b", tasks["b"].task_id, "line\nforged line" + "x" * 500]).start()
+    inbox.wait_until_complete(threading.Event())  # pytest's timeout, if it never returned
+    error = inbox.last_errors()["b"]
+    assert (error.round, error.task_id) == (1, tasks["b"].task_id)
+    assert error.reason.startswith("line\\nforged linexxx") and len(error.reason) == 300
+    closed, over = inbox.close()
+    assert closed.never_taken == {"b"} and over == ["a", "b"]
+    with pytest.raises(NotWanted):
+        inbox.fail("b", tasks["b"].task_id, "again, once its round is over")
+    assert inbox.last_errors()["b"] == error, "kept after its round"
+
+
 def test_carried_tasks_are_dropped_when_their_device_leaves_their_deadline_passes_or_the_model_grows():
     def task(device: str, deadline: float, spec: ModelSpec = SPEC) -> Task:
         return Task(device, 1, spec, DEFINITION, BlobRef("/w", "0" * 64, 1), "/up", 2, 8, 0.1, deadline)

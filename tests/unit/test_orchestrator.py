@@ -12,6 +12,7 @@ import pytest
 from fedspeech.coordinator import orchestrator as orchestrator_module
 from fedspeech.coordinator.config import RoundConfig
 from fedspeech.coordinator.errors import BadUpload, NotWanted
+from fedspeech.models.calibration import Decisions
 from fedspeech.protocol import bounds, messages, routes, weights
 from fedspeech.protocol.messages import (
     DeviceStatus,
@@ -195,10 +196,10 @@ def test_a_buffered_round_does_not_wait_for_a_slow_device_and_counts_its_late_up
     slow_tasks: list[Task] = []
 
     class Model(FakeModel):
-        def to_onnx(self, arrays: Arrays, round: int) -> bytes:
+        def to_onnx(self, arrays: Arrays, round: int, devices: Decisions | None = None) -> bytes:
             if round == 1 and when.startswith("between"):  # no round is open while one is exported
                 fleet.upload("slow", slow_tasks[0], 5.0)
-            return super().to_onnx(arrays, round)
+            return super().to_onnx(arrays, round, devices)
 
     fleet = Fleet(tmp_path, Model(), rounds=3, strategy=strategy, k=1, round_timeout_s=5.0)
     fleet.device("fast")
@@ -281,6 +282,46 @@ def test_the_devices_evaluate_the_new_model(tmp_path):
     assert record.federated_accuracy == pytest.approx(14 / 16) and record.federated_loss == pytest.approx(
         4 / 16
     )
+
+
+def test_the_devices_word_decisions_calibrate_the_model_announced_after_its_evaluation(tmp_path):
+    from fedspeech.models.calibration import BINS
+
+    fleet = Fleet(tmp_path, FakeModel(onnx_bytes=64), rounds=2, eval_every=2, eval_timeout_s=5.0)
+    right, wrong = np.zeros(BINS, np.int64), np.zeros(BINS, np.int64)
+    right[[150, 150, 160, 170, 180, 190, 199]], wrong[100] = 1, 1  # 7 right at 0.75 and up, 1 wrong at 0.5
+    right[150] = 2
+
+    refused = []
+
+    def report(device_id: str, task: Task, decisions: list[list[int]]) -> None:
+        if task.action != "evaluate":
+            return fleet.upload(device_id, task, 1.0)
+        confusion = [[3, 1], [0, 4]]  # 7 right words, 1 wrong
+        body = messages.encode(EvaluationReport(task.task_id, task.round, confusion, 2.0, decisions))
+        try:
+            fleet.inbox.receive_evaluation(task.round, device_id, body)
+        except BadUpload as exc:
+            refused.append((device_id, str(exc)))
+
+    fleet.device("a")
+    fleet.device("b")
+    fleet.link.responders["a"] = lambda task: report("a", task, [right.tolist(), wrong.tolist()])
+    fleet.link.responders["b"] = lambda task: report("b", task, [wrong.tolist(), right.tolist()])
+    fleet.finish()
+    said = "1 right and 7 wrong word decisions; the confusion holds 7 and 1"
+    assert refused == [("b", f"evaluation report refused: {said}")], "b's do not add up"
+    announced = {a.round: a for a in fleet.link.announced}
+    stored = {r: fleet.store.model_path(r, "onnx").read_bytes().rstrip(b"\0") for r in (1, 2)}
+    assert stored[1] == b"onnx of round 1", "no evaluation yet: nothing to calibrate with"
+    assert stored[2] == b"onnx of round 2, calibrated on the test clips of 1 device (round 2's model)"
+    record = fleet.store.rounds()[2]
+    assert record.evaluation_reports == 1
+    assert (
+        announced[2].onnx.sha256
+        == record.onnx_sha256
+        == weights.sha256(fleet.store.model_path(2, "onnx").read_bytes())
+    ), "announced once calibrated, and served as announced"
 
 
 def test_a_device_that_only_looks_online_costs_a_round_and_its_evaluation_the_ack_timeout(tmp_path):
@@ -460,3 +501,35 @@ def test_devices_enrolled_but_not_registered_get_no_work(tmp_path):
     fleet.link.statuses_["waiting"] = DeviceStatus("waiting", "online", 10, profile(1.0))
     fleet.finish()
     assert set(fleet.link.tasks_of(1)) == {"a"}
+
+
+def _waiting_for(fleet: Fleet, other_than: str | None = None, timeout: float = 5.0) -> str | None:
+    """What the running round loop says it waits for, once it says something other than other_than."""
+    deadline = time.time() + timeout
+    while fleet.orchestrator.waiting in (None, other_than) and time.time() < deadline:
+        time.sleep(0.01)
+    return fleet.orchestrator.waiting
+
+
+def test_a_round_short_of_devices_says_what_it_waits_for_once_per_change(tmp_path, caplog):
+    fleet = Fleet(tmp_path, rounds=1, min_devices=2)
+    with caplog.at_level(logging.INFO, logger=orchestrator_module.__name__), fleet.running():
+        none_online = _waiting_for(fleet)
+        fleet.device("a")
+        one_online = _waiting_for(fleet, other_than=none_online)
+        time.sleep(1.0)  # four more looks at the devices online, with nothing new to say
+        fleet.device("b")
+        assert fleet.orchestrator.finished.wait(10), "the round starts once a second device is online"
+    assert none_online == "round 1 needs 2 devices, none online: start 2 more"
+    assert one_online == "round 1 needs 2 devices, 1 online: start another or set --min-devices 1"
+    said = [r.getMessage() for r in caplog.records if "needs 2 devices" in r.getMessage()]
+    assert said == [none_online, one_online], "each reason is logged once, when it changes"
+    assert fleet.orchestrator.waiting is None, "nothing waits once the round has started"
+
+
+def test_a_strategy_needing_more_devices_than_the_minimum_names_its_own(tmp_path):
+    fleet = Fleet(tmp_path, rounds=1, min_devices=1, strategy="krum")  # f = 1: at least 5 devices
+    fleet.device("a")
+    with fleet.running():
+        waiting = _waiting_for(fleet)
+    assert waiting == "round 1 needs 5 devices, 1 online: start 4 more (the krum strategy needs 5)"

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from fedspeech.protocol import messages, routes, signing, weights
+from fedspeech.protocol import message_checks, messages, routes, signing, weights
 from fedspeech.protocol.bounds import ProtocolError
 from fedspeech.protocol.messages import (
     BlobRef,
@@ -19,6 +19,7 @@ from fedspeech.protocol.messages import (
     Registration,
     Task,
     TaskDefinition,
+    TaskFailure,
     TaskInfo,
     TaskWithdrawal,
 )
@@ -53,6 +54,7 @@ TASK = Task(
         ModelAnnouncement(2, SPEC, ["zero", "one"], TASK.weights, None, {"accuracy": 0.9}, 1.7e9),
         TaskWithdrawal(["t1", "t2"]),
         TaskWithdrawal([]),
+        TaskFailure("no data folder /srv/clips"),
     ],
 )
 def test_messages_round_trip(message):
@@ -320,6 +322,17 @@ def test_a_task_topic_carries_a_task_or_a_withdrawal_and_nothing_else():
 def test_a_withdrawal_names_few_task_ids_of_the_tasks_form(withdrawal, reason):
     with pytest.raises(ProtocolError, match=reason):
         messages.decode(messages.encode(withdrawal), TaskWithdrawal)
+
+
+@pytest.mark.parametrize("reason", ["", "x" * (message_checks.MAX_FAILURE_CHARS + 1)])
+def test_a_failure_report_gives_a_short_reason(reason):
+    with pytest.raises(ProtocolError, match=f"reason: 1 to {message_checks.MAX_FAILURE_CHARS} characters"):
+        messages.decode(messages.encode(TaskFailure(reason)), TaskFailure)
+    assert (
+        routes.failure("t1")
+        == "/api/tasks/t1/failure"
+        == routes.PREFIX + routes.FAILURE_RULE.replace("<task_id>", "t1")
+    )
 
 
 @pytest.mark.parametrize("issued_at", [-1.0, 2.0**41])

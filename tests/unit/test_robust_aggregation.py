@@ -1,6 +1,7 @@
 """Robust aggregation (median, trimmed mean, norm clipping) against emulated poisoning: pure maths."""
 
 import math
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -195,11 +196,16 @@ def test_attacking_trainer_uploads_the_tampered_weights_with_the_honest_metadata
     trainer = attacking_trainer("sign_flip")("d9", 2)
     assert isinstance(trainer, AttackingTrainer)
     assert (trainer.device_id, trainer.torch_threads, trainer.attack) == ("d9", 2, "sign_flip")
-    result, upload = trainer.train(None, start, None)  # type: ignore[arg-type]
+    task = SimpleNamespace(round=1)
+    result, upload = trainer.train(task, start, None)  # type: ignore[arg-type]
     arrays, sent = weights.decode(upload)
     assert result == "result" and sent == metadata
     np.testing.assert_allclose(arrays["w"], [0.5, 3.0])
     claiming = attacking_trainer("scaled_global")("d9", 1)
-    arrays, sent = weights.decode(claiming.train(None, start, None)[1])  # type: ignore[arg-type]
+    arrays, sent = weights.decode(claiming.train(task, start, None)[1])  # type: ignore[arg-type]
     assert sent == {"device_id": "d9", "num_samples": "100000"}
     np.testing.assert_allclose(arrays["w"], [-3.0, -6.0])
+    later = attacking_trainer("scaled_global", from_round=2)("d9", 1)  # honest in round 1
+    arrays, sent = weights.decode(later.train(task, start, None)[1])  # type: ignore[arg-type]
+    assert sent == metadata
+    np.testing.assert_allclose(arrays["w"], honest["w"])

@@ -111,6 +111,34 @@ def test_chained_skips_a_device_that_takes_no_task_at_its_ack_timeout(tmp_path):
     assert [(r.device_id, r.arrays["w"][0]) for r in collected.results] == [("b", 5.0)]
 
 
+def fails(context: RoundContext, device: str, reason: str):
+    """A device that takes its task, then reports it could not do it."""
+
+    def respond(task: Task) -> None:
+        context.inbox.acknowledge(device, task.task_id)
+        context.inbox.fail(device, task.task_id, reason)
+
+    return respond
+
+
+@pytest.mark.parametrize("mode", ["parallel", "buffered", "chained"])
+def test_a_device_that_reports_its_task_failed_holds_no_round(tmp_path, mode):
+    link = FakeLink()
+    context = context_of(tmp_path, link, timeout_s=20.0)
+    context.inbox.acks.timeout_s = 20.0  # only the failure report ends the wait for b
+    link.responders["a"] = lambda task: answer(context, "a", task, 3.0)
+    link.responders["b"] = fails(context, "b", "no data folder /srv/clips")
+    groups = [["b", "a"]] if mode == "chained" else None
+    collected = MODES[mode](1, plan(["a", "b"], needed=2, groups=groups), context)
+    assert time.time() - context.started < 10.0, "closed once a answered and b said it could not"
+    assert [r.device_id for r in collected.results] == ["a"]
+    if mode != "chained":  # one task each, the round over: b's failed task was never taken
+        assert collected.closed.never_taken == {"b"} and not collected.missed
+    assert context.inbox.carried() == {}, "a failed task is not carried past its round"
+    error = context.inbox.last_errors()["b"]
+    assert (error.round, error.reason) == (1, "no data folder /srv/clips")
+
+
 def test_buffered_closes_on_its_results_and_counts_a_late_update_in_the_next_round_rebased(tmp_path):
     link = FakeLink()
     context = context_of(tmp_path, link)

@@ -99,14 +99,13 @@ def get_json(url: str, token: str | None = None, timeout: float = 10.0) -> dict:
 
 
 def enrol(state: Path, device_id: str, folder: Path) -> Path:
-    """`fedspeech devices add ID` as an operator runs it; the secret kept in a file only its owner reads."""
-    added = subprocess.run(
-        [sys.executable, "-m", "fedspeech", "devices", "add", device_id, "--state", str(state)],
+    """`fedspeech devices add ID --secret-file FILE` as an operator runs it (the first makes the state)."""
+    path = folder / f"{device_id}.secret"
+    subprocess.run(
+        [sys.executable, "-m", "fedspeech", "devices", "add", device_id, "--state", str(state), "--new-state",
+         "--secret-file", str(path)],
         capture_output=True, text=True, check=True, timeout=120,
     )  # fmt: skip
-    path = folder / f"{device_id}.secret"
-    path.write_text(added.stdout)
-    path.chmod(0o600)
     return path
 
 
