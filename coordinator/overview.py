@@ -145,6 +145,9 @@ def _threshold(path: Path, sha256: str | None) -> tuple[float | None, str | None
     """The threshold an ONNX file carries and where it came from (read once per file, by its digest)."""
     import onnx
 
-    metadata = {p.key: p.value for p in onnx.load_model(path, load_external_data=False).metadata_props}
+    try:
+        metadata = {p.key: p.value for p in onnx.load_model(path, load_external_data=False).metadata_props}
+    except Exception:  # protobuf's DecodeError, or OSError: not an ONNX model after all, so no threshold
+        return None, None
     threshold = metadata.get(meta.THRESHOLD)
     return (float(threshold) if threshold else None), metadata.get(meta.THRESHOLD_FROM)

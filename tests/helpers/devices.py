@@ -30,11 +30,12 @@ class Processes:
         self.log_dir = log_dir
         self.procs: list[subprocess.Popen] = []
 
-    def start(self, name: str, *args: str) -> subprocess.Popen:
-        """Run `python -m fedspeech ARGS` with its output in LOG_DIR/NAME.log."""
+    def start(self, name: str, *args: str, cwd: Path | None = None) -> subprocess.Popen:
+        """Run `python -m fedspeech ARGS` (in cwd, if given) with its output in LOG_DIR/NAME.log."""
         log = open(self.log_dir / f"{name}.log", "a")  # noqa: SIM115 - closed with the process
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-        proc = subprocess.Popen([sys.executable, "-m", "fedspeech", *args], stdout=log, stderr=log, env=env)
+        argv = [sys.executable, "-m", "fedspeech", *args]
+        proc = subprocess.Popen(argv, stdout=log, stderr=log, env=env, cwd=cwd)
         proc.log_path = self.log_dir / f"{name}.log"
         self.procs.append(proc)
         return proc
