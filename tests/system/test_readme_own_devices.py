@@ -167,7 +167,7 @@ def test_the_readmes_own_devices_hear_speakers_they_never_met(tmp_path, processe
         soundfile.write(tmp_path / "words.wav", stream.audio, stream.sample_rate)
         argv = _command(listen, places) + ["--input", str(tmp_path / "words.wav")]
         heard = subprocess.run(argv, cwd=tmp_path, capture_output=True, text=True, timeout=300)
-        status = _command(f"fedspeech status --coordinator {url}", {})
+        status = _command(f"fedspeech status --coordinator {url} --rounds 3", {})
         shown = subprocess.run(status, capture_output=True, text=True, timeout=60, check=True).stdout
     assert f"detection: threshold {float(model.metadata['threshold']):.3f}, calibrated on" in shown, shown
     assert heard.returncode == 0, heard.stderr[-3000:]
@@ -180,7 +180,7 @@ def test_the_readmes_own_devices_hear_speakers_they_never_met(tmp_path, processe
         f"\n{rounds} rounds in {trained_s:.0f} s; model accuracy {clip_accuracy:.4f} on {len(truth)} clips "
         f"of unheard speakers; listener heard {alignment.hits} of {alignment.words} ({hit_rate:.4f}), "
         f"{alignment.substitutions} wrong, {alignment.insertions} extra; {said}; whole flow "
-        f"{time.monotonic() - started:.0f} s"
+        f"{time.monotonic() - started:.0f} s\n{shown}"
     )
     assert threshold and "calibrated on" in threshold.group(2), heard.stderr[-2000:]
     assert hit_rate >= clip_accuracy - 0.10
