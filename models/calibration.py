@@ -16,6 +16,7 @@ from fedspeech.protocol.bounds import DECISION_BINS
 LOWEST, HIGHEST = 0.3, 0.95  # a threshold outside these says more about the clips than the model
 BINS = DECISION_BINS  # confidence counted in steps of 1 / BINS; a threshold is one of the steps
 RIGHT, WRONG = 0, 1  # the rows of decision counts
+SIGNIFICANCE = 2.0  # standard deviations by which a higher threshold must gain to be chosen
 UNCALIBRATED = (
     "not calibrated: no held-out clips (--eval-data) and no evaluation on the devices (--eval-every) yet"
 )
@@ -50,23 +51,32 @@ def decision_counts(probabilities: np.ndarray, labels: np.ndarray, words: Sequen
 
 
 def threshold_of(counts: np.ndarray) -> float | None:
-    """The lowest threshold taking the most right decisions less wrong ones; None if there is no decision.
+    """The lowest threshold that no higher one beats by more than chance would; None with no decision.
 
-    A threshold t = k / BINS takes the decisions counted in bins k and above. Of those at which the right
-    decisions taken, less the wrong ones taken, are most, the lowest is chosen, clamped to [LOWEST,
-    HIGHEST]: held-out clips are whole words, centred, and a live stream's windows are less sure of the same
-    words, so every bit of slack left above the wrong decisions is a word missed live.
+    A threshold t = k / BINS takes the decisions counted in bins k and above; its gain is the right
+    decisions it takes less the wrong ones. Raising it to a higher t' gains the wrong decisions between
+    them less the right ones, which for n decisions that are as often right as wrong is 0 give or take
+    sqrt(n). So the threshold starts at LOWEST and is raised only past confidences where the wrong
+    decisions outnumber the right ones by more than SIGNIFICANCE standard deviations of that; then it is
+    clamped to HIGHEST. Held-out clips are whole words, centred, and a live stream's windows are less sure
+    of the same words: every bit of slack left above the wrong decisions is a word missed live, and a
+    threshold set by a few decisions of a small test set is mostly slack.
     """
     counts = np.asarray(counts)
     if counts.shape != (2, BINS) or (counts < 0).any():
         raise ValueError(f"decision counts are (2, {BINS}) non-negative counts, not {counts.shape}")
     if not counts.any():
         return None
-    taken = counts[:, ::-1].cumsum(axis=1)[:, ::-1]  # taken[row, k]: decisions at k / BINS and above
-    gain = np.append(taken[RIGHT] - taken[WRONG], 0)  # the last: a threshold above every decision
+    taken = np.append(counts[:, ::-1].cumsum(axis=1)[:, ::-1], [[0], [0]], axis=1)  # at k / BINS and above
+    gain, decided = taken[RIGHT] - taken[WRONG], taken[RIGHT] + taken[WRONG]
+    # better[k, j]: how much more threshold j gains than k (j > k), and by how much more than chance
+    better = gain[None, :] - gain[:, None]
+    chance = SIGNIFICANCE * np.sqrt(np.abs(decided[:, None] - decided[None, :]))
+    above = np.triu(np.ones_like(better, dtype=bool), 1)
+    beaten = ((better > chance) & above).any(axis=1)
     lowest = round(LOWEST * BINS)
-    best = lowest + int(np.argmax(gain[lowest:]))  # argmax: the first, so the lowest
-    return min(best / BINS, HIGHEST)
+    first = lowest + int(np.argmin(beaten[lowest:]))  # the last candidate is never beaten
+    return min(first / BINS, HIGHEST)
 
 
 def calibrate_threshold(probabilities: np.ndarray, labels: np.ndarray, words: Sequence[int]) -> float | None:

@@ -29,7 +29,7 @@ def rows(winning: list[float], labels: list[int], right: bool = True, classes: i
     return probabilities
 
 
-def test_threshold_takes_the_most_right_decisions_less_wrong_ones_and_is_the_lowest_such():
+def test_threshold_is_raised_only_past_more_wrong_decisions_than_chance_would_give():
     # right word decisions at 0.5 ... 0.95, wrong ones at 0.45, 0.6 and 0.9, and "no word" clips
     right = [0.5, 0.55, 0.62, 0.7, 0.8, 0.85, 0.92, 0.95]
     probabilities = np.concatenate(
@@ -41,15 +41,15 @@ def test_threshold_takes_the_most_right_decisions_less_wrong_ones_and_is_the_low
         ]
     )
     labels = np.array([i % 2 for i in range(len(right))] + [0, 0, 0, 2, 2, 1])
-    # by hand, right taken less wrong taken: from 0.3 (the lowest allowed): 8 - 3 = 5; just above 0.45:
-    # 8 - 2 = 6; at 0.5: 6; at 0.55: 7 - 2 = 5; just above 0.6: 6 - 1 = 5; ... just above 0.9: 2 - 0 = 2.
-    # The most is 6, and the lowest threshold giving it is just above 0.45.
-    threshold = calibrate_threshold(probabilities, labels, WORDS)
-    assert threshold == pytest.approx(0.45, abs=1.5 / BINS) and threshold > 0.45
-    # without the two lowest right ones: 6 - 3 = 3 from 0.3, 6 - 2 = 4 above 0.45, 6 - 1 = 5 above 0.6 and
-    # at 0.62, then less: just above the wrong decision at 0.6
-    threshold = calibrate_threshold(probabilities[2:], labels[2:], WORDS)
-    assert threshold == pytest.approx(0.6, abs=1.5 / BINS) and threshold > 0.6
+    # right taken less wrong taken: 8 - 3 = 5 from 0.3 (the lowest allowed), 6 just above 0.45: one wrong
+    # decision more than right ones is well within chance (2 standard deviations of 1 decision: 2)
+    assert calibrate_threshold(probabilities, labels, WORDS) == LOWEST
+    # forty wrong decisions at 0.40 to 0.45 and forty right ones above 0.6: 40 more, where 2 x sqrt(40) =
+    # 12.6 would be chance; raised past nearly all of them (the last few, by themselves, are within chance)
+    many_wrong = rows(list(np.linspace(0.4, 0.449, 40)), [0] * 40, right=False)
+    many_right = rows(list(np.linspace(0.6, 0.99, 40)), [1] * 40)
+    both, both_labels = np.concatenate([many_wrong, many_right]), np.array([0] * 40 + [1] * 40)
+    assert 0.43 < calibrate_threshold(both, both_labels, WORDS) <= 0.45
     # no wrong decision: every right one is taken, down to the lowest threshold allowed
     assert calibrate_threshold(probabilities[:8], labels[:8], WORDS) == LOWEST
 
@@ -57,9 +57,11 @@ def test_threshold_takes_the_most_right_decisions_less_wrong_ones_and_is_the_low
 def test_threshold_is_clamped():
     labels = np.array([0, 1] * 25)
     confident = rows([0.999] * 50, list(labels))
-    wrong_but_sure = rows([0.97] * 3, [0] * 3, right=False)  # best just above 0.97: clamped
+    wrong_but_sure = rows([0.97] * 30, [0] * 30, right=False)  # best just above 0.97: clamped
     both = np.concatenate([confident, wrong_but_sure])
-    assert calibrate_threshold(both, np.append(labels, [0] * 3), WORDS) == HIGHEST
+    assert calibrate_threshold(both, np.append(labels, [0] * 30), WORDS) == HIGHEST
+    few_wrong = np.concatenate([confident, wrong_but_sure[:3]])  # 3 of 53: within chance
+    assert calibrate_threshold(few_wrong, np.append(labels, [0] * 3), WORDS) == LOWEST
     unsure = rows([0.28] * 50, list(labels), classes=4)
     assert calibrate_threshold(unsure, labels, WORDS) == LOWEST
     nothing_right = rows([0.9] * 50, list(labels), right=False)  # every word decision is rejected
