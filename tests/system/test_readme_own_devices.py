@@ -43,7 +43,7 @@ DEVICES: dict[str, tuple[str, ...]] = {
     "hall-pi": (),
     "garage-pi": ("on", "off"),
 }  # a device and the labels it lacks
-HEARD_WORDS = 5  # a label, in the stream the listener hears
+HEARD_WORDS = 10  # a label, in the stream the listener hears
 DETECTION = re.compile(r"^\s*([\d.]+) s  (\S+)  ([\d.]+)$")
 
 
