@@ -4,11 +4,13 @@ The stream: the test takes of every FSDD speaker (300 clips, never trained on), 
 joined with --pause-s of silence, with that pause before the first word and after the last, each read as
 `fedspeech listen` reads a file, at the model's sample rate, and brought to one level (WORD_RMS): FSDD's
 speakers were recorded up to 19 dB apart, and a stream-wide SNR would put the quietest at -9 dB when the
-stream is at 10 dB. It is heard in five conditions: clean; white noise at 20 and 10 dB SNR; real
-background noise at 20 and 10 dB SNR. The SNR is 10 log10(P_speech / P_noise), P_speech the mean power of
-the words' samples (pauses excluded, and so each word's) and the noise added over the whole stream. Then
-noise alone: --noise-minutes of white and of real noise, each at its level in the 10 dB condition, where
-every detection is a false one.
+stream is at 10 dB. It is heard clean; in white noise and in real background noise at 20 and 10 dB SNR;
+then with every speaker at the level they were recorded at (as people speak in a room), in each noise at
+20, 10 and 5 dB SNR over the whole stream, so that the quiet speakers are below it; then brisk, with
+0.3 s between words, clean. The SNR is 10 log10(P_speech / P_noise), P_speech the mean power of the
+words' samples (pauses excluded) and the noise added over the whole stream. Then noise alone:
+--noise-minutes of white and of real noise, each at its level in the 10 dB condition, where every
+detection is a false one.
 
 Real noise is the Speech Commands test set's `_silence_` clips that do not train the models: the odd ones
 in sorted name order (the even ones are the bundled data/_background_noise_, which training mixes in),
@@ -57,6 +59,8 @@ from fedspeech_bench.progress import Progress
 from fedspeech_bench.word_alignment import Alignment, align
 
 SNRS_DB = (20.0, 10.0)
+OWN_LEVEL_SNRS_DB = (20.0, 10.0, 5.0)  # with every speaker at the level they were recorded at
+BRISK_PAUSE_S = 0.3  # the pause between words of brisk speech
 NOISE_ALONE_SNR_DB = 10.0  # noise alone is played at its level in this condition
 MAX_NOISE_MINUTES = 60.0
 
@@ -111,10 +115,12 @@ def score(condition: str, stream: Stream, detections: list[Detection], seconds: 
 
 
 def conditions(
-    stream: Stream, cfg: ListenBenchConfig, noise_paths: list[Path] | None
+    stream: Stream, own_level: Stream, brisk: Stream, cfg: ListenBenchConfig, noise_paths: list[Path] | None
 ) -> list[tuple[str, Stream]]:
-    """The stream clean and in noise, then noise alone, each named."""
-    n, rate = len(stream.audio), stream.sample_rate
+    """Each condition named, with its stream: the words at one level clean and in noise; the same words at
+    their speakers' own levels in noise (SNR over the whole stream); brisk speech clean; noise alone.
+    """
+    rate = stream.sample_rate
     alone = round(cfg.noise_minutes * 60 * rate)
     alone_level = speech_power(stream) / 10 ** (NOISE_ALONE_SNR_DB / 10)
     noises: dict[str, Callable[[int, int], np.ndarray]] = {"white": white_noise}  # (length, seed) -> noise
@@ -122,7 +128,14 @@ def conditions(
         noises["real"] = lambda length, seed: real_noise(noise_paths, rate, length, seed)
     named = [("clean", stream)]
     for kind, noise in noises.items():
-        named += [(f"{kind} {snr:g} dB", with_noise(stream, noise(n, cfg.seed), snr)) for snr in SNRS_DB]
+        heard = noise(len(stream.audio), cfg.seed)
+        named += [(f"{kind} {snr:g} dB", with_noise(stream, heard, snr)) for snr in SNRS_DB]
+    for kind, noise in noises.items():
+        heard = noise(len(own_level.audio), cfg.seed)
+        named += [
+            (f"own level, {kind} {snr:g} dB", with_noise(own_level, heard, snr)) for snr in OWN_LEVEL_SNRS_DB
+        ]
+    named.append((f"{BRISK_PAUSE_S:g} s gaps, clean", brisk))
     for kind, noise in noises.items():
         alone_noise = at_level(noise(alone, cfg.seed + 1), np.sqrt(alone_level))
         named.append((f"{kind} noise alone", Stream(alone_noise, rate, [])))
@@ -130,8 +143,10 @@ def conditions(
 
 
 def condition_count(real: bool) -> int:
-    """How many conditions conditions() makes: clean, then each noise at each SNR and alone."""
-    return 1 + (2 if real else 1) * (len(SNRS_DB) + 1)
+    """How many conditions conditions() makes: clean, each noise at each SNR (one level, then the speakers'
+    own), brisk speech, and each noise alone.
+    """
+    return 1 + (2 if real else 1) * (len(SNRS_DB) + len(OWN_LEVEL_SNRS_DB) + 1) + 1
 
 
 def bench_model(
@@ -145,9 +160,12 @@ def bench_model(
     """Build the model's stream and hear it in every condition (a run of progress each); a line each."""
     corpus = load_corpus("fsdd")
     rate = load_model(path).sample_rate
-    stream = build_stream(server_test_clips(corpus), corpus.labels, rate, cfg.pause_s, cfg.seed, cfg.words)
+    clips, labels = server_test_clips(corpus), corpus.labels
+    stream = build_stream(clips, labels, rate, cfg.pause_s, cfg.seed, cfg.words)
+    own_level = build_stream(clips, labels, rate, cfg.pause_s, cfg.seed, cfg.words, level=None)
+    brisk = build_stream(clips, labels, rate, BRISK_PAUSE_S, cfg.seed, cfg.words)
     results = []
-    for condition, heard in conditions(stream, cfg, noise_paths):
+    for condition, heard in conditions(stream, own_level, brisk, cfg, noise_paths):
         progress.start_run(f"{name}: {condition}")
         start = time.monotonic()
         wav = audio_dir / f"{name}-{condition.replace(' ', '-')}.wav"

@@ -49,13 +49,17 @@ def build_stream(
     pause_s: float,
     seed: int,
     words: int | None = None,
+    level: float | None = WORD_RMS,
 ) -> Stream:
-    """The clips in a seeded shuffled order (the first `words` of them), pause_s of silence around each."""
+    """The clips in a seeded shuffled order (the first `words` of them), pause_s of silence around each,
+    each brought to the RMS level (None: each at the level it was recorded at).
+    """
     order = np.random.default_rng(seed).permutation(len(clips))[:words]
     pause = np.zeros(round(pause_s * sample_rate), dtype=np.float32)
     parts, spoken, position = [pause], [], len(pause)
     for i in order:
-        audio = at_level(read_audio(clips[i].path, sample_rate), WORD_RMS)
+        audio = read_audio(clips[i].path, sample_rate)
+        audio = at_level(audio, level) if level is not None else audio
         spoken.append(Word(labels[clips[i].label], position, position + len(audio)))
         parts += [audio, pause]
         position += len(audio) + len(pause)

@@ -6,14 +6,17 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from fedspeech.edge_client.runtime.audio_file import read_audio
 from fedspeech.models.clips.datasets import bundled_data_dir, load_corpus, server_test_clips
 from fedspeech.models.clips.tasks import BACKGROUND_NOISE
 from fedspeech_bench.listen import ListenBenchConfig, check_config, parse_models, run_listen_bench
 from fedspeech_bench.listen_streams import (
+    WORD_RMS,
     Stream,
     build_stream,
     real_noise,
     real_noise_paths,
+    rms,
     speech_power,
     white_noise,
     with_noise,
@@ -63,6 +66,19 @@ def test_the_stream_is_the_takes_with_pauses_around_them(stream):
     corpus = load_corpus("fsdd")
     other = build_stream(server_test_clips(corpus), corpus.labels, RATE, pause_s=0.6, seed=1, words=8)
     assert [(w.start, w.end) for w in other.words] != [(w.start, w.end) for w in stream.words]
+
+
+def test_a_stream_at_the_speakers_own_levels_keeps_each_take_as_recorded(stream):
+    corpus = load_corpus("fsdd")
+    clips = server_test_clips(corpus)
+    own = build_stream(clips, corpus.labels, RATE, pause_s=0.6, seed=0, words=8, level=None)
+    assert [(w.label, w.start, w.end) for w in own.words] == [(w.label, w.start, w.end) for w in stream.words]
+    order = np.random.default_rng(0).permutation(len(clips))[:8]
+    for word, i in zip(own.words, order, strict=True):
+        np.testing.assert_array_equal(own.audio[word.start : word.end], read_audio(clips[i].path, RATE))
+    levels = [rms(own.audio[w.start : w.end]) for w in own.words]
+    assert max(levels) / min(levels) > 2, "the speakers were not recorded at one level"
+    assert {round(rms(stream.audio[w.start : w.end]), 6) for w in stream.words} == {WORD_RMS}
 
 
 def measured_snr_db(clean: Stream, noisy: Stream) -> float:
@@ -158,7 +174,11 @@ def test_a_short_bench_writes_its_table_and_plots_and_hears_most_clean_words(fsd
     results = {r["condition"]: r for r in report["results"]}
     kinds = ["white"] + (["real"] if data_dir else [])
     expected = (
-        ["clean"] + [f"{k} {snr} dB" for k in kinds for snr in (20, 10)] + [f"{k} noise alone" for k in kinds]
+        ["clean"]
+        + [f"{k} {snr} dB" for k in kinds for snr in (20, 10)]
+        + [f"own level, {k} {snr} dB" for k in kinds for snr in (20, 10, 5)]
+        + ["0.3 s gaps, clean"]
+        + [f"{k} noise alone" for k in kinds]
     )
     assert list(results) == expected
     assert len(list((cfg.out / "audio").glob("*.wav"))) == len(expected)
