@@ -172,3 +172,16 @@ def test_poisoning_arms_take_a_strategys_settings_and_refuse_bad_ones(tmp_path):
     for bad, why in bad_arms:
         with pytest.raises(ValueError, match=why):
             poisoning_config(tmp_path, [bad])
+
+
+def test_inference_engines_take_turns_in_blocks_each_with_every_window():
+    import numpy as np
+
+    from fedspeech_bench.inference import BLOCK, latencies
+
+    calls: list[str] = []
+    engines = {name: (lambda window, name=name: calls.append(name)) for name in ("fp32", "int8")}
+    times = latencies(engines, np.zeros((30, 4), np.float32), repeats=BLOCK + 10)
+    assert {name: len(t) for name, t in times.items()} == {"fp32": BLOCK + 10, "int8": BLOCK + 10}
+    timed = calls[2 * 20 :]  # after 20 warm-up calls each
+    assert timed == ["fp32"] * BLOCK + ["int8"] * BLOCK + ["fp32"] * 10 + ["int8"] * 10

@@ -201,5 +201,6 @@ def test_bench_listen_counts_its_conditions_as_it_makes_them(real):
     stream = Stream(audio, rate, [Word("1", 2000, 4000)])
     noise = sorted((bundled_data_dir() / BACKGROUND_NOISE).glob("*.flac"))[:2]
     assert len(noise) == 2
-    made = conditions(stream, ListenBenchConfig(models={}, noise_minutes=0.01), noise if real else None)
+    cfg = ListenBenchConfig(models={}, noise_minutes=0.01)
+    made = conditions(stream, stream, stream, cfg, noise if real else None)  # one level, own, brisk
     assert len(made) == condition_count(real)
