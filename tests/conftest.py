@@ -127,7 +127,7 @@ def fsdd_model(tmp_path_factory) -> TrainedModel:
         server_test_clips,
     )
     from fedspeech.models.train import train_local
-    from fedspeech.protocol.labels import is_word, none_class
+    from fedspeech.protocol.labels import none_class, word_classes
 
     torch.set_num_threads(1)
     torch.manual_seed(0)
@@ -154,7 +154,7 @@ def fsdd_model(tmp_path_factory) -> TrainedModel:
     heldout = load_waveforms(server_test_clips(corpus), spec.sample_rate, spec.num_samples)
     with torch.no_grad():  # the threshold calibrated on the held-out clips, as the coordinator's exports
         probabilities = torch.softmax(model.eval()(torch.from_numpy(heldout[0])), dim=1).numpy()
-    words = [i for i, label in enumerate(labels) if is_word(label)]
+    words = word_classes(labels)
     threshold = calibrate_threshold(probabilities, heldout[1], words)
     folder = tmp_path_factory.mktemp("fsdd-model")
     path = export_onnx(model, spec, labels, folder / "model.onnx", round=1, task="fsdd", threshold=threshold)

@@ -15,7 +15,7 @@ from fedspeech.models.calibration import (
     threshold_of,
 )
 from fedspeech.models.train import get_arrays
-from fedspeech.protocol.labels import is_word
+from fedspeech.protocol.labels import word_classes
 from fedspeech.protocol.messages import TaskDefinition
 
 WORDS = [0, 1]  # of three classes; class 2 is "no word"
@@ -113,7 +113,7 @@ def test_coordinator_calibrates_with_a_held_out_set(fsdd_model, tmp_path):
     # the same, from the probabilities a device computes with the exported model
     waveforms, labels = fsdd_model.heldout
     probabilities = OnnxModel(fsdd_model.onnx_path).predict(waveforms)
-    words = [i for i, label in enumerate(fsdd_model.labels) if is_word(label)]
+    words = word_classes(fsdd_model.labels)
     assert threshold == pytest.approx(calibrate_threshold(probabilities, labels, words), abs=2e-4)
 
     without = GlobalModel(fsdd_model.spec, definition, None)

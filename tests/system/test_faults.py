@@ -22,6 +22,7 @@ import pytest
 from fedspeech.protocol import weights
 from fedspeech.protocol.messages import Task
 from fedspeech.protocol.topics import Topics
+from fedspeech_bench.attacks.mosquitto import listening
 from tests.helpers.devices import Processes, ScriptedDevice, start_clients, unchanged_update, upload
 from tests.helpers.ports import free_port
 from tests.helpers.waiting import get_json, wait_for
@@ -160,15 +161,6 @@ def test_a_coordinator_killed_while_it_aggregates_loses_and_doubles_no_round(
 # -- 2. the broker down for 20 s --------------------------------------------------------------------------
 
 
-def accepts_connections(port: int) -> bool:
-    """Whether something listens on 127.0.0.1:port."""
-    try:
-        socket.create_connection(("127.0.0.1", port), timeout=2).close()
-        return True
-    except OSError:
-        return False
-
-
 class OwnBroker:
     """A Mosquitto of the test's own, default settings (no persistence), that can be stopped and restarted."""
 
@@ -185,7 +177,7 @@ class OwnBroker:
         """Start it on its port and wait until it listens."""
         with open(self.log, "a") as out:
             self.proc = subprocess.Popen(["mosquitto", "-p", str(self.port)], stdout=out, stderr=out)
-        wait_for(lambda: accepts_connections(self.port), 20, "Mosquitto to listen")
+        wait_for(lambda: listening(self.port), 20, "Mosquitto to listen")
 
     def stop(self) -> None:
         """SIGTERM it and wait for it to exit."""
@@ -220,7 +212,7 @@ def test_a_broker_down_for_20_s_mid_run_loses_no_round(tmp_path, own_broker, top
     own_broker.stop()
     stopped_with = status(url)["completed_round"]
     time.sleep(20)  # the outage itself
-    assert not accepts_connections(own_broker.port)
+    assert not listening(own_broker.port)
     own_broker.start()
     restarted = time.monotonic()
     completed_at_restart = status(url)["completed_round"]
