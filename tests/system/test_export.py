@@ -246,6 +246,22 @@ def test_int8_is_smaller_and_nearly_as_accurate(fsdd_model, static, tmp_path):
     assert runtime.labels == fsdd_model.labels and runtime.metadata["quantization"] == "int8"
 
 
+def test_static_int8_runs_integer_convolutions(fsdd_model, tmp_path):
+    """onnxruntime fuses QDQ convolutions into QLinearConv on this CPU only with uint8 activations;
+    with int8 ones it dequantises and runs float Conv, slower than the fp32 model."""
+    import onnxruntime
+
+    int8 = quantize(fsdd_model.onnx_path, tmp_path / "int8.onnx", fsdd_model.calibration)
+    options = onnxruntime.SessionOptions()
+    options.graph_optimization_level = onnxruntime.GraphOptimizationLevel.ORT_ENABLE_EXTENDED
+    options.optimized_model_filepath = str(tmp_path / "optimised.onnx")
+    onnxruntime.InferenceSession(str(int8), options, providers=["CPUExecutionProvider"])
+    ops = [node.op_type for node in onnx.load(tmp_path / "optimised.onnx").graph.node]
+    fp32_ops = [node.op_type for node in onnx.load(fsdd_model.onnx_path).graph.node]
+    trained_convs = fp32_ops.count("Conv") - 1
+    assert ops.count("QLinearConv") == trained_convs  # all but the front end's DFT, which stays float
+
+
 def test_quantize_needs_calibration_clips(fsdd_model, tmp_path):
     with pytest.raises(ValueError, match="calibration"):
         quantize(fsdd_model.onnx_path, tmp_path / "int8.onnx", np.zeros((0, 8000), np.float32))
