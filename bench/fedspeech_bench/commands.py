@@ -261,6 +261,9 @@ def _add_listen_bench_parser(bench_subparsers: argparse._SubParsersAction) -> No
     p.add_argument("--seed", type=int, default=0, help="word order and noise (default 0)")
     p.add_argument("--pause-s", type=float, default=0.6, help="silence around each word (default 0.6)")
     p.add_argument("--noise-minutes", type=float, default=5.0, help="of each noise alone (default 5)")
+    p.add_argument(
+        "--talk-minutes", type=float, default=30.0, help="of talk without a task word (default 30, 0: none)"
+    )
     p.add_argument("--threshold", type=float, help="override the listener's detection threshold")
     p.add_argument(
         "--words", type=int, help="only the first N words of the shuffled stream (default all 300)"

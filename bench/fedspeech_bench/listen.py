@@ -7,18 +7,24 @@ speakers were recorded up to 19 dB apart, and a stream-wide SNR would put the qu
 stream is at 10 dB. It is heard clean; in white noise and in real background noise at 20 and 10 dB SNR;
 then with every speaker at the level they were recorded at (as people speak in a room), in each noise at
 20, 10 and 5 dB SNR over the whole stream, so that the quiet speakers are below it; then brisk, with
-0.3 s between words, clean. The SNR is 10 log10(P_speech / P_noise), P_speech the mean power of the
-words' samples (pauses excluded) and the noise added over the whole stream. Then noise alone:
---noise-minutes of white and of real noise, each at its level in the 10 dB condition, where every
-detection is a false one.
+0.3 s between words, clean; then in a room whose reverberation time (RT60) is 0.3 and 0.6 s, clean, the
+one-level stream convolved with a synthetic impulse response (listen_streams.room_response) and brought
+back to its speech power, the words' times those of the dry stream. The SNR is 10 log10(P_speech /
+P_noise), P_speech the mean power of the words' samples (pauses excluded) and the noise added over the
+whole stream. Then streams where every detection is a false one, reported per hour: --noise-minutes of
+white and of real noise alone, each at its level in the 10 dB condition; and --talk-minutes of German
+talk, clean, that never says a task word: EmoDB's sentences by 10 actors (DIR/emodb/wav) but for a07, "In
+sieben Stunden wird es soweit sein" ("sieben" is seven in German), each at the words' level, in a
+shuffled order looped to length, with 0.2-0.8 s pauses drawn with --seed.
 
 Real noise is the Speech Commands test set's `_silence_` clips that do not train the models: the odd ones
 in sorted name order (the even ones are the bundled data/_background_noise_, which training mixes in),
 each brought to one level (those under -60 dBFS, near digital silence, left out), concatenated in a
-shuffled order and looped to length. Without --data-dir those conditions are skipped.
+shuffled order and looped to length. Without --data-dir those conditions and talk are skipped.
 
 Every stream is written as a WAV file and heard by `run_listen`, the code `fedspeech listen --input` runs,
-with the listener's own settings (--threshold overrides its threshold). The words it detects, in time
+with the listener's own settings (--threshold overrides its threshold); a stream longer than the longest
+file it reads (MAX_INPUT_SECONDS) is heard in equal parts, each afresh. The words it detects, in time
 order, are aligned with the words spoken (word_alignment): detected in order = hits / words; wrong or
 extra = substitutions + insertions; misses = deletions.
 """
@@ -38,6 +44,7 @@ from typing import Any
 import numpy as np
 import soundfile
 
+from fedspeech.edge_client.runtime.audio_file import MAX_INPUT_SECONDS
 from fedspeech.edge_client.runtime.session import ModelError, load_model
 from fedspeech.edge_client.runtime.streaming import Detection
 from fedspeech.listen import ListenConfig, ListenError, run_listen
@@ -51,7 +58,10 @@ from fedspeech_bench.listen_streams import (
     build_stream,
     real_noise,
     real_noise_paths,
+    reverberant,
     speech_power,
+    talk,
+    talk_paths,
     white_noise,
     with_noise,
 )
@@ -61,8 +71,10 @@ from fedspeech_bench.word_alignment import Alignment, align
 SNRS_DB = (20.0, 10.0)
 OWN_LEVEL_SNRS_DB = (20.0, 10.0, 5.0)  # with every speaker at the level they were recorded at
 BRISK_PAUSE_S = 0.3  # the pause between words of brisk speech
+REVERB_RT60_S = (0.3, 0.6)  # the rooms' reverberation times
 NOISE_ALONE_SNR_DB = 10.0  # noise alone is played at its level in this condition
-MAX_NOISE_MINUTES = 60.0
+MAX_MINUTES = 60.0  # of noise alone and of talk
+TALK = "talk, no digits"
 
 
 @dataclass(frozen=True)
@@ -75,6 +87,7 @@ class ListenBenchConfig:
     seed: int = 0
     pause_s: float = 0.6
     noise_minutes: float = 5.0
+    talk_minutes: float = 30.0  # 0: no talk
     threshold: float | None = None  # None: the listener's default
     words: int | None = None  # the first N words of the shuffled stream; None: all
     keep_audio: bool = False
@@ -93,18 +106,28 @@ class ConditionScore:
     seconds: float  # wall time to hear it
 
     @property
-    def false_per_minute(self) -> float | None:
-        """Detections per minute of noise alone; None when words were spoken."""
-        return self.alignment.insertions / self.minutes if self.words == 0 else None
+    def false_per_hour(self) -> float | None:
+        """Detections per hour of a stream without words (all false); None when words were spoken."""
+        return false_per_hour(self) if self.words == 0 else None
 
 
 def hear(model: Path, stream: Stream, wav: Path, threshold: float | None) -> list[Detection]:
-    """The words `fedspeech listen --input` detects in the stream, written to wav first."""
-    soundfile.write(wav, stream.audio, stream.sample_rate, subtype="FLOAT")  # no clipping, no rounding
-    config = ListenConfig(model=model, input=wav)
-    if threshold is not None:
-        config.detector = replace(config.detector, threshold=threshold)
-    return [d for d in run_listen(config, out=io.StringIO()) if is_word(d.label)]
+    """The words `fedspeech listen --input` detects in the stream, written to wav first (a longer stream
+    than it reads, in equal parts: wav's stem -1, -2, ...).
+    """
+    rate = stream.sample_rate
+    parts = np.array_split(stream.audio, -(-len(stream.audio) // round(MAX_INPUT_SECONDS * rate)))
+    detections, start = [], 0
+    for n, audio in enumerate(parts, 1):
+        path = wav if len(parts) == 1 else wav.with_name(f"{wav.stem}-{n}{wav.suffix}")
+        soundfile.write(path, audio, rate, subtype="FLOAT")  # no clipping, no rounding
+        config = ListenConfig(model=model, input=path)
+        if threshold is not None:
+            config.detector = replace(config.detector, threshold=threshold)
+        heard = run_listen(config, out=io.StringIO())
+        detections += [replace(d, time_s=d.time_s + start / rate) for d in heard if is_word(d.label)]
+        start += len(audio)
+    return detections
 
 
 def score(condition: str, stream: Stream, detections: list[Detection], seconds: float) -> ConditionScore:
@@ -115,10 +138,16 @@ def score(condition: str, stream: Stream, detections: list[Detection], seconds: 
 
 
 def conditions(
-    stream: Stream, own_level: Stream, brisk: Stream, cfg: ListenBenchConfig, noise_paths: list[Path] | None
+    stream: Stream,
+    own_level: Stream,
+    brisk: Stream,
+    cfg: ListenBenchConfig,
+    noise_paths: list[Path] | None,
+    talk_sources: list[Path] | None,
 ) -> list[tuple[str, Stream]]:
     """Each condition named, with its stream: the words at one level clean and in noise; the same words at
-    their speakers' own levels in noise (SNR over the whole stream); brisk speech clean; noise alone.
+    their speakers' own levels in noise (SNR over the whole stream); brisk speech clean; the words at one
+    level in reverberant rooms; noise alone; talk without a task word (none when talk_sources is None).
     """
     rate = stream.sample_rate
     alone = round(cfg.noise_minutes * 60 * rate)
@@ -136,17 +165,21 @@ def conditions(
             (f"own level, {kind} {snr:g} dB", with_noise(own_level, heard, snr)) for snr in OWN_LEVEL_SNRS_DB
         ]
     named.append((f"{BRISK_PAUSE_S:g} s gaps, clean", brisk))
+    named += [(f"reverb {rt60:g} s", reverberant(stream, rt60, cfg.seed)) for rt60 in REVERB_RT60_S]
     for kind, noise in noises.items():
         alone_noise = at_level(noise(alone, cfg.seed + 1), np.sqrt(alone_level))
         named.append((f"{kind} noise alone", Stream(alone_noise, rate, [])))
+    if talk_sources is not None:
+        named.append((TALK, talk(talk_sources, rate, round(cfg.talk_minutes * 60 * rate), cfg.seed)))
     return named
 
 
-def condition_count(real: bool) -> int:
+def condition_count(real: bool, talk: bool) -> int:
     """How many conditions conditions() makes: clean, each noise at each SNR (one level, then the speakers'
-    own), brisk speech, and each noise alone.
+    own), brisk speech, each room, each noise alone, and talk.
     """
-    return 1 + (2 if real else 1) * (len(SNRS_DB) + len(OWN_LEVEL_SNRS_DB) + 1) + 1
+    noises = 2 if real else 1
+    return 1 + noises * (len(SNRS_DB) + len(OWN_LEVEL_SNRS_DB) + 1) + 1 + len(REVERB_RT60_S) + int(talk)
 
 
 def bench_model(
@@ -154,6 +187,7 @@ def bench_model(
     path: Path,
     cfg: ListenBenchConfig,
     noise_paths: list[Path] | None,
+    talk_sources: list[Path] | None,
     audio_dir: Path,
     progress: Progress,
 ) -> tuple[Stream, list[ConditionScore]]:
@@ -165,10 +199,10 @@ def bench_model(
     own_level = build_stream(clips, labels, rate, cfg.pause_s, cfg.seed, cfg.words, level=None)
     brisk = build_stream(clips, labels, rate, BRISK_PAUSE_S, cfg.seed, cfg.words)
     results = []
-    for condition, heard in conditions(stream, own_level, brisk, cfg, noise_paths):
+    for condition, heard in conditions(stream, own_level, brisk, cfg, noise_paths, talk_sources):
         progress.start_run(f"{name}: {condition}")
         start = time.monotonic()
-        wav = audio_dir / f"{name}-{condition.replace(' ', '-')}.wav"
+        wav = audio_dir / f"{name}-{condition.replace(' ', '-').replace(',', '')}.wav"
         result = score(condition, heard, hear(path, heard, wav, cfg.threshold), time.monotonic() - start)
         progress.end_run()
         progress.say(f"{name}: {condition}: {summary(result)} ({result.seconds:.1f} s)")
@@ -180,7 +214,9 @@ def summary(result: ConditionScore) -> str:
     """One line of what a result says."""
     a = result.alignment
     if result.words == 0:
-        return f"{a.insertions} false detections in {result.minutes:.1f} min"
+        return (
+            f"{a.insertions} false detections in {result.minutes:.1f} min ({result.false_per_hour:.1f}/hour)"
+        )
     return (
         f"{a.hits}/{result.words} detected in order, {a.wrong_or_extra} wrong or extra, {a.deletions} missed"
     )
@@ -196,15 +232,13 @@ def table(name: str, path: Path, results: Sequence[ConditionScore]) -> str:
     lines = [
         f"### {name} ({path})",
         "",
-        "| condition | words | detected in order | wrong or extra | misses | false detections/min |",
+        "| condition | words | detected in order | wrong or extra | misses | false detections/hour |",
         "|---|---|---|---|---|---|",
     ]
     for r in results:
         a = r.alignment
         if r.words == 0:
-            lines.append(
-                f"| {r.condition} ({r.minutes:.1f} min) | - | - | - | - | {r.false_per_minute:.2f} |"
-            )
+            lines.append(f"| {r.condition} ({r.minutes:.1f} min) | - | - | - | - | {r.false_per_hour:.1f} |")
         else:
             lines.append(
                 f"| {r.condition} | {r.words} | {percent(a.hits, r.words)} ({a.hits}) "
@@ -214,33 +248,63 @@ def table(name: str, path: Path, results: Sequence[ConditionScore]) -> str:
 
 
 def plot(runs: dict[str, list[ConditionScore]], out: Path) -> list[Path]:
-    """Detected in order and wrong or extra (% of words) per condition with words, a bar per model."""
+    """Detected in order and wrong or extra (% of words) per condition with words, and false detections per
+    hour per condition without; a bar per model.
+    """
+    first = next(iter(runs.values()))  # the conditions are the same for every model
+    spoken = [r.condition for r in first if r.words]
+    unspoken = [r.condition for r in first if not r.words]
+    of_words = "% of words spoken"
+    return [
+        _bars(runs, out / "detected-in-order.png", "detected in order", of_words, 100, spoken, hits_percent),
+        _bars(runs, out / "wrong-or-extra.png", "wrong or extra", of_words, None, spoken, wrong_percent),
+        _bars(
+            runs, out / "false-per-hour.png", "false detections", "per hour", None, unspoken, false_per_hour
+        ),
+    ]
+
+
+def hits_percent(r: ConditionScore) -> float:
+    """Words detected in order, % of the words spoken."""
+    return 100 * r.alignment.hits / r.words
+
+
+def wrong_percent(r: ConditionScore) -> float:
+    """Wrong or extra detections, % of the words spoken."""
+    return 100 * r.alignment.wrong_or_extra / r.words
+
+
+def false_per_hour(r: ConditionScore) -> float:
+    """Detections per hour: all false in a stream without words."""
+    return 60 * r.alignment.insertions / r.minutes
+
+
+def _bars(
+    runs: dict[str, list[ConditionScore]],
+    path: Path,
+    title: str,
+    ylabel: str,
+    top: float | None,
+    names: list[str],
+    value: Callable[[ConditionScore], float],
+) -> Path:
+    """A bar chart of value for the conditions named (y from 0 to top), a bar per model, saved at path."""
     from fedspeech_bench.report.plots import pyplot
 
     plt = pyplot()
-
-    metrics = {
-        "detected-in-order": ("words detected in order", lambda a: a.hits),
-        "wrong-or-extra": ("wrong or extra", lambda a: a.wrong_or_extra),
-    }
-    spoken = [r.condition for r in next(iter(runs.values())) if r.words]  # the same for every model
-    x, width = np.arange(len(spoken)), 0.8 / len(runs)
-    paths = []
-    for metric, (title, count) in metrics.items():
-        fig, ax = plt.subplots(figsize=(8, 4))
-        for i, (name, results) in enumerate(runs.items()):
-            values = [100 * count(r.alignment) / r.words for r in results if r.words]
-            ax.bar(x + (i - (len(runs) - 1) / 2) * width, values, width, label=name)
-        ax.set_xticks(x, spoken)
-        ax.set_ylim(0, 100 if metric == "detected-in-order" else None)
-        ax.set(ylabel="% of words spoken", title=f"bench listen: {title}")
-        ax.grid(axis="y", alpha=0.3)
-        ax.legend()
-        path = out / f"{metric}.png"
-        fig.savefig(path, dpi=120, bbox_inches="tight")
-        plt.close(fig)
-        paths.append(path)
-    return paths
+    x, width = np.arange(len(names)), 0.8 / len(runs)
+    fig, ax = plt.subplots(figsize=(max(8, 0.6 * len(names)), 4))
+    for i, (model, results) in enumerate(runs.items()):
+        values = [value(r) for r in results if r.condition in names]
+        ax.bar(x + (i - (len(runs) - 1) / 2) * width, values, width, label=model)
+    ax.set_xticks(x, names, rotation=30, ha="right")
+    ax.set_ylim(0, top)
+    ax.set(ylabel=ylabel, title=f"bench listen: {title}")
+    ax.grid(axis="y", alpha=0.3)
+    ax.legend()
+    fig.savefig(path, dpi=120, bbox_inches="tight")
+    plt.close(fig)
+    return path
 
 
 def result_json(result: ConditionScore) -> dict[str, Any]:
@@ -250,7 +314,7 @@ def result_json(result: ConditionScore) -> dict[str, Any]:
         "words": result.words,
         "minutes": result.minutes,
         **asdict(result.alignment),
-        "false_per_minute": result.false_per_minute,
+        "false_per_hour": result.false_per_hour,
         "seconds": result.seconds,
         "detections": [
             {"label": d.label, "confidence": float(d.confidence), "time_s": float(d.time_s)}
@@ -281,31 +345,38 @@ def check_config(cfg: ListenBenchConfig) -> None:
             raise ValueError(f"{path}: its labels {labels} are not FSDD's digits")
     if cfg.pause_s < 0:
         raise ValueError(f"--pause-s must not be negative, got {cfg.pause_s}")
-    if not 0 < cfg.noise_minutes <= MAX_NOISE_MINUTES:
-        raise ValueError(f"--noise-minutes must be in (0, {MAX_NOISE_MINUTES:g}], got {cfg.noise_minutes}")
+    if not 0 < cfg.noise_minutes <= MAX_MINUTES:
+        raise ValueError(f"--noise-minutes must be in (0, {MAX_MINUTES:g}], got {cfg.noise_minutes}")
+    if not 0 <= cfg.talk_minutes <= MAX_MINUTES:
+        raise ValueError(f"--talk-minutes must be in [0, {MAX_MINUTES:g}], got {cfg.talk_minutes}")
     if cfg.words is not None and cfg.words < 1:
         raise ValueError(f"--words must be at least 1, got {cfg.words}")
     if cfg.data_dir is not None:
         real_noise_paths(cfg.data_dir, bundled_data_dir() / BACKGROUND_NOISE)
+        if cfg.talk_minutes > 0:
+            talk_paths(cfg.data_dir)
 
 
 def run_listen_bench(cfg: ListenBenchConfig) -> Path:
     """Hear every model (checked: check_config) in every condition; write results.md, .json and plots."""
-    noise_paths = None
+    noise_paths, talk_sources = None, None
     if cfg.data_dir is None:
         print("real-noise conditions skipped: no --data-dir (needs DIR/speech_commands_test/_silence_)")
+        if cfg.talk_minutes > 0:
+            print(f"{TALK} skipped: no --data-dir (needs DIR/emodb/wav)")
     else:
         noise_paths = real_noise_paths(cfg.data_dir, bundled_data_dir() / BACKGROUND_NOISE)
+        talk_sources = talk_paths(cfg.data_dir) if cfg.talk_minutes > 0 else None
     cfg.out.mkdir(parents=True, exist_ok=True)
     runs: dict[str, list[ConditionScore]] = {}
     report: dict[str, Any] = {"command": cfg.command, "config": _config_json(cfg), "models": {}}
-    progress = Progress(len(cfg.models) * condition_count(noise_paths is not None))
+    progress = Progress(len(cfg.models) * condition_count(noise_paths is not None, talk_sources is not None))
     with tempfile.TemporaryDirectory() as scratch, progress:
         audio_dir = cfg.out / "audio" if cfg.keep_audio else Path(scratch)
         audio_dir.mkdir(exist_ok=True)
         for name, path in cfg.models.items():
             start = time.monotonic()
-            stream, runs[name] = bench_model(name, path, cfg, noise_paths, audio_dir, progress)
+            stream, runs[name] = bench_model(name, path, cfg, noise_paths, talk_sources, audio_dir, progress)
             seconds = time.monotonic() - start
             progress.say(f"{name}: whole bench in {seconds:.0f} s")
             report["models"][name] = {
@@ -317,7 +388,8 @@ def run_listen_bench(cfg: ListenBenchConfig) -> Path:
     plots = plot(runs, cfg.out)
     lines = ["# bench listen", "", f"`{cfg.command}`", ""]
     if noise_paths is None:
-        lines += ["Real-noise conditions skipped: no --data-dir.", ""]
+        skipped = f"Real-noise conditions and {TALK}" if cfg.talk_minutes > 0 else "Real-noise conditions"
+        lines += [f"{skipped} skipped: no --data-dir.", ""]
     for name, path in cfg.models.items():
         lines += [
             table(name, path, runs[name]),
@@ -362,6 +434,7 @@ def run_from_args(args: argparse.Namespace) -> None:
             seed=args.seed,
             pause_s=args.pause_s,
             noise_minutes=args.noise_minutes,
+            talk_minutes=args.talk_minutes,
             threshold=args.threshold,
             words=args.words,
             keep_audio=args.keep_audio,

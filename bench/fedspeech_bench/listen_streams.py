@@ -1,22 +1,34 @@
-"""The listening benchmark's streams: held-out words at one level, pauses between them, and noise at an SNR.
+"""The listening benchmark's streams: held-out words at one level, pauses between them, noise at an SNR,
+a reverberant room, and talk that holds no task word.
 
 Words are brought to WORD_RMS each (FSDD's speakers were recorded up to 19 dB apart); the SNR is
 10 log10(P_speech / P_noise), P_speech the mean power of the words' samples, pauses excluded. Real noise
 is the Speech Commands test set's `_silence_` clips that training never mixes in (the odd ones in name
 order), each at one level, those under QUIET_NOISE_RMS left out.
+
+A room is a synthetic impulse response: the direct path, then Gaussian noise decaying by 60 dB in RT60
+(the statistical model of late reverberation), its energy against the direct path's that of a speaker
+DISTANCE_M from the device in a room of ROOM_M3. Talk is EmoDB's German sentences by 10 actors, but for
+a07, "In sieben Stunden wird es soweit sein": "sieben" is seven, a task word in another language.
 """
 
+import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
+from scipy.signal import fftconvolve
 
 from fedspeech.edge_client.runtime.audio_file import read_audio
 from fedspeech.models.clips.datasets import Clip
 
 WORD_RMS = 0.05  # every word's level in the streams, -26 dBFS
 QUIET_NOISE_RMS = 1e-3  # real noise clips under -60 dBFS are left out
+ROOM_M3 = 50.0  # a living room
+DISTANCE_M = 2.0  # from the speaker to the device
+TALK_PAUSE_S = (0.2, 0.8)  # the range of the pauses between utterances of talk
+TASK_WORD_SENTENCES = ("a07",)  # EmoDB's sentence codes that hold a digit in German ("sieben")
 
 
 @dataclass(frozen=True)
@@ -113,3 +125,53 @@ def real_noise(paths: Sequence[Path], sample_rate: int, num_samples: int, seed: 
     clips = [read_audio(paths[i], sample_rate) for i in order]
     noise = np.concatenate([at_level(clip, 1.0) for clip in clips if rms(clip) >= QUIET_NOISE_RMS])
     return np.resize(noise, num_samples)
+
+
+def reverberant_to_direct(rt60_s: float) -> float:
+    """The energy of the room's sound against the direct sound's, DISTANCE_M from a speaker in ROOM_M3."""
+    critical_m = 0.057 * np.sqrt(ROOM_M3 / rt60_s)  # Sabine's: where the two are equally loud
+    return float((DISTANCE_M / critical_m) ** 2)
+
+
+def room_response(rt60_s: float, sample_rate: int, seed: int) -> np.ndarray:
+    """A synthetic room's impulse response: a unit direct path, then seeded Gaussian noise decaying by 60 dB
+    in rt60_s, with reverberant_to_direct(rt60_s) times the direct path's energy.
+    """
+    t = np.arange(1, round(rt60_s * sample_rate) + 1) / sample_rate
+    tail = np.random.default_rng(seed).standard_normal(len(t)) * 10 ** (-3 * t / rt60_s)
+    tail *= np.sqrt(reverberant_to_direct(rt60_s) / np.sum(np.square(tail)))
+    return np.concatenate([[1.0], tail]).astype(np.float32)
+
+
+def reverberant(stream: Stream, rt60_s: float, seed: int) -> Stream:
+    """The stream heard in a room of rt60_s (room_response), its speech power kept; the words' times are
+    those of the dry stream.
+    """
+    wet = fftconvolve(stream.audio, room_response(rt60_s, stream.sample_rate, seed))[: len(stream.audio)]
+    heard = replace(stream, audio=wet.astype(np.float32))
+    return replace(heard, audio=heard.audio * np.float32(np.sqrt(speech_power(stream) / speech_power(heard))))
+
+
+def talk_paths(data_dir: Path) -> list[Path]:
+    """EmoDB's utterances in data_dir/emodb/wav, but for the sentences that hold a task word."""
+    folder = data_dir / "emodb" / "wav"
+    paths = [p for p in sorted(folder.glob("*.flac")) if p.stem[2:5] not in TASK_WORD_SENTENCES]
+    if not paths:
+        raise FileNotFoundError(f"talk: no EmoDB .flac files in {folder}")
+    return paths
+
+
+def talk(paths: Sequence[Path], sample_rate: int, num_samples: int, seed: int) -> Stream:
+    """The utterances at sample_rate and WORD_RMS in a seeded shuffled order, looped, each after a pause
+    drawn from TALK_PAUSE_S; num_samples long, no word of the task spoken.
+    """
+    rng = np.random.default_rng(seed)
+    parts, length = [np.zeros(0, dtype=np.float32)], 0
+    for i in itertools.cycle(rng.permutation(len(paths))):
+        if length >= num_samples:
+            break
+        pause = np.zeros(round(rng.uniform(*TALK_PAUSE_S) * sample_rate), dtype=np.float32)
+        utterance = at_level(read_audio(paths[i], sample_rate), WORD_RMS)
+        parts += [pause, utterance]
+        length += len(pause) + len(utterance)
+    return Stream(np.concatenate(parts)[:num_samples], sample_rate, [])

@@ -1,18 +1,22 @@
-"""`fedspeech bench listen`: scoring by alignment, noise at an SNR, the real-noise clips, and a short run."""
+"""`fedspeech bench listen`: scoring by alignment, noise at an SNR, the real-noise clips, a long stream heard
+in parts, and a short run."""
 
 import json
 from pathlib import Path
 
 import numpy as np
 import pytest
+import soundfile
 
 from fedspeech.edge_client.runtime.audio_file import read_audio
 from fedspeech.models.clips.datasets import bundled_data_dir, load_corpus, server_test_clips
 from fedspeech.models.clips.tasks import BACKGROUND_NOISE
-from fedspeech_bench.listen import ListenBenchConfig, check_config, parse_models, run_listen_bench
+from fedspeech_bench import listen
+from fedspeech_bench.listen import TALK, ListenBenchConfig, check_config, hear, parse_models, run_listen_bench
 from fedspeech_bench.listen_streams import (
     WORD_RMS,
     Stream,
+    Word,
     build_stream,
     real_noise,
     real_noise_paths,
@@ -148,6 +152,26 @@ def test_models_are_named_by_stem_or_given_names_and_checked(fsdd_model, tmp_pat
         check_config(ListenBenchConfig(models={"x": tmp_path / "junk.onnx"}))
     with pytest.raises(ValueError, match="noise-minutes"):
         check_config(ListenBenchConfig(models={"x": Path(model)}, noise_minutes=0))
+    with pytest.raises(ValueError, match="talk-minutes"):
+        check_config(ListenBenchConfig(models={"x": Path(model)}, talk_minutes=-1))
+    check_config(ListenBenchConfig(models={"x": Path(model)}, talk_minutes=0))  # no talk
+
+
+def test_a_stream_longer_than_the_listener_reads_is_heard_in_parts(fsdd_model, stream, tmp_path, monkeypatch):
+    whole = hear(fsdd_model.onnx_path, stream, tmp_path / "whole.wav", None)
+    monkeypatch.setattr(listen, "MAX_INPUT_SECONDS", len(stream.audio) / RATE / 2.5)  # in 3 parts
+    parts = hear(fsdd_model.onnx_path, stream, tmp_path / "parts.wav", None)
+    assert sorted(p.name for p in tmp_path.glob("parts*.wav")) == [f"parts-{n}.wav" for n in (1, 2, 3)]
+    sizes = [len(soundfile.read(tmp_path / f"parts-{n}.wav")[0]) for n in (1, 2, 3)]
+    assert sum(sizes) == len(stream.audio) and max(sizes) - min(sizes) <= 1
+    # the words are heard at the times of the whole stream (to a hop of the detector's), but for those cut
+    # between two parts
+    assert [d.time_s for d in parts] == sorted(d.time_s for d in parts)
+    cuts = [sizes[0] / RATE, (sizes[0] + sizes[1]) / RATE]
+    far = [d for d in whole if min(abs(d.time_s - cut) for cut in cuts) > 1.0]
+    assert far, "every word near a cut: nothing to compare"
+    for d in far:
+        assert any(p.label == d.label and abs(p.time_s - d.time_s) < 0.15 for p in parts), (d, parts)
 
 
 def test_a_short_bench_writes_its_table_and_plots_and_hears_most_clean_words(fsdd_model, tmp_path, capsys):
@@ -158,6 +182,7 @@ def test_a_short_bench_writes_its_table_and_plots_and_hears_most_clean_words(fsd
         data_dir=data_dir,
         words=8,
         noise_minutes=0.1,
+        talk_minutes=0.2,
         keep_audio=True,
         command="fedspeech bench listen --words 8",
     )
@@ -165,10 +190,10 @@ def test_a_short_bench_writes_its_table_and_plots_and_hears_most_clean_words(fsd
     results_md = run_listen_bench(cfg)
     text = results_md.read_text()
     assert (
-        "| condition | words | detected in order | wrong or extra | misses | false detections/min |" in text
+        "| condition | words | detected in order | wrong or extra | misses | false detections/hour |" in text
     )
     assert "`fedspeech bench listen --words 8`" in text
-    for png in ("detected-in-order.png", "wrong-or-extra.png"):
+    for png in ("detected-in-order.png", "wrong-or-extra.png", "false-per-hour.png"):
         assert (cfg.out / png).stat().st_size > 1000
     report = json.loads((cfg.out / "results.json").read_text())["models"]["trained"]
     results = {r["condition"]: r for r in report["results"]}
@@ -177,8 +202,9 @@ def test_a_short_bench_writes_its_table_and_plots_and_hears_most_clean_words(fsd
         ["clean"]
         + [f"{k} {snr} dB" for k in kinds for snr in (20, 10)]
         + [f"own level, {k} {snr} dB" for k in kinds for snr in (20, 10, 5)]
-        + ["0.3 s gaps, clean"]
+        + ["0.3 s gaps, clean", "reverb 0.3 s", "reverb 0.6 s"]
         + [f"{k} noise alone" for k in kinds]
+        + ([TALK] if data_dir else [])
     )
     assert list(results) == expected
     assert len(list((cfg.out / "audio").glob("*.wav"))) == len(expected)
@@ -187,6 +213,26 @@ def test_a_short_bench_writes_its_table_and_plots_and_hears_most_clean_words(fsd
     assert clean["hits"] >= 5, clean
     assert clean["hits"] + clean["substitutions"] + clean["deletions"] == 8
     assert results["white noise alone"]["words"] == 0
-    assert results["white noise alone"]["false_per_minute"] is not None
+    assert results["white noise alone"]["false_per_hour"] is not None
+    spoken = [
+        Word(w["label"], round(w["start_s"] * RATE), round(w["end_s"] * RATE)) for w in report["spoken"]
+    ]
+    clean_power = speech_power(
+        Stream(read_audio(cfg.out / "audio" / "trained-clean.wav", RATE), RATE, spoken)
+    )
+    for room in ("0.3", "0.6"):
+        reverb = results[f"reverb {room} s"]
+        assert reverb["words"] == 8
+        assert reverb["hits"] + reverb["substitutions"] + reverb["deletions"] == 8
+        audio = read_audio(cfg.out / "audio" / f"trained-reverb-{room}-s.wav", RATE)
+        power = speech_power(Stream(audio, RATE, spoken))
+        assert abs(10 * np.log10(power / clean_power)) < 0.5
+    out = capsys.readouterr().out
     if data_dir is None:
-        assert "real-noise conditions skipped" in capsys.readouterr().out
+        assert "real-noise conditions skipped" in out
+        assert f"{TALK} skipped" in out
+    else:
+        talk = results[TALK]
+        assert talk["words"] == 0 and talk["minutes"] == pytest.approx(0.2)
+        assert talk["false_per_hour"] == pytest.approx(talk["insertions"] * 60 / 0.2)
+        assert (cfg.out / "audio" / "trained-talk-no-digits.wav").is_file()

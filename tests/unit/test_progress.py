@@ -193,14 +193,15 @@ def test_bench_seeds_reads_back_finished_runs_and_keeps_going_after_a_failure(mo
     assert "RuntimeError: a device process exited early" in err
 
 
-@pytest.mark.parametrize("real", [False, True])
-def test_bench_listen_counts_its_conditions_as_it_makes_them(real):
+@pytest.mark.parametrize(("real", "talk"), [(False, False), (True, False), (True, True)])
+def test_bench_listen_counts_its_conditions_as_it_makes_them(real, talk):
     rate = 8000
     audio = np.zeros(rate, dtype=np.float32)
     audio[2000:4000] = 0.05
     stream = Stream(audio, rate, [Word("1", 2000, 4000)])
     noise = sorted((bundled_data_dir() / BACKGROUND_NOISE).glob("*.flac"))[:2]
     assert len(noise) == 2
-    cfg = ListenBenchConfig(models={}, noise_minutes=0.01)
-    made = conditions(stream, stream, stream, cfg, noise if real else None)  # one level, own, brisk
-    assert len(made) == condition_count(real)
+    cfg = ListenBenchConfig(models={}, noise_minutes=0.01, talk_minutes=0.01)
+    # one level, own, brisk; the noise clips stand in for talk
+    made = conditions(stream, stream, stream, cfg, noise if real else None, noise if talk else None)
+    assert len(made) == condition_count(real, talk)
