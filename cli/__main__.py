@@ -23,8 +23,8 @@ from fedspeech.installed_commands import (
     KNOWN,
     add_installed_commands,
     extra_of,
-    install_hint,
     missing_command,
+    needs,
     require_extra,
 )
 from fedspeech.protocol import log_lines
@@ -302,10 +302,7 @@ def main(argv: list[str] | None = None) -> None:
         extra = extra_of(exc.name, args.command)
         if extra is None:
             raise
-        raise SystemExit(
-            f"fedspeech {args.command}: needs {exc.name}, which the {extra} extra installs: "
-            f"{install_hint(extra)}"
-        ) from None
+        raise needs(args.command, str(exc.name), extra) from None
 
 
 if __name__ == "__main__":

@@ -13,7 +13,7 @@ import urllib.parse
 from collections.abc import Callable
 from pathlib import Path
 
-from fedspeech.edge_client.credentials import warn_if_readable
+from fedspeech.protocol.files import warn_if_readable
 from fedspeech.protocol.mqtt import BrokerSettings
 from fedspeech.protocol.topics import parse_broker_url
 

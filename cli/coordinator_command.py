@@ -23,11 +23,11 @@ from fedspeech.connection_options import (
     port,
     reason,
     seconds,
-    warn_if_readable,
     warn_if_unreachable,
 )
 from fedspeech.installed_commands import require_extra
 from fedspeech.models.architectures import MODELS, NEW_BLOCKS
+from fedspeech.protocol.files import warn_if_readable
 from fedspeech.protocol.topics import DEFAULT_ROOT
 from fedspeech.protocol.weights import PRECISIONS
 

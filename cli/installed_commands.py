@@ -39,21 +39,14 @@ def missing_command(args: argparse.Namespace) -> None:
 
 
 # the modules each extra of fedspeech installs (pyproject.toml's optional-dependencies), by import name
+TRAIN = ("torch", "onnx", "onnxscript")
 EXTRAS = {
-    "train": ("torch", "onnx", "onnxscript"),
-    "coordinator": (
-        *("torch", "onnx", "onnxscript"),  # fedspeech[train]
-        *("flask", "hypercorn", "amqtt", "matplotlib", "scipy", "prometheus_client"),
-    ),
+    "train": TRAIN,
+    "coordinator": (*TRAIN, "flask", "hypercorn", "amqtt", "matplotlib", "scipy", "prometheus_client"),
     "audio": ("sounddevice",),
 }
 # the extra each of fedspeech's commands needs (listen: for a microphone only)
 COMMAND_EXTRAS = {"coordinator": "coordinator", "client": "train", "record": "audio", "listen": "audio"}
-
-
-def install_hint(extra: str) -> str:
-    """How to install an extra into the environment fedspeech is installed in."""
-    return f'pip install "fedspeech[{extra}]"'
 
 
 def require_extra(command: str) -> None:
@@ -64,10 +57,13 @@ def require_extra(command: str) -> None:
     extra = COMMAND_EXTRAS[command]
     missing = [name for name in EXTRAS[extra] if importlib.util.find_spec(name) is None]
     if missing:
-        raise SystemExit(
-            f"fedspeech {command}: needs {', '.join(missing)}, which the {extra} extra installs: "
-            f"{install_hint(extra)}"
-        )
+        raise needs(command, ", ".join(missing), extra)
+
+
+def needs(command: str, modules: str, extra: str) -> SystemExit:
+    """The one line that says a command needs modules, and how to install the extra that has them."""
+    install = f'pip install "fedspeech[{extra}]"'
+    return SystemExit(f"fedspeech {command}: needs {modules}, which the {extra} extra installs: {install}")
 
 
 def extra_of(module: str | None, command: str | None = None) -> str | None:

@@ -9,6 +9,7 @@ import numpy as np
 
 from fedspeech.coordinator.ports import Evaluation
 from fedspeech.models.calibration import Decisions, calibrate, decision_counts
+from fedspeech.protocol import weights
 from fedspeech.protocol.labels import word_classes
 from fedspeech.protocol.messages import ModelSpec, TaskDefinition
 from fedspeech.protocol.weights import Arrays
@@ -48,6 +49,7 @@ class GlobalModel:
         self.can_distil = server_data is not None
         self.labels, self.task = list(definition.labels), definition.name
         self._workdir = tempfile.TemporaryDirectory(prefix="fedspeech-onnx-")
+        self._predicted: tuple[str, np.ndarray, np.ndarray] | None = None  # weights' digest, held-out output
         self._models: dict[ModelSpec, Any] = {}
         self._templates: dict[ModelSpec, Path] = {}
 
@@ -90,12 +92,24 @@ class GlobalModel:
 
     def evaluate(self, arrays: Arrays) -> Evaluation | None:
         """Accuracy, macro-F1 and loss on the held-out set, or None without one."""
-        from fedspeech.models.train import evaluate
+        from fedspeech.models.train import scored
 
         if self.heldout is None:
             return None
-        result = evaluate(self._model(arrays), *self.heldout)
+        result = scored(*self._heldout_predictions(arrays), self.heldout[1])
         return Evaluation(result.accuracy, result.macro_f1, result.loss)
+
+    def _heldout_predictions(self, arrays: Arrays) -> tuple[np.ndarray, np.ndarray]:
+        """The held-out probabilities and losses of these weights, computed once for the same weights: a
+        round's model is evaluated, exported, and exported again once the devices have evaluated it.
+        """
+        from fedspeech.models.train import predict
+
+        assert self.heldout is not None
+        digest = weights.sha256(weights.encode(arrays))
+        if self._predicted is None or self._predicted[0] != digest:
+            self._predicted = (digest, *predict(self._model(arrays), *self.heldout))
+        return self._predicted[1], self._predicted[2]
 
     def norm_names(self) -> set[str]:
         """The names of the model's batch-normalisation arrays, which FedBN keeps on the devices."""
@@ -173,11 +187,9 @@ class GlobalModel:
 
     def heldout_decisions(self, arrays: Arrays) -> Decisions | None:
         """The model's word decisions on the held-out set (None without one)."""
-        from fedspeech.models.train import predict
-
         if self.heldout is None:
             return None
-        probabilities, _ = predict(self._model(arrays), *self.heldout)
+        probabilities, _ = self._heldout_predictions(arrays)
         counts = decision_counts(probabilities, self.heldout[1], word_classes(self.labels))
         return Decisions(counts, f"{len(self.heldout[1])} held-out clips")
 

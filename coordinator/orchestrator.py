@@ -55,8 +55,8 @@ class Orchestrator:
         acks = Acknowledgements(config.ack_timeout_s)  # which devices took their tasks
         self.evaluation = EvaluationPhase(store, link, model.definition.labels, config.eval_min_reports, acks)
         self.settled_round = -1  # the last round whose model is stored and, where asked for, evaluated
-        # what keeps the next round from starting, in words an operator can act on; None while none waits
         self._device_decisions: Decisions | None = None  # pooled from the latest evaluation on the devices
+        # what keeps the next round from starting, in words an operator can act on; None while none waits
         self.waiting: str | None = None
         self.finished = threading.Event()
         self._train = MODES[self.strategy.mode]  # how its rounds train
@@ -93,8 +93,6 @@ class Orchestrator:
         if latest is None:
             arrays = self.model.initial(self.config.seed, self._depth(1))
             latest = self._complete(0, arrays, RoundTally(started=time.time()))
-            self._announce(latest)
-            self.settled_round = 0
         else:
             data = self.store.model_path(latest.round, "weights").read_bytes()
             arrays = weights.decode(data)[0]
@@ -105,8 +103,8 @@ class Orchestrator:
                 self.strategy.restore(weights.decode(blob)[0])
                 self._teacher = round_storage.teacher_address(latest.round, blob)
             log.info("resuming after round %d", latest.round)
-            self.link.announce(round_storage.announcement(self.store, self.model, latest, arrays))
-            self.settled_round = latest.round
+        self._announce(latest)
+        self.settled_round = latest.round
         return latest
 
     def _run_round(self, round: int, stop: threading.Event) -> RoundRecord | None:

@@ -226,13 +226,8 @@ class CoordinatorClient:
         An acknowledgement that does not get through is logged, and the task is done all the same: its round
         may have gone on without this device, and then refuses the result.
         """
-        headers = {"Authorization": f"Bearer {self.credentials.token}"}
-        try:
-            reply = request(
-                "POST", self.url(routes.ack(task.task_id)), b"", headers, timeout=10.0, context=self.context
-            )
-        except CONNECTION_ERRORS as exc:
-            log.warning("could not acknowledge task %s: %s", task.task_id, connection_error(exc))
+        reply = self._post_once(routes.ack(task.task_id), b"", f"acknowledge task {task.task_id}")
+        if reply is None:
             return
         if reply.status == 409:
             raise Unwanted(f"the coordinator no longer wants it: {error_reason(reply)}")
@@ -250,15 +245,13 @@ class CoordinatorClient:
         """
         short = log_lines.escape(reason)[: message_checks.MAX_FAILURE_CHARS] or "no reason given"
         body = messages.encode(TaskFailure(short))
-        headers = {"Authorization": f"Bearer {self.credentials.token}", "Content-Type": "application/json"}
+        what = f"report that task {task.task_id} failed"
         try:
-            url = self.url(routes.failure(task.task_id))
-            reply = request("POST", url, body, headers, timeout=10.0, context=self.context)
+            reply = self._post_once(routes.failure(task.task_id), body, what, "application/json")
         except Dropped as exc:
-            log.warning("could not report that task %s failed: %s", task.task_id, exc)
+            log.warning("could not %s: %s", what, exc)
             return
-        except CONNECTION_ERRORS as exc:
-            log.warning("could not report that task %s failed: %s", task.task_id, connection_error(exc))
+        if reply is None:
             return
         if reply.status == 200:
             log.info("reported to the coordinator that task %s failed", task.task_id)
@@ -269,6 +262,20 @@ class CoordinatorClient:
                 "reporting that task %s failed answered HTTP %d: %s",
                 task.task_id, reply.status, error_reason(reply),
             )  # fmt: skip
+
+    def _post_once(self, path: str, body: bytes, what: str, content_type: str | None = None) -> Reply | None:
+        """POST body to path once, with the token; None, logged as 'could not <what>', if it does not get
+        through; Dropped if path is not an API path.
+        """
+        headers = {"Authorization": f"Bearer {self.credentials.token}"}
+        if content_type is not None:
+            headers["Content-Type"] = content_type
+        url = self.url(path)
+        try:
+            return request("POST", url, body, headers, timeout=10.0, context=self.context)
+        except CONNECTION_ERRORS as exc:
+            log.warning("could not %s: %s", what, connection_error(exc))
+            return None
 
     def upload(
         self, path: str, body: bytes, content_type: str, deadline: float, register: Callable[[], bool]

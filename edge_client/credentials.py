@@ -7,7 +7,6 @@ names another key is not the one this device enrolled with, and the device refus
 """
 
 import logging
-import stat
 from dataclasses import replace
 from pathlib import Path
 
@@ -15,7 +14,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
 from fedspeech.protocol import bounds, messages, signing
 from fedspeech.protocol.bounds import ProtocolError
-from fedspeech.protocol.files import write_atomically
+from fedspeech.protocol.files import warn_if_readable, write_atomically
 from fedspeech.protocol.mqtt import BrokerSettings
 
 log = logging.getLogger(__name__)
@@ -25,21 +24,6 @@ TOKEN_FILE, KEY_FILE = "token", "coordinator.pub"
 # listener (user: <id>-listen)
 BROKER_PASSWORD_FILE, LISTEN_PASSWORD_FILE = "broker-password", "listen-password"
 MAX_FILE_BYTES = 1024
-
-
-def warn_if_readable(path: Path | None, what: str) -> None:
-    """Log one warning if the secret in path may be read by users other than its owner."""
-    if path is None:
-        return
-    try:
-        mode = stat.S_IMODE(path.stat().st_mode)
-    except OSError:
-        return  # the file's reader says why it cannot be read
-    if mode & 0o044:
-        log.warning(
-            "the %s %s is readable by other users (mode %03o): make it private with `chmod 600 %s`",
-            what, path, mode, path,
-        )  # fmt: skip
 
 
 class Refused(Exception):

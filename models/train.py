@@ -202,8 +202,12 @@ def evaluate(
     model: nn.Module, waveforms: np.ndarray, labels: np.ndarray, batch_size: int = 256
 ) -> EvalResult:
     """Accuracy, macro-F1 and loss of the model in eval mode."""
+    return scored(*predict(model, waveforms, labels, batch_size), labels)
+
+
+def scored(probabilities: np.ndarray, losses: np.ndarray, labels: np.ndarray) -> EvalResult:
+    """Accuracy, macro-F1 and mean loss of predictions (predict's probabilities and losses) against labels."""
     labels = np.asarray(labels, dtype=np.int64)
-    probabilities, losses = predict(model, waveforms, labels, batch_size)
     predictions = probabilities.argmax(axis=1)
     num_classes = int(max(labels.max(), predictions.max())) + 1
     confusion = scores.confusion_matrix(labels, predictions, num_classes)

@@ -1,8 +1,13 @@
-"""Files replaced whole: readers see the old content or the new one, never half, even after a crash."""
+"""Files replaced whole (readers see the old content or the new one, never half, even after a crash), and
+secret files checked for being private."""
 
+import logging
 import os
+import stat
 import threading
 from pathlib import Path
+
+log = logging.getLogger(__name__)
 
 
 def write_atomically(path: Path, data: bytes, private: bool = False) -> None:
@@ -27,3 +32,18 @@ def write_atomically(path: Path, data: bytes, private: bool = False) -> None:
         os.fsync(folder)  # the rename itself survives a power cut
     finally:
         os.close(folder)
+
+
+def warn_if_readable(path: Path | None, what: str) -> None:
+    """Log one warning if the secret in path may be read by users other than its owner."""
+    if path is None:
+        return
+    try:
+        mode = stat.S_IMODE(path.stat().st_mode)
+    except OSError:
+        return  # the file's reader says why it cannot be read
+    if mode & 0o044:
+        log.warning(
+            "the %s %s is readable by other users (mode %03o): make it private with `chmod 600 %s`",
+            what, path, mode, path,
+        )  # fmt: skip

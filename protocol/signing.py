@@ -18,6 +18,11 @@ from fedspeech.protocol.bounds import ProtocolError
 from fedspeech.protocol.files import write_atomically
 from fedspeech.protocol.messages import MAX_MESSAGE_BYTES
 
+
+class BadSignature(ProtocolError):
+    """A well-formed signed message that the given key did not sign for this topic."""
+
+
 MAX_SIGNED_BYTES = MAX_MESSAGE_BYTES * 4 // 3 + 256  # a message in base64, its signature and the envelope
 _KIND = "signed"
 
@@ -60,7 +65,7 @@ def verify(key: Ed25519PublicKey, topic: str, payload: bytes | bytearray) -> byt
     except UnicodeEncodeError:
         raise ProtocolError("the topic is not UTF-8 text") from None
     except InvalidSignature:
-        raise ProtocolError("bad signature: not signed by the coordinator's key for this topic") from None
+        raise BadSignature("bad signature: not signed by the coordinator's key for this topic") from None
     return body_bytes
 
 

@@ -179,11 +179,11 @@ class ModelFollower:
         try:
             body = signing.verify(self._key, self.topic, payload)
             announcement = messages.decode(body, ModelAnnouncement)
+        except signing.BadSignature:
+            self._signed_by_another_key()
+            return
         except ProtocolError as exc:
-            if str(exc).startswith("bad signature"):  # a signed message, by another key than the pinned one
-                self._signed_by_another_key()
-            else:
-                log.warning("dropping a model announcement: %s", exc)
+            log.warning("dropping a model announcement: %s", exc)
             return
         self._foreign_said = False
         self._offer(announcement)

@@ -119,3 +119,26 @@ def test_coordinator_calibrates_with_a_held_out_set(fsdd_model, tmp_path):
     without = GlobalModel(fsdd_model.spec, definition, None)
     (tmp_path / "without.onnx").write_bytes(without.to_onnx(arrays, round=1))
     assert "threshold" not in OnnxModel(tmp_path / "without.onnx").metadata
+
+
+def test_a_rounds_model_runs_over_the_held_out_set_once(fsdd_model, monkeypatch):
+    """Evaluated, exported, then exported again with the devices' decisions: one pass of the held-out set."""
+    from fedspeech.models import train
+
+    passes = []
+    predict = train.predict
+    monkeypatch.setattr(train, "predict", lambda *args, **kw: passes.append(1) or predict(*args, **kw))
+    definition = TaskDefinition("fsdd", list(fsdd_model.labels), 8000, 1.0)
+    model = GlobalModel(fsdd_model.spec, definition, fsdd_model.heldout)
+    arrays = get_arrays(fsdd_model.model)
+    evaluation = model.evaluate(arrays)
+    first, again = model.to_onnx(arrays, round=1), model.to_onnx(arrays, round=1)
+    assert len(passes) == 1 and first == again
+    waveforms, labels = fsdd_model.heldout
+    assert (
+        evaluation is not None
+        and evaluation.accuracy == train.evaluate(fsdd_model.model, waveforms, labels).accuracy
+    )
+    other = {name: value * 0.5 for name, value in arrays.items()}
+    model.evaluate(other)
+    assert len(passes) == 3, "other weights are run again (and train.evaluate above ran once)"

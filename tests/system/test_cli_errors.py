@@ -445,7 +445,7 @@ def test_a_client_warns_in_one_line_about_a_secret_file_others_can_read(processe
         "--state", str(tmp_path / "device"), "--enrolment-secret-file", str(secret),
     )  # fmt: skip
     warning = (
-        f"WARNING fedspeech.edge_client.credentials: the enrolment secret {secret} is readable by other "
+        f"WARNING fedspeech.protocol.files: the enrolment secret {secret} is readable by other "
         f"users (mode 644): make it private with `chmod 600 {secret}`"
     )
     wait_for(lambda: warning in client.log_path.read_text(), 90, "the warning")

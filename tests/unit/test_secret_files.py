@@ -8,7 +8,7 @@ from fedspeech.connection_options import read_secret
 from fedspeech.edge_client.credentials import TOKEN_FILE, DeviceCredentials, issued_login
 from fedspeech.protocol.mqtt import BrokerSettings
 
-LOGGER = "fedspeech.edge_client.credentials"
+LOGGER = "fedspeech.protocol.files"
 
 
 def _warnings(caplog) -> list[str]:

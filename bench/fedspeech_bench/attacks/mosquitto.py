@@ -2,13 +2,14 @@
 
 import os
 import signal
-import socket
 import subprocess
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+
+from fedspeech.connection_options import unreachable
 
 START_S = 20.0
 
@@ -59,8 +60,4 @@ def running_mosquitto(config: Path, port: int) -> Iterator[Mosquitto]:
 
 def listening(port: int) -> bool:
     """Whether something accepts TCP connections on 127.0.0.1:port."""
-    try:
-        socket.create_connection(("127.0.0.1", port), timeout=2).close()
-        return True
-    except OSError:
-        return False
+    return unreachable("127.0.0.1", port, timeout=2) is None
