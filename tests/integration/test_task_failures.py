@@ -7,20 +7,18 @@ import json
 import shutil
 import threading
 import time
-import urllib.request
-from pathlib import Path
 
 import pytest
 
 from fedspeech.edge_client import ClientConfig, DataSource, run_client
-from fedspeech.models.clips.datasets import bundled_data_dir
-from fedspeech.protocol import messages
+from fedspeech.protocol import messages, routes
 from fedspeech.protocol.messages import TaskFailure
 from fedspeech.protocol.mqtt import BrokerSettings
 from fedspeech.protocol.topics import Topics
 from fedspeech.status import render
 from tests.helpers.coordinators import running_coordinator
 from tests.helpers.devices import ScriptedDevice, post
+from tests.helpers.recordings import copy_takes
 from tests.helpers.waiting import get_json, wait_for
 
 pytestmark = pytest.mark.timeout(180)
@@ -36,22 +34,14 @@ def _one_round(tmp_path, mosquitto_url: str, topic_root: str):
     )  # fmt: skip
 
 
-def _recordings(folder: Path) -> None:
-    for digit in "01":
-        (folder / digit).mkdir(parents=True)
-        for take in range(3):
-            name = f"{digit}_jackson_{take}.flac"
-            shutil.copyfile(bundled_data_dir() / "fsdd" / "recordings" / name, folder / digit / name)
-
-
 def _failure(url: str, task_id: str, token: str | None, reason: str = "forged") -> int:
     headers = {"Content-Type": "application/json"} | ({"Authorization": f"Bearer {token}"} if token else {})
-    return post(f"{url}/api/tasks/{task_id}/failure", messages.encode(TaskFailure(reason)), headers)
+    return post(url + routes.failure(task_id), messages.encode(TaskFailure(reason)), headers)
 
 
 def test_a_task_that_fails_on_a_device_ends_its_wait_and_shows_why(tmp_path, mosquitto_url, topic_root):
     folder = tmp_path / "recordings"
-    _recordings(folder)
+    copy_takes(folder, "01", range(3))
     config = ClientConfig(
         coordinator_url="",
         broker=BrokerSettings(mosquitto_url),
@@ -109,10 +99,10 @@ def test_a_forged_failure_report_is_refused_and_the_round_still_waits(tmp_path, 
             assert _failure(url, attics, barn.token) == 409, "not barn's task"
             assert _failure(url, "not-a-task-of-attic", attic.token) == 409
             headers = {"Authorization": f"Bearer {attic.token}"}
-            assert post(f"{url}/api/tasks/{attics}/failure", b"{not json", headers) == 400
+            assert post(url + routes.failure(attics), b"{not json", headers) == 400
             too_long = json.dumps({"v": 1, "kind": "task_failure", "reason": "x" * 301}).encode()
-            assert post(f"{url}/api/tasks/{attics}/failure", too_long, headers) == 400
-            assert post(f"{url}/api/tasks/{attics}/failure", b" " * 5000, headers) == 413
+            assert post(url + routes.failure(attics), too_long, headers) == 400
+            assert post(url + routes.failure(attics), b" " * 5000, headers) == 413
             time.sleep(1.0)
             assert service.inbox.open_round() == 1, "the round still waits for attic"
             assert service.inbox.last_errors() == {} and not service.orchestrator.finished.is_set()
@@ -122,9 +112,7 @@ def test_a_forged_failure_report_is_refused_and_the_round_still_waits(tmp_path, 
             assert service.inbox.open_round() == 1, "and for attic once barn is in"
             assert attic.send_back_unchanged(url, tasks["attic"], 20) == 200
             wait_for(service.orchestrator.finished.is_set, 60, "the round to end with both updates")
-            request = urllib.request.Request(f"{url}/api/rounds/1")
-            with urllib.request.urlopen(request, timeout=10) as reply:
-                updates = json.loads(reply.read())["updates"]
+            updates = get_json(f"{url}/api/rounds/1")["updates"]
             assert sorted(u["device_id"] for u in updates) == ["attic", "barn"]
     finally:
         for device in devices:

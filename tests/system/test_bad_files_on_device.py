@@ -3,7 +3,6 @@ or dropped there while it runs, is skipped with one line naming it; the device t
 The device daemon against the machine's Mosquitto and the coordinator double."""
 
 import os
-import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -22,6 +21,7 @@ from tests.helpers.device_doubles import (
     wait_until,
     warnings_about,
 )
+from tests.helpers.recordings import copy_takes
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -37,14 +37,6 @@ def fleet(tmp_path: Path) -> Iterator[Fleet]:
         yield fleet
 
 
-def _takes(folder: Path, digits: str, count: int = 4) -> None:
-    for digit in digits:
-        (folder / digit).mkdir(parents=True, exist_ok=True)
-        for take in range(count):
-            name = f"{digit}_{SPEAKER}_{take}.flac"
-            shutil.copyfile(bundled_data_dir() / "fsdd" / "recordings" / name, folder / digit / name)
-
-
 def _drop(folder: Path, name: bytes) -> None:
     """A good recording under a name given as bytes, as a file system holds it."""
     clip = (bundled_data_dir() / "fsdd" / "recordings" / f"9_{SPEAKER}_9.flac").read_bytes()
@@ -58,7 +50,7 @@ def _trained_on(upload) -> int:
 
 def test_a_name_that_is_not_utf8_is_skipped_at_start_with_one_line(fleet: Fleet, tmp_path, caplog) -> None:
     folder = tmp_path / "data"
-    _takes(folder, "012")
+    copy_takes(folder, "012", range(4), SPEAKER)
     _drop(folder / "0", b"\xff\xfe.wav")  # Latin-1, or a copy from another machine
     coordinator = fleet.coordinator
     with running_daemon(fleet, data=DataSource(folder=folder), max_samples=None):  # it starts
@@ -76,7 +68,7 @@ def test_a_name_that_is_not_utf8_is_skipped_at_start_with_one_line(fleet: Fleet,
 
 def test_odd_names_dropped_in_while_it_runs_fail_no_task(fleet: Fleet, tmp_path, caplog) -> None:
     folder = tmp_path / "data"
-    _takes(folder, "012")
+    copy_takes(folder, "012", range(4), SPEAKER)
     coordinator = fleet.coordinator
     with running_daemon(fleet, data=DataSource(folder=folder), max_samples=None):
         fleet.send_task(make_task("task-1", blob=coordinator.blob))

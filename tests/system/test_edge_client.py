@@ -7,7 +7,6 @@ are shared with test_device_security.py.
 import json
 import logging
 import shutil
-import socket
 import subprocess
 import threading
 from collections.abc import Iterator
@@ -20,7 +19,6 @@ import paho.mqtt.client as mqtt
 import pytest
 
 from fedspeech.edge_client import DataSource, run_client
-from fedspeech.models.clips.datasets import bundled_data_dir
 from fedspeech.protocol import messages, signing, weights
 from fedspeech.protocol.messages import (
     DeviceStatus,
@@ -30,6 +28,7 @@ from fedspeech.protocol.messages import (
     TaskWithdrawal,
 )
 from fedspeech.protocol.mqtt import BrokerSettings
+from fedspeech_bench.attacks.mosquitto import listening
 from tests.helpers.device_doubles import (
     BLOB_PATH,
     MAX_SAMPLES,
@@ -47,6 +46,7 @@ from tests.helpers.device_doubles import (
     warnings_about,
 )
 from tests.helpers.ports import free_port
+from tests.helpers.recordings import copy_takes
 
 
 @pytest.fixture(scope="module")
@@ -221,11 +221,6 @@ def test_refused_token_registers_again_and_retries(fleet: Fleet, caplog: pytest.
     assert fleet.coordinator.authorizations[1] is not None
 
 
-def listening(port: int) -> bool:
-    with socket.socket() as sock:
-        return sock.connect_ex(("127.0.0.1", port)) == 0
-
-
 @contextmanager
 def private_broker(port: int) -> Iterator[None]:
     """A Mosquitto of our own that the test may stop and start (without persistence: it forgets retained)."""
@@ -321,17 +316,9 @@ def test_paths_outside_the_api_are_refused(fleet: Fleet, caplog: pytest.LogCaptu
     assert fleet.coordinator.downloads == [] and fleet.coordinator.uploads == []
 
 
-def _copy_takes(folder, digits: str, takes: range) -> None:
-    for digit in digits:
-        (folder / digit).mkdir(parents=True, exist_ok=True)
-        for take in takes:
-            name = f"{digit}_{SPEAKER}_{take}.flac"
-            shutil.copyfile(bundled_data_dir() / "fsdd" / "recordings" / name, folder / digit / name)
-
-
 def test_a_data_folder_is_scanned_again_at_each_task(fleet: Fleet, tmp_path, caplog) -> None:
     folder = tmp_path / "data"
-    _copy_takes(folder, "012", range(20))
+    copy_takes(folder, "012", range(20), SPEAKER)
     (folder / "3").mkdir()
     (folder / "3" / "empty.wav").write_bytes(b"")
     coordinator = fleet.coordinator
@@ -345,7 +332,7 @@ def test_a_data_folder_is_scanned_again_at_each_task(fleet: Fleet, tmp_path, cap
         trained_on = int(weights.decode(coordinator.uploads[0].body)[1]["num_samples"])
         assert trained_on == sum(first.train_counts.values())
 
-        _copy_takes(folder, "7", range(20))  # recorded while the daemon runs
+        copy_takes(folder, "7", range(20), SPEAKER)  # recorded while the daemon runs
         fleet.send_task(make_task("task-2", blob=coordinator.blob))
         wait_until(lambda: len(coordinator.uploads) == 2)
         now = fleet.statuses()[-1]

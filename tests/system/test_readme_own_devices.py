@@ -33,10 +33,10 @@ from fedspeech_bench.attacks.mosquitto import running_mosquitto
 from fedspeech_bench.listen_streams import build_stream
 from fedspeech_bench.word_alignment import align
 from tests.helpers.ports import free_port
+from tests.helpers.shared_data import SHARED_DATA, needs_shared
 from tests.helpers.waiting import get_json, wait_for
 
 REPO = Path(__file__).resolve().parents[2]
-SHARED_DATA = REPO.parent / "shared" / "data"
 TAKES = 20  # a label, on a device
 DEVICES: dict[str, tuple[str, ...]] = {
     "kitchen-pi": (),
@@ -113,7 +113,10 @@ def _command(line: str, places: dict[str, str]) -> list[str]:
     return [sys.executable, "-m", "fedspeech", *argv[1:]] if argv[0] == "fedspeech" else argv
 
 
-@pytest.mark.skipif(not (SHARED_DATA / "speech_commands_test").is_dir(), reason="needs ../shared/data")
+@needs_shared
+@pytest.mark.skipif(
+    not (SHARED_DATA / "speech_commands_test").is_dir(), reason=f"no speech_commands_test in {SHARED_DATA}"
+)
 @pytest.mark.timeout(900)
 def test_the_readmes_own_devices_hear_speakers_they_never_met(tmp_path, processes):
     started = time.monotonic()

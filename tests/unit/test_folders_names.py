@@ -2,6 +2,7 @@
 nowhere and loops of links, files and folders that cannot be read. Each is skipped with one line naming it;
 the other files are used. Real files in a temporary folder."""
 
+import hashlib
 import logging
 import os
 import shutil
@@ -14,26 +15,19 @@ import numpy as np
 import pytest
 
 from fedspeech.edge_client.local_data import DataSource, LocalData
-from fedspeech.models.clips.datasets import bundled_data_dir
+from fedspeech.models.clips.datasets import TEST_FRACTION, bundled_data_dir
 from fedspeech.models.clips.folders import ClipCache, is_test, list_folder, list_negative, shown
 from fedspeech.models.clips.tasks import BUILTIN_TASKS
+from tests.helpers.recordings import copy_takes
 
 FSDD = BUILTIN_TASKS["fsdd"]
 RECORDINGS = bundled_data_dir() / "fsdd" / "recordings"
 
 
-def _takes(folder: Path, digit: str, count: int = 3) -> None:
-    (folder / digit).mkdir(parents=True, exist_ok=True)
-    for take in range(count):
-        name = f"{digit}_jackson_{take}.flac"
-        shutil.copyfile(RECORDINGS / name, folder / digit / name)
-
-
 def _odd_folder(tmp_path: Path) -> Path:
     """A data folder of 3 good takes of 0 and 1, and one of each odd thing."""
     folder = tmp_path / "data"
-    _takes(folder, "0")
-    _takes(folder, "1")
+    copy_takes(folder, "01", range(3))
     clip = (RECORDINGS / "0_jackson_9.flac").read_bytes()
     with open(os.fsencode(folder / "0") + b"/\xff\xfe.flac", "wb") as f:  # not UTF-8: Latin-1 or worse
         f.write(clip)
@@ -60,9 +54,19 @@ def test_odd_names_and_links_are_skipped_with_the_reason_and_the_rest_is_listed(
     }
 
 
+def _decided_from_bytes(name: str) -> bool:
+    """The split as is_test documents it: a hash of the name's bytes as the file system holds them."""
+    digest = hashlib.sha256(os.fsencode(name)).digest()
+    return int.from_bytes(digest[:8], "big") < TEST_FRACTION * 2**64
+
+
 def test_the_split_of_a_name_is_decided_from_its_bytes():
-    assert is_test("0/caf\udce9.wav") in (True, False), "no UnicodeEncodeError"
-    assert is_test("0/a.wav") == is_test("0/a.wav")
+    # names that are not UTF-8 arrive as surrogate escapes: b"caf\xe9" is "caf\udce9", not "café"
+    names = ["0/caf\udce9.wav", "0/\udcff\udcfe.flac", "0/café.wav", "0/a.wav"]
+    names += [f"0/0_jackson_{take}.flac" for take in range(10)]
+    decided = [_decided_from_bytes(name) for name in names]
+    assert [is_test(name) for name in names] == decided
+    assert set(decided) == {True, False}, "names of both splits"
 
 
 def test_a_negative_folder_with_odd_names_gives_its_good_files(tmp_path):
@@ -96,7 +100,7 @@ def test_a_device_logs_one_line_for_each_odd_thing_and_loads_the_rest(tmp_path, 
 
 def test_a_file_that_goes_between_its_listing_and_its_reading_is_skipped(tmp_path):
     folder = tmp_path / "data"
-    _takes(folder, "0", 2)
+    copy_takes(folder, "0", range(2))
     clips, _ = list_folder(folder, FSDD.labels)
 
     def vanishing(path: Path, sample_rate: int, num_samples: int) -> np.ndarray:
@@ -132,9 +136,7 @@ def _without_root_powers() -> list[str]:
 
 def test_files_and_folders_that_cannot_be_read_are_skipped(tmp_path):
     folder = tmp_path / "data"
-    _takes(folder, "0")
-    _takes(folder, "1")
-    _takes(folder, "2")
+    copy_takes(folder, "012", range(3))
     (folder / "0" / "0_jackson_0.flac").chmod(0)
     (folder / "2").chmod(0)
     try:

@@ -1,17 +1,13 @@
 """Task files, the built-in tasks, and data folders of one's own recordings."""
 
-import shutil
-
 import numpy as np
 import pytest
 import soundfile
 
-from fedspeech.models.clips.datasets import bundled_data_dir
 from fedspeech.models.clips.folders import ClipCache, is_test, list_folder
 from fedspeech.models.clips.tasks import BUILTIN_TASKS, TaskFileError, load_task, spec_for
+from tests.helpers.recordings import copy_takes
 from tests.helpers.task_files import GOOD
-
-RECORDINGS = bundled_data_dir() / "fsdd" / "recordings"
 
 
 def test_task_file_and_its_model(tmp_path):
@@ -59,13 +55,7 @@ def test_a_bad_task_file_names_the_key_and_the_problem(tmp_path, change, message
 
 
 def _folder(tmp_path):
-    root = tmp_path / "data"
-    for digit in "01":
-        (root / digit).mkdir(parents=True)
-        for take in range(10):
-            name = f"{digit}_jackson_{take}.flac"
-            shutil.copyfile(RECORDINGS / name, root / digit / name)
-    return root
+    return copy_takes(tmp_path / "data", "01", range(10))
 
 
 def test_folder_skips_what_is_not_a_usable_clip_of_a_label(tmp_path):
@@ -98,8 +88,7 @@ def test_split_is_per_file_and_survives_new_files(tmp_path):
     labels = [str(d) for d in range(10)]
     before = {c.path.name: c.test for c in list_folder(root, labels)[0]}
     assert 0 < sum(before.values()) < len(before)
-    for take in range(10, 50):
-        shutil.copyfile(RECORDINGS / f"0_jackson_{take}.flac", root / "0" / f"0_jackson_{take}.flac")
+    copy_takes(root, "0", range(10, 50))
     after = {c.path.name: c.test for c in list_folder(root, labels)[0]}
     assert {name: after[name] for name in before} == before
     assert 0.1 < np.mean(list(after.values())) < 0.3  # about a fifth of the files are held out
