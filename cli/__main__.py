@@ -1,6 +1,7 @@
 """The `fedspeech` command: coordinator, client and demo subcommands."""
 
 import argparse
+import contextlib
 import logging
 import signal
 from pathlib import Path
@@ -34,6 +35,13 @@ from fedspeech.status import add_parser as add_status_parser
 
 
 def _client(args: argparse.Namespace) -> None:
+    # SIGTERM while starting (before the daemon's own handlers) stops it as Ctrl-C does, with exit status 0
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
+    with contextlib.suppress(KeyboardInterrupt):  # stopped before it went online: nothing to save yet
+        _start_client(args)
+
+
+def _start_client(args: argparse.Namespace) -> None:
     require_extra("client")  # before anything starts: torch is imported for the first task
     from fedspeech.edge_client.credentials import Refused
     from fedspeech.edge_client.daemon import ClientConfig, run_client, run_clients
