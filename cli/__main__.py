@@ -135,7 +135,7 @@ def _listen(args: argparse.Namespace) -> None:
 
     signal.signal(signal.SIGTERM, signal.default_int_handler)  # stop as on Ctrl-C, cleanly
     options = {"hop_ms": args.hop_ms, "threshold": args.threshold}
-    detector = DetectorConfig(**{k: v for k, v in options.items() if v is not None})
+    detector = DetectorConfig(**{k: v for k, v in options.items() if v is not None}, voice=not args.no_vad)
     config = ListenConfig(
         model=args.model,
         coordinator_url=coordinator_url(args) if args.coordinator is not None else None,
@@ -285,6 +285,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--threshold",
         type=float,
         help="a word's score that detects it (default: the model's calibrated one, else 0.6)",
+    )
+    li.add_argument(
+        "--no-vad",
+        action="store_true",
+        help="the energy gate alone, without Silero VAD's veto on noise and talk (README: Listening)",
     )
     li.add_argument("--timings", action="store_true", help="print ms per window for each stage at the end")
     li.set_defaults(run=_listen)

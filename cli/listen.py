@@ -136,10 +136,12 @@ def _open_source(
             audio = read_audio(config.input, rate)
         except AudioError as exc:
             raise ListenError(str(exc)) from None
-        frames = file_frames(audio, rate, size, silence_after=detector.num_samples, realtime=config.realtime)
+        frames = file_frames(
+            audio, rate, size, detector.num_samples, config.realtime, frames_per_block=detector.hop_frames
+        )
         return frames, str(config.input)
     try:
-        frames = microphone_frames(config.device, rate, size)
+        frames = microphone_frames(config.device, rate, size, frames_per_block=detector.hop_frames)
     except MicrophoneError as exc:
         raise ListenError(str(exc)) from None
     return frames, f"input device {config.device or '(default)'}"

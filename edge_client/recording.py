@@ -3,11 +3,12 @@
 The microphone stays open for the whole session, at the task's sample rate, in 10 ms frames. Each take is
 a prompt, then listening into a preallocated buffer until speech has been heard and QUIET_S of quiet
 followed, or the take's window ran out. The take is then endpointed as a whole (`trim_take`): its spoken
-part, with a small margin each side, is kept unless it is silent, longer than the task's clip, cut off or
-clipped, and then the same take is asked again. A kept take is written as FLAC to a hidden temporary name
-in DATA/LABEL/, synced and renamed, so a device daemon scanning the folder never sees half a file.
+part, with a small margin each side, is kept unless it is silent, longer than the task's clip, cut off,
+clipped, or (for a word) a sound in which Silero VAD hears no voice, and then the same take is asked
+again. A kept take is written as FLAC to a hidden temporary name in DATA/LABEL/, synced and renamed, so a
+device daemon scanning the folder never sees half a file.
 
-Torch-free: numpy, soundfile and sounddevice only, no thread but PortAudio's callback.
+Torch-free: numpy, soundfile, sounddevice and onnxruntime (the VAD), no thread but PortAudio's callback.
 """
 
 import math
@@ -23,6 +24,8 @@ import numpy as np
 import soundfile
 
 from fedspeech.edge_client.runtime.microphone import MicrophoneError, microphone_frames
+from fedspeech.edge_client.runtime.voice_activity import MIN_VOICE, peak_probability
+from fedspeech.protocol.labels import is_word
 from fedspeech.protocol.messages import TaskDefinition
 
 FRAME_S = 0.01
@@ -94,7 +97,7 @@ def run_record(config: RecordConfig, out: TextIO | None = None, meter: TextIO | 
             print(f"take {len(saved) + 1} of {config.count}: say '{label}'", file=out, flush=True)
             audio = listen_take(frames, buffer, frame_size, Meter(meter))
             try:
-                take = trim_take(audio, rate, task.clip_seconds)
+                take = trim_take(audio, rate, task.clip_seconds, voice=is_word(label))
             except TakeRefused as exc:
                 print(f"  refused, {exc}; once more", file=out, flush=True)
                 continue
@@ -152,8 +155,11 @@ def noise_floor(levels: np.ndarray) -> float:
     return float(np.convolve(levels, np.full(FLOOR_FRAMES, 1 / FLOOR_FRAMES), "valid").min())
 
 
-def trim_take(audio: np.ndarray, sample_rate: int, clip_seconds: float) -> np.ndarray:
-    """The spoken part of one take plus a margin each side, at most clip_seconds; TakeRefused says why not."""
+def trim_take(audio: np.ndarray, sample_rate: int, clip_seconds: float, voice: bool = True) -> np.ndarray:
+    """The spoken part of one take plus a margin each side, at most clip_seconds; TakeRefused says why not.
+
+    voice: the part kept must be voice to Silero VAD (a word's take), else any sound will do (noise, talk).
+    """
     frame_size = round(sample_rate * FRAME_S)
     levels = frame_levels(audio, frame_size)
     loud = np.flatnonzero(levels > speech_threshold(noise_floor(levels)))
@@ -170,6 +176,8 @@ def trim_take(audio: np.ndarray, sample_rate: int, clip_seconds: float) -> np.nd
     kept = audio[max(0, start - margin) : end + margin]
     if np.max(np.abs(kept)) >= FULL_SCALE:
         raise TakeRefused("clipped: it reached full scale; speak further from the microphone or turn it down")
+    if voice and (heard := peak_probability(kept, sample_rate)) < MIN_VOICE:
+        raise TakeRefused(f"no voice: a sound, but speech to the voice detector at most {heard:.0%}")
     return kept
 
 

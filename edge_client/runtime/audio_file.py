@@ -23,13 +23,22 @@ def read_audio(path: Path, sample_rate: int) -> np.ndarray:
 
 
 def file_frames(
-    audio: np.ndarray, sample_rate: int, frame_size: int, silence_after: int = 0, realtime: bool = False
+    audio: np.ndarray,
+    sample_rate: int,
+    frame_size: int,
+    silence_after: int = 0,
+    realtime: bool = False,
+    frames_per_block: int = 1,
 ) -> Generator[np.ndarray, None, None]:
-    """Frames of audio followed by silence_after zero samples, paced at real speed if realtime."""
+    """Frames of audio followed by silence_after zero samples, paced at real speed if realtime.
+
+    Paced, the frames come frames_per_block at a time, as a microphone's blocks do.
+    """
     padding = silence_after + (-(len(audio) + silence_after)) % frame_size  # whole frames only
     audio = np.concatenate([audio, np.zeros(padding, dtype=np.float32)])
+    block = frame_size * max(1, frames_per_block)
     start = time.monotonic()
     for i in range(0, len(audio), frame_size):
-        if realtime:  # a frame is there once its last sample has been spoken
-            time.sleep(max(0.0, start + (i + frame_size) / sample_rate - time.monotonic()))
+        if realtime and i % block == 0:  # a block is there once its last sample has been spoken
+            time.sleep(max(0.0, start + min(i + block, len(audio)) / sample_rate - time.monotonic()))
         yield audio[i : i + frame_size]

@@ -33,9 +33,12 @@ def list_devices() -> str:
 
 
 def microphone_frames(
-    device: str | None, sample_rate: int, frame_size: int
+    device: str | None, sample_rate: int, frame_size: int, frames_per_block: int = 1
 ) -> Generator[np.ndarray, None, None]:
-    """Open an input device (name or index) at sample_rate, mono; its frames until the iterator is closed."""
+    """Open an input device (name or index) at sample_rate, mono; its frames until the iterator is closed.
+
+    PortAudio delivers frames_per_block frames at a time: one wake-up a block instead of one a frame.
+    """
     sd = _sounddevice()
     spec = int(device) if device is not None and device.isdigit() else device
     try:
@@ -53,20 +56,24 @@ def microphone_frames(
             device=index,
             channels=1,
             samplerate=sample_rate,
-            blocksize=frame_size,
+            blocksize=frame_size * max(1, frames_per_block),
             dtype="float32",
             callback=callback,
         )
         stream.start()  # frames queue up until the caller reads them
     except (ValueError, sd.PortAudioError) as exc:
         raise MicrophoneError(f"cannot record from {device or index!r} at {sample_rate} Hz: {exc}") from None
-    return _recorded(stream, blocks)
+    return _recorded(stream, blocks, frame_size)
 
 
-def _recorded(stream: Any, blocks: "queue.Queue[np.ndarray]") -> Generator[np.ndarray, None, None]:
-    """The stream's blocks as they come; closing the iterator stops and closes the stream."""
+def _recorded(
+    stream: Any, blocks: "queue.Queue[np.ndarray]", frame_size: int
+) -> Generator[np.ndarray, None, None]:
+    """The stream's blocks as they come, frame by frame; closing the iterator stops and closes the stream."""
     try:
         while True:
-            yield blocks.get()
+            block = blocks.get()
+            for start in range(0, len(block), frame_size):
+                yield block[start : start + frame_size]
     finally:
         stream.close()

@@ -26,6 +26,14 @@ sample rate and is written into a preallocated ring buffer that holds exactly on
    and after `max_segment_s` (a window: longer than a word). In a piece, missing windows count as zeros,
    so a piece of a window or two, a flicker, rarely reaches the threshold; a piece won by the word the
    piece before it detected holds the rest of that word and does not detect it again.
+5. Voice: an energy gate opens for any sound louder than the noise floor, a door or a clatter as much as
+   a word, and stays open through a sentence. So Silero VAD (voice_activity) hears every frame too, and
+   each classified window keeps the speech probability at its centre. A piece whose windows never reach
+   `min_voice` is noise and detects nothing. A segment whose last `max_segment_s` of windows, over all its
+   pieces, are voiced (`talk_voice`) over `talk_share` of them is talk, longer than any command: nothing
+   in it is detected, and no window is classified until it ends. So a piece decided in a segment's first
+   `max_segment_s` is held until the segment ends or has gone on that long without being talk.
+   `voice=False` leaves the energy gate alone.
 
 `swap` replaces the model between two frames: the ring buffer, the gate and the frame count go on
 untouched, so no audio is lost. The windows of the open segment are kept when the new model has the same
@@ -45,6 +53,7 @@ import numpy as np
 
 from fedspeech.edge_client.runtime.session import OnnxModel
 from fedspeech.edge_client.runtime.speech_gate import GateConfig, SpeechGate
+from fedspeech.edge_client.runtime.voice_activity import CHUNK_SECONDS, MIN_VOICE, VoiceActivity
 from fedspeech.protocol import onnx_metadata as meta
 from fedspeech.protocol.labels import is_word
 
@@ -70,6 +79,10 @@ class DetectorConfig:
     best_windows: int = 3
     max_segment_s: float = 1.0
     gate: GateConfig = field(default_factory=GateConfig)
+    voice: bool = True  # Silero VAD backs the gate; False: the energy gate alone
+    min_voice: float = MIN_VOICE  # a piece whose windows' speech probability never reaches this is noise
+    talk_voice: float = 0.3  # a window is voiced when the speech probability at its centre reaches this
+    talk_share: float = 0.8  # a segment voiced over this share of max_segment_s is talk
 
 
 @dataclass
@@ -147,6 +160,9 @@ class StreamingDetector:
             raise ValueError(f"hop ({self.config.hop_ms} ms) must be frames, and at most a window")
         if self.config.best_windows < 1:
             raise ValueError("best_windows must be at least 1")
+        for name in ("min_voice", "talk_voice", "talk_share"):
+            if not 0 <= getattr(self.config, name) <= 1:
+                raise ValueError(f"{name} must be between 0 and 1, not {getattr(self.config, name)}")
         given = self.config.threshold
         if given is not None and not 0 < given <= 1:
             raise ValueError(f"the threshold must be a probability in (0, 1], not {given}")
@@ -154,17 +170,27 @@ class StreamingDetector:
         self.frames = 0  # frames pushed since the start of the stream
         self.timings = StageTimes() if timings else None
         self.gate = SpeechGate(self.config.gate, self.frame_size / self.sample_rate)
+        self.voice = VoiceActivity(self.sample_rate) if self.config.voice else None
         self._ring = np.zeros(self.num_samples, dtype=np.float32)
         self._pos = 0  # where the next sample goes; also the oldest sample of the window
         self._window = np.zeros((1, self.num_samples), dtype=np.float32)
         window_frames = self.num_samples // self.frame_size
         self._speech = np.zeros(window_frames, dtype=bool)  # ring: is frame n % window_frames speech
+        self._voice = np.zeros(window_frames, dtype=np.float32)  # ring: the speech probability after frame n
+        # a frame's probability is known once the VAD's chunk that holds it is complete
+        self._voice_lag = math.ceil(CHUNK_SECONDS * self.sample_rate / self.frame_size)
         # the hop of frames centred on the window's centre, counted back from the newest frame
         centre = window_frames // 2 + self.hop_frames // 2
         self._centre_back = np.arange(centre - self.hop_frames + 1, centre + 1)
         self._max_windows = max(1, round(self.config.max_segment_s * 1000 / self.config.hop_ms))
         self._probabilities = np.zeros((self._max_windows, len(model.labels)), dtype=np.float32)
+        self._window_voice = np.zeros(self._max_windows, dtype=np.float32)  # at each window's centre
         self._collected = 0  # windows of the open segment in _probabilities
+        self._talk = False  # the open segment is talk: nothing is classified until it ends
+        self._heard = 0  # windows classified in the open segment, over all its pieces
+        self._voiced = np.zeros(self._max_windows, dtype=bool)  # ring: were the last ones voiced
+        # decided in a segment's first max_segment_s, before it is known not to be talk
+        self._pending: list[Detection] = []
         self._cut = False  # the open segment has been cut into pieces
         self._piece_word: str | None = None  # the word the piece before detected
         self._speech_end = 0  # the frame after the last speech frame seen at a window's centre
@@ -211,6 +237,8 @@ class StreamingDetector:
         self._pos = end % self.num_samples
         speech = min(self.gate.push(frame), len(self._speech))
         self._speech[self.frames % len(self._speech)] = False
+        if self.voice is not None:
+            self._voice[self.frames % len(self._voice)] = self.voice.push(frame)
         self.frames += 1
         if speech:
             self._speech[np.arange(self.frames - speech, self.frames) % len(self._speech)] = True
@@ -219,13 +247,37 @@ class StreamingDetector:
         return self._hop()
 
     def _hop(self) -> Detection | None:
-        """Classify the window if its centre is speech; decide the segment once the centre has left it."""
+        """Step the segment on by a hop; a detection once its segment is known not to be talk."""
+        decided = self._step()
+        if decided is not None:
+            self._pending.append(decided)
+        settled = self.voice is None or not self._heard or self._heard >= self._max_windows
+        return self._pending.pop(0) if self._pending and settled else None
+
+    def _step(self) -> Detection | None:
+        """Classify the window if its centre is speech; decide a piece, or the segment once the centre has
+        left it, or find it is talk.
+        """
         centre = self.frames - self._centre_back  # frame numbers, the latest first
         speech = np.flatnonzero(self._speech[centre % len(self._speech)])
-        if not len(speech):
-            return self._decide(ended=True) if self._collected else None
+        if not len(speech):  # the segment is over, or there is none
+            self._heard, self._talk = 0, False
+            if self._collected:
+                return self._decide(ended=True)
+            self._cut, self._piece_word = False, None
+            return None
+        if self._talk:
+            return None
         self._speech_end = int(centre[speech[0]]) + 1
         self._classify()
+        voice = float(self._voice[(centre + self._voice_lag) % len(self._voice)].max())
+        self._window_voice[self._collected - 1] = voice
+        self._voiced[self._heard % self._max_windows] = voice >= self.config.talk_voice
+        self._heard += 1
+        if self._is_talk():
+            self._talk, self._collected, self._cut, self._piece_word = True, 0, False, None
+            self._pending.clear()
+            return None
         n = self._collected
         if n == self._max_windows:
             return self._decide(ended=False)
@@ -257,16 +309,24 @@ class StreamingDetector:
         n = self._collected - keep
         whole = ended and not self._cut
         best, score = segment_score(self._probabilities[:n], self.config.best_windows, whole)
+        voiced = self.voice is None or self._window_voice[:n].max() >= self.config.min_voice
         self._probabilities[:keep] = self._probabilities[n : n + keep]
+        self._window_voice[:keep] = self._window_voice[n : n + keep]
         self._collected = keep
         label = self._labels[best]
         repeated = label == self._piece_word
-        detected = is_word(label) and score >= self.threshold and not repeated
+        detected = is_word(label) and score >= self.threshold and not repeated and voiced
         self._cut = not ended
         self._piece_word = label if (detected or repeated) and not ended else None
         if not detected:
             return None
         return Detection(label, score, self._speech_end * self.frame_size / self.sample_rate)
+
+    def _is_talk(self) -> bool:
+        """Whether the segment's last max_segment_s of windows are voiced over talk_share: talk."""
+        if self.voice is None or self._heard < self._max_windows:
+            return False
+        return bool(self._voiced.mean() >= self.config.talk_share)
 
     def _threshold_of(self, model: OnnxModel) -> tuple[float, str]:
         """The threshold to use with model, and where it comes from."""

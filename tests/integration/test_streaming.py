@@ -197,6 +197,12 @@ def test_segment_score_is_the_mean_of_the_best_windows():
     assert segment_score(probabilities[:1], 3, whole=False) == (0, pytest.approx(0.3))  # a piece of one
 
 
+def says_a(voice: bool = True) -> StreamingDetector:
+    """A detector, with timings, on a model that takes every window for the word a, confidently."""
+    model = ScriptedModel("a" * 1000)
+    return StreamingDetector(model, DetectorConfig(voice=voice), timings=True)  # type: ignore[arg-type]
+
+
 class ScriptedModel:
     """Stands in for an OnnxModel of 1 s at 8 kHz: answers each window with the next class of a script.
 
@@ -215,6 +221,14 @@ class ScriptedModel:
         return probabilities
 
 
+@pytest.mark.parametrize("seconds", [0.9, 1.0, 1.5])
+def test_a_word_cut_at_max_segment_does_not_hide_the_next(seconds):
+    """A segment cut at max_segment_s, ending right after the cut: the same word said next is detected."""
+    levels = [(0.5, QUIET), (seconds, 0.1), (PAUSE_S, QUIET), (0.5, 0.1), (1.5, QUIET)]
+    found = detect(says_a(voice=False), np.concatenate(frames_at(levels)))
+    assert [d.label for d in found] == ["a", "a"], [(d.label, d.time_s) for d in found]
+
+
 @pytest.mark.parametrize(
     "script, expected",
     [
@@ -227,6 +241,82 @@ class ScriptedModel:
 )
 def test_words_run_together_are_told_apart(script, expected):
     model = ScriptedModel(script + "_" * 20)
-    detector = StreamingDetector(model)  # type: ignore[arg-type]
+    # white noise stands in for the words: the energy gate alone, the VAD would veto it
+    detector = StreamingDetector(model, DetectorConfig(voice=False))  # type: ignore[arg-type]
     loud = np.concatenate(frames_at([(0.5, QUIET), (len(script) / 10, 0.1), (1.5, QUIET)]))
     assert [d.label for d in detect(detector, loud)] == expected
+
+
+# ---- voice: noise and talk the energy gate lets through ----
+
+
+def joined(names: list[str], pause_s: float = 0.0) -> np.ndarray:
+    """FSDD recordings one after the other, pause_s apart."""
+    pause = np.zeros(round(pause_s * RATE), np.float32)
+    parts = [soundfile.read(RECORDINGS / f"{name}.flac", dtype="float32")[0] for name in names]
+    return np.concatenate([x for part in parts for x in (part, pause)])
+
+
+# eight digits of six speakers, about 4 s of talk with no pause longer than the gate's hangover
+TALK = ["3_jackson_10", "7_george_20", "5_lucas_30", "0_nicolas_40", "9_theo_45", "1_yweweler_15"]
+TALK += ["2_jackson_0", "8_george_1"]
+
+
+def test_knocks_are_no_words():
+    """Loud bursts of noise open the gate like words; the model would take them for one, the VAD vetoes."""
+    bursts = []
+    for seconds in (0.3, 0.4, 0.5, 0.35, 0.45):
+        bursts += [(1.0, QUIET), (seconds, 0.1)]
+    audio = np.concatenate(frames_at(bursts + [(1.5, QUIET)]))
+    assert [d.label for d in detect(says_a(voice=False), audio)] == ["a"] * 5
+    assert detect(says_a(), audio) == []
+
+
+@pytest.mark.parametrize("pause_s", [0.0, 0.05])
+def test_talk_detects_nothing_and_stops_classifying(pause_s):
+    """Speech longer than any word: the energy gate alone hears a word in it, the VAD hears talk."""
+    talk = joined(TALK, pause_s)
+    assert len(talk) >= 3.5 * RATE
+    audio = np.concatenate([np.zeros(RATE, np.float32), talk, np.zeros(2 * RATE, np.float32)])
+    energy, voiced = says_a(voice=False), says_a()
+    assert detect(energy, audio) != []
+    assert detect(voiced, audio) == []
+    # the first max_segment_s of windows are classified, then nothing until the talk ends
+    assert voiced.timings.windows <= round(1000 * voiced.config.max_segment_s / voiced.config.hop_ms)
+    assert voiced.timings.windows < energy.timings.windows / 2
+
+
+def talk_then(word: str) -> tuple[np.ndarray, tuple[float, float]]:
+    """TALK, a pause between words (PAUSE_S), then a word on its own: the audio, and the word's span."""
+    pause = np.zeros(round(PAUSE_S * RATE), np.float32)
+    talk, command = joined(TALK), joined([word])
+    audio = np.concatenate([pause, talk, pause, command, np.zeros(RATE, np.float32)])
+    start = (2 * len(pause) + len(talk)) / RATE
+    return audio, (start, start + len(command) / RATE)
+
+
+def test_a_word_after_talk_is_heard():
+    """Talk stops the classifying until it ends; the word said after it is classified and detected."""
+    audio, (start, end) = talk_then("4_theo_2")
+    assert any(d.time_s < start for d in detect(says_a(voice=False), audio))  # a word in the talk
+    found = detect(says_a(), audio)
+    assert [d.label for d in found] == ["a"]
+    assert start < found[0].time_s <= end + 0.02
+
+
+@pytest.mark.parametrize("word", ["4_theo_2", "7_lucas_1", "9_george_4"])
+def test_talk_of_known_words_detects_only_the_word_after_it(calibrated, word):
+    """The real model on TALK, digits it knows run together: talk detects nothing, the word after it does."""
+    audio, (start, end) = talk_then(word)
+    found = detect(StreamingDetector(OnnxModel(calibrated)), audio)
+    assert [d.label for d in found] == [word[0]], [(d.label, d.time_s) for d in found]
+    assert start < found[0].time_s <= end + 0.02
+
+
+@pytest.mark.parametrize("name", ["min_voice", "talk_voice", "talk_share"])
+def test_voice_settings_are_probabilities(name):
+    for good in (0.0, 1.0):
+        StreamingDetector(ScriptedModel(""), DetectorConfig(**{name: good}))  # type: ignore[arg-type]
+    for bad in (-0.1, 1.5, float("nan")):
+        with pytest.raises(ValueError, match=f"{name} must be between 0 and 1"):
+            StreamingDetector(ScriptedModel(""), DetectorConfig(**{name: bad}))  # type: ignore[arg-type]

@@ -35,6 +35,7 @@ def test_inference_bench_measures_every_engine_and_the_listener(fsdd_model, tmp_
     # ten digits spoken by one held-out speaker, played in real time (accuracy is test_listen's business)
     assert 5 <= report["listen_detections"] <= 10
     assert 0 < report["listen_cpu_share"] < 1 and report["listen_peak_rss_mb"] > 10
+    assert 0 < report["listen_steady_share"] < report["listen_cpu_share"]
     # to its first detection `fedspeech listen` starts, loads the model and hears a word: more than an
     # interpreter start and a model load, and a part of the whole run
     print(f"cold start {report['cold_start_s']:.2f} s, at least {least_s:.2f} s, run {whole_s:.1f} s")

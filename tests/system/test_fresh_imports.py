@@ -1,7 +1,17 @@
 """Modules in a fresh interpreter: what they leave out of sys.modules (torch, broker and web libraries)."""
 
+import json
 import subprocess
 import sys
+
+
+def loaded(code: str, prefixes: tuple[str, ...]) -> list[str]:
+    """Run CODE in a fresh interpreter; the modules it left loaded whose names start with one of PREFIXES."""
+    names = f"sorted(m for m in sys.modules if m.startswith({prefixes!r}))"
+    script = f"{code}\nimport json, sys\nprint(json.dumps({names}))"
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    return json.loads(result.stdout.strip().splitlines()[-1])
 
 
 def test_the_round_loop_needs_no_torch_broker_or_web_framework():
@@ -25,3 +35,21 @@ def test_settings_are_checked_without_torch():
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
     assert result.stdout.split("\n")[:2] == ["['ClassPrior', 'Proximal', 'TimeBudget']", "False"]
+
+
+def test_hearing_voice_needs_no_torch():
+    """Running Silero VAD (the ONNX model on resampled audio) loads onnxruntime and no torch."""
+    code = (
+        "import numpy as np\n"
+        "from fedspeech.edge_client.runtime.voice_activity import VoiceActivity\n"
+        "voice = VoiceActivity(8000)\n"
+        "for _ in range(10):\n"
+        "    voice.push(np.zeros(80, np.float32))\n"
+    )
+    names = loaded(code, ("torch", "onnxruntime"))
+    assert "onnxruntime" in names
+    assert [name for name in names if name.startswith("torch")] == []
+
+
+def test_recording_needs_neither_torch_nor_the_coordinator():
+    assert loaded("import fedspeech.edge_client.recording", ("torch", "fedspeech.coordinator")) == []

@@ -418,14 +418,21 @@ def test_a_listener_started_first_says_why_it_waits_and_takes_the_model_over_htt
 # ---- a virtual microphone ----
 
 
-def hear_through_microphone(virtual_microphone, processes, model: str, wav: Path, name: str) -> list:
-    """Play wav into the virtual microphone while `fedspeech listen` listens to it; its detections."""
+def hear_through_microphone(
+    virtual_microphone, processes, model: str, wav: Path, name: str, *more: Path
+) -> list:
+    """Play wav (and more files, all at once) into the virtual microphone while `fedspeech listen` listens
+    to it; its detections.
+    """
     proc = processes.start(name, "listen", "--model", model, "--device", "pulse", "--timings")
     log = proc.log_path
     wait_for(lambda: "listening to input device pulse" in log.read_text(), 30, "the microphone opened")
     time.sleep(1.0)  # PortAudio's stream is running
-    play = ["paplay", "--device=fedspeech_mic", str(wav)]
-    subprocess.run(play, env=virtual_microphone, check=True, timeout=60)
+    players = [
+        subprocess.Popen(["paplay", "--device=fedspeech_mic", str(path)], env=virtual_microphone)
+        for path in (wav, *more)
+    ]  # PulseAudio mixes them in the sink, as a room mixes a voice and a noise
+    assert all(player.wait(timeout=60) == 0 for player in players)
     time.sleep(1.5)  # the last word's windows
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(timeout=20) == 0
@@ -456,3 +463,33 @@ def test_noisy_speech_at_10_db_through_pulseaudio(virtual_microphone, models, pr
     soundfile.write(wav, audio + noise, RATE, subtype="FLOAT")
     found = hear_through_microphone(virtual_microphone, processes, str(models["model"]), wav, "listen-noisy")
     assert_digits_in_order([label for _, label, _ in found], at_least=NOISY_AT_LEAST)
+
+
+QUIET_AT_LEAST = 7  # of a quiet speaker's ten digits with a noise source 10 dB below his voice
+
+
+def test_a_quiet_voice_and_a_noise_source_together_through_pulseaudio(
+    virtual_microphone, models, processes, tmp_path
+):
+    # theo speaks about 20 dB below jackson; a second player plays real background noise (the bundled
+    # Speech Commands clips) 10 dB below his words' power, starting 2 s before him and ending 2 s after
+    voice, spans = digits_audio(speaker="theo", take=0, seed=4)
+    speech = np.concatenate([voice[round(s * RATE) : round(e * RATE)] for s, e in spans])
+    assert np.sqrt(np.mean(np.square(speech))) < 0.02  # quiet: under -34 dBFS
+    lead = np.zeros(2 * RATE, np.float32)
+    voice = np.concatenate([lead, voice, lead])
+    clips = sorted((RECORDINGS.parents[1] / "_background_noise_").glob("*.flac"))
+    loud = [a for a in (soundfile.read(p, dtype="float32")[0] for p in clips) if np.std(a) > 1e-3]
+    noise = soxr.resample(np.concatenate(loud * 2), 16000, RATE)[: len(voice)].astype(np.float32)
+    noise *= np.sqrt(np.mean(np.square(speech)) / 10 ** (10 / 10) / np.mean(np.square(noise)))
+    soundfile.write(tmp_path / "voice.wav", voice, RATE, subtype="FLOAT")
+    soundfile.write(tmp_path / "noise.wav", noise, RATE, subtype="FLOAT")
+    found = hear_through_microphone(
+        virtual_microphone,
+        processes,
+        str(models["model"]),
+        tmp_path / "voice.wav",
+        "listen-quiet",
+        tmp_path / "noise.wav",
+    )
+    assert_digits_in_order([label for _, label, _ in found], at_least=QUIET_AT_LEAST)
