@@ -266,6 +266,9 @@ def _add_listen_bench_parser(bench_subparsers: argparse._SubParsersAction) -> No
     )
     p.add_argument("--threshold", type=float, help="override the listener's detection threshold")
     p.add_argument(
+        "--no-vad", action="store_true", help="the listener's energy gate alone, no voice detector"
+    )
+    p.add_argument(
         "--words", type=int, help="only the first N words of the shuffled stream (default all 300)"
     )
     p.add_argument("--keep-audio", action="store_true", help="keep the streams' WAV files under OUT/audio")

@@ -128,7 +128,7 @@ def listen_to_digits(model: Path, wav: Path) -> tuple[list[str], list[str]]:
     rate = load_model(model).sample_rate
     clips = server_test_clips(corpus)  # the coordinator's held-out set: no device trained on them
     stream = build_stream(clips, corpus.labels, rate, LISTEN_PAUSE_S, seed=0, words=LISTEN_WORDS)
-    detections = sorted(hear(model, stream, wav, None), key=lambda d: d.time_s)
+    detections = sorted(hear(model, stream, wav), key=lambda d: d.time_s)
     return [w.label for w in stream.words], [d.label for d in detections]
 
 

@@ -23,10 +23,10 @@ each brought to one level (those under -60 dBFS, near digital silence, left out)
 shuffled order and looped to length. Without --data-dir those conditions and talk are skipped.
 
 Every stream is written as a WAV file and heard by `run_listen`, the code `fedspeech listen --input` runs,
-with the listener's own settings (--threshold overrides its threshold); a stream longer than the longest
-file it reads (MAX_INPUT_SECONDS) is heard in equal parts, each afresh. The words it detects, in time
-order, are aligned with the words spoken (word_alignment): detected in order = hits / words; wrong or
-extra = substitutions + insertions; misses = deletions.
+with the listener's own settings (--threshold overrides its threshold, --no-vad leaves its energy gate
+alone); a stream longer than the longest file it reads (MAX_INPUT_SECONDS) is heard in equal parts, each
+afresh. The words it detects, in time order, are aligned with the words spoken (word_alignment): detected
+in order = hits / words; wrong or extra = substitutions + insertions; misses = deletions.
 """
 
 import argparse
@@ -89,6 +89,7 @@ class ListenBenchConfig:
     noise_minutes: float = 5.0
     talk_minutes: float = 30.0  # 0: no talk
     threshold: float | None = None  # None: the listener's default
+    voice: bool = True  # False: the listener's energy gate without its voice detector (--no-vad)
     words: int | None = None  # the first N words of the shuffled stream; None: all
     keep_audio: bool = False
     command: str = ""  # the command line, for the report
@@ -111,7 +112,9 @@ class ConditionScore:
         return false_per_hour(self) if self.words == 0 else None
 
 
-def hear(model: Path, stream: Stream, wav: Path, threshold: float | None) -> list[Detection]:
+def hear(
+    model: Path, stream: Stream, wav: Path, threshold: float | None = None, voice: bool = True
+) -> list[Detection]:
     """The words `fedspeech listen --input` detects in the stream, written to wav first (a longer stream
     than it reads, in equal parts: wav's stem -1, -2, ...).
     """
@@ -122,8 +125,7 @@ def hear(model: Path, stream: Stream, wav: Path, threshold: float | None) -> lis
         path = wav if len(parts) == 1 else wav.with_name(f"{wav.stem}-{n}{wav.suffix}")
         soundfile.write(path, audio, rate, subtype="FLOAT")  # no clipping, no rounding
         config = ListenConfig(model=model, input=path)
-        if threshold is not None:
-            config.detector = replace(config.detector, threshold=threshold)
+        config.detector = replace(config.detector, threshold=threshold, voice=voice)  # None: its own
         heard = run_listen(config, out=io.StringIO())
         detections += [replace(d, time_s=d.time_s + start / rate) for d in heard if is_word(d.label)]
         start += len(audio)
@@ -203,7 +205,9 @@ def bench_model(
         progress.start_run(f"{name}: {condition}")
         start = time.monotonic()
         wav = audio_dir / f"{name}-{condition.replace(' ', '-').replace(',', '')}.wav"
-        result = score(condition, heard, hear(path, heard, wav, cfg.threshold), time.monotonic() - start)
+        result = score(
+            condition, heard, hear(path, heard, wav, cfg.threshold, cfg.voice), time.monotonic() - start
+        )
         progress.end_run()
         progress.say(f"{name}: {condition}: {summary(result)} ({result.seconds:.1f} s)")
         results.append(result)
@@ -436,6 +440,7 @@ def run_from_args(args: argparse.Namespace) -> None:
             noise_minutes=args.noise_minutes,
             talk_minutes=args.talk_minutes,
             threshold=args.threshold,
+            voice=not args.no_vad,
             words=args.words,
             keep_audio=args.keep_audio,
             command=shlex.join(["fedspeech", *sys.argv[1:]]),

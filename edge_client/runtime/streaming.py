@@ -33,7 +33,8 @@ sample rate and is written into a preallocated ring buffer that holds exactly on
    pieces, are voiced (`talk_voice`) over `talk_share` of them is talk, longer than any command: nothing
    in it is detected, and no window is classified until it ends. So a piece decided in a segment's first
    `max_segment_s` is held until the segment ends or has gone on that long without being talk.
-   `voice=False` leaves the energy gate alone.
+   The VAD rests while the gate hears no sound (see `_hear_voice`). `voice=False` leaves the energy gate
+   alone.
 
 `swap` replaces the model between two frames: the ring buffer, the gate and the frame count go on
 untouched, so no audio is lost. The windows of the open segment are kept when the new model has the same
@@ -56,6 +57,8 @@ from fedspeech.edge_client.runtime.speech_gate import GateConfig, SpeechGate
 from fedspeech.edge_client.runtime.voice_activity import CHUNK_SECONDS, MIN_VOICE, VoiceActivity
 from fedspeech.protocol import onnx_metadata as meta
 from fedspeech.protocol.labels import is_word
+
+CATCH_UP_S = 0.3  # audio the VAD hears first when the gate hears a sound again after a rest
 
 DEFAULT_THRESHOLD = 0.6  # for a model without a calibrated threshold
 
@@ -179,6 +182,8 @@ class StreamingDetector:
         self._voice = np.zeros(window_frames, dtype=np.float32)  # ring: the speech probability after frame n
         # a frame's probability is known once the VAD's chunk that holds it is complete
         self._voice_lag = math.ceil(CHUNK_SECONDS * self.sample_rate / self.frame_size)
+        self._catch_up = min(window_frames - 1, round(CATCH_UP_S * self.sample_rate / self.frame_size))
+        self._voice_resting = True  # the gate has heard no sound since the VAD last heard a frame
         # the hop of frames centred on the window's centre, counted back from the newest frame
         centre = window_frames // 2 + self.hop_frames // 2
         self._centre_back = np.arange(centre - self.hop_frames + 1, centre + 1)
@@ -238,13 +243,32 @@ class StreamingDetector:
         speech = min(self.gate.push(frame), len(self._speech))
         self._speech[self.frames % len(self._speech)] = False
         if self.voice is not None:
-            self._voice[self.frames % len(self._voice)] = self.voice.push(frame)
+            self._hear_voice(self.voice, frame, speech)
         self.frames += 1
         if speech:
             self._speech[np.arange(self.frames - speech, self.frames) % len(self._speech)] = True
         if self.frames % self.hop_frames:
             return None
         return self._hop()
+
+    def _hear_voice(self, voice: VoiceActivity, frame: np.ndarray, speech: int) -> None:
+        """The VAD hears the frame while the gate hears a sound, and rests while it hears none: silence and
+        steady noise cost it nothing. Starting again, it first hears the ring's last CATCH_UP_S, so the
+        frames before the gate opened (a word's soft start) have a probability too. Its state is not reset:
+        the last it heard was the gate's hangover of quiet, and it goes on with the quiet before the sound,
+        as if the rest had been cut out.
+        """
+        if not (speech or self.gate.is_open):
+            self._voice[self.frames % len(self._voice)] = 0.0
+            self._voice_resting = True
+            return
+        if self._voice_resting:
+            back = min(self._catch_up, self.frames)
+            heard = np.roll(self._ring, -self._pos)[-(back + 1) * self.frame_size : -self.frame_size]
+            for k, earlier in enumerate(heard.reshape(back, self.frame_size)):
+                self._voice[(self.frames - back + k) % len(self._voice)] = voice.push(earlier)
+            self._voice_resting = False
+        self._voice[self.frames % len(self._voice)] = voice.push(frame)
 
     def _hop(self) -> Detection | None:
         """Step the segment on by a hop; a detection once its segment is known not to be talk."""

@@ -158,9 +158,9 @@ def test_models_are_named_by_stem_or_given_names_and_checked(fsdd_model, tmp_pat
 
 
 def test_a_stream_longer_than_the_listener_reads_is_heard_in_parts(fsdd_model, stream, tmp_path, monkeypatch):
-    whole = hear(fsdd_model.onnx_path, stream, tmp_path / "whole.wav", None)
+    whole = hear(fsdd_model.onnx_path, stream, tmp_path / "whole.wav")
     monkeypatch.setattr(listen, "MAX_INPUT_SECONDS", len(stream.audio) / RATE / 2.5)  # in 3 parts
-    parts = hear(fsdd_model.onnx_path, stream, tmp_path / "parts.wav", None)
+    parts = hear(fsdd_model.onnx_path, stream, tmp_path / "parts.wav")
     assert sorted(p.name for p in tmp_path.glob("parts*.wav")) == [f"parts-{n}.wav" for n in (1, 2, 3)]
     sizes = [len(soundfile.read(tmp_path / f"parts-{n}.wav")[0]) for n in (1, 2, 3)]
     assert sum(sizes) == len(stream.audio) and max(sizes) - min(sizes) <= 1

@@ -9,6 +9,7 @@ import soundfile
 from fedspeech.edge_client.runtime.session import OnnxModel
 from fedspeech.edge_client.runtime.speech_gate import FLOOR_BLOCK_S, GateConfig, SpeechGate
 from fedspeech.edge_client.runtime.streaming import (
+    CATCH_UP_S,
     DEFAULT_THRESHOLD,
     Detection,
     DetectorConfig,
@@ -270,6 +271,29 @@ def test_knocks_are_no_words():
     audio = np.concatenate(frames_at(bursts + [(1.5, QUIET)]))
     assert [d.label for d in detect(says_a(voice=False), audio)] == ["a"] * 5
     assert detect(says_a(), audio) == []
+
+
+def test_the_vad_rests_while_the_gate_hears_no_sound():
+    """Silence costs the VAD nothing; a sound wakes it, and it hears the CATCH_UP_S before the sound first."""
+    detector = says_a()
+    assert detector.voice is not None
+    heard: list[np.ndarray] = []
+    push = detector.voice.push
+    detector.voice.push = lambda frame: heard.append(frame.copy()) or push(frame)  # type: ignore[method-assign]
+    frames = frames_at([(2.0, QUIET), (0.3, 0.1), (2.0, QUIET)])
+    for frame in frames[:200]:
+        detector.push(frame)
+    assert heard == []
+    for frame in frames[200:]:
+        detector.push(frame)
+    opened = 200 + round(GateConfig().min_speech_s * 100) - 1  # the frame that opens the gate
+    back = round(CATCH_UP_S * 100)
+    assert np.array_equal(
+        np.concatenate(heard[: back + 1]), np.concatenate(frames[opened - back : opened + 1])
+    )
+    # then the sound and the hangover, not the quiet after it
+    hangover = round(GateConfig().hangover_s * 100)
+    assert len(heard) == back + (230 - opened) + hangover - 1
 
 
 @pytest.mark.parametrize("pause_s", [0.0, 0.05])
