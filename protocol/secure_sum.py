@@ -1,0 +1,148 @@
+"""Secure aggregation's arithmetic, after Bonawitz et al. 2017, "Practical Secure Aggregation for
+Privacy-Preserving Machine Learning": pure functions, no network.
+
+A device's update is clipped and scaled to fixed point, an integer modulo 2^32 per weight, then masked:
+a self mask expanded from a seed of its own, and for every other device of the round a pairwise mask
+expanded from the seed its X25519 agreement with that device gives, added by the lower id of the two and
+subtracted by the higher, so that pairwise masks cancel in the sum. One masked vector alone is uniform
+noise. To unmask the sum, the coordinator takes away the survivors' self masks, from seeds rebuilt from
+their Shamir shares, and the pairwise masks that did not cancel because a device dropped out after the
+agreement, from that device's private key rebuilt the same way. Shares are t of n: fewer than t holders
+learn nothing of a secret (Shamir's secret sharing, from pycryptodome).
+"""
+
+import os
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+from Cryptodome.Protocol.SecretSharing import Shamir
+from cryptography.hazmat.primitives import hashes
+from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X25519PublicKey
+from cryptography.hazmat.primitives.ciphers import Cipher, algorithms
+from cryptography.hazmat.primitives.kdf.hkdf import HKDF
+
+SEED_BYTES = 32  # a ChaCha20 key
+_BLOCK = 16  # Shamir shares 16-byte secrets: longer ones are shared a block at a time
+_RING = np.uint32  # arithmetic modulo 2^32, numpy's own wrap-around
+_MAX_SUM = 2**31 - 1  # the largest magnitude a signed sum can reach without wrapping
+
+
+@dataclass(frozen=True)
+class FixedPoint:
+    """Floats in [-clip, clip] as integers modulo 2^32, scaled so that the sum of `devices` of them never
+    wraps; the decoded sum is off by at most `max_error` per weight.
+    """
+
+    clip: float
+    devices: int
+
+    def __post_init__(self) -> None:
+        if not self.clip > 0:
+            raise ValueError(f"the clip must be positive, not {self.clip}")
+        if not 1 <= self.devices <= 100_000:
+            raise ValueError(f"devices must be between 1 and 100000, not {self.devices}")
+
+    @property
+    def scale(self) -> float:
+        """Integer steps per unit: the sum of `devices` values at the clip stays within a signed 32 bits."""
+        return _MAX_SUM // self.devices / self.clip
+
+    @property
+    def max_error(self) -> float:
+        """The most a decoded sum of `devices` encodings can differ from the exact sum, per weight."""
+        return self.devices * 0.5 / self.scale
+
+    def encode(self, values: np.ndarray) -> np.ndarray:
+        """values clipped to [-clip, clip], rounded to the nearest step, as uint32 (two's complement)."""
+        clipped = np.clip(np.asarray(values, dtype=np.float64), -self.clip, self.clip)
+        return np.rint(clipped * self.scale).astype(np.int64).astype(_RING)
+
+    def decode(self, total: np.ndarray) -> np.ndarray:
+        """The float sum of at most `devices` encodings summed modulo 2^32."""
+        return np.asarray(total, dtype=_RING).view(np.int32).astype(np.float64) / self.scale
+
+
+def expand(seed: bytes, length: int) -> np.ndarray:
+    """length pseudo-random uint32 from a 32-byte seed: the ChaCha20 key stream under a zero nonce (each
+    seed is used for one vector only: self seeds are drawn anew each round, pairwise ones bound to it).
+    """
+    if len(seed) != SEED_BYTES:
+        raise ValueError(f"a seed has {SEED_BYTES} bytes, not {len(seed)}")
+    stream = Cipher(algorithms.ChaCha20(seed, bytes(16)), mode=None).encryptor()
+    return np.frombuffer(stream.update(bytes(4 * length)), dtype="<u4").astype(_RING)
+
+
+def new_seed() -> bytes:
+    """A fresh self-mask seed from the operating system's random source."""
+    return os.urandom(SEED_BYTES)
+
+
+def pair_seed(own: X25519PrivateKey, peer: X25519PublicKey, context: bytes) -> bytes:
+    """The seed two devices share: their X25519 agreement through HKDF-SHA256, bound to context (the round
+    and the two ids), so that neither the coordinator nor another round can reuse it.
+    """
+    kdf = HKDF(
+        algorithm=hashes.SHA256(), length=SEED_BYTES, salt=None, info=b"fedspeech pair mask " + context
+    )
+    return kdf.derive(own.exchange(peer))
+
+
+def pair_mask(own_id: str, peer_id: str, seed: bytes, length: int) -> np.ndarray:
+    """The pairwise mask own_id adds for peer_id: the seed's expansion, negated by the higher id."""
+    if own_id == peer_id:
+        raise ValueError(f"a device shares no pairwise mask with itself ({own_id!r})")
+    stream = expand(seed, length)
+    return stream if own_id < peer_id else (_RING(0) - stream)
+
+
+def mask(encoded: np.ndarray, own_id: str, self_seed: bytes, pair_seeds: Mapping[str, bytes]) -> np.ndarray:
+    """A device's encoded update, plus its self mask and its pairwise mask with each other device."""
+    masked = np.asarray(encoded, dtype=_RING) + expand(self_seed, len(encoded))
+    for peer_id, seed in pair_seeds.items():
+        masked += pair_mask(own_id, peer_id, seed, len(encoded))
+    return masked
+
+
+def unmask(
+    total: np.ndarray, self_seeds: Iterable[bytes], dropped_pairs: Iterable[tuple[str, str, bytes]]
+) -> np.ndarray:
+    """The sum of the survivors' encoded updates, from the sum of their masked ones: less each survivor's
+    self mask, and less each (survivor, dropped device, seed) pairwise mask that has no partner in the sum.
+    """
+    plain = np.array(total, dtype=_RING)
+    for seed in self_seeds:
+        plain -= expand(seed, len(plain))
+    for survivor, dropped, seed in dropped_pairs:
+        plain -= pair_mask(survivor, dropped, seed, len(plain))
+    return plain
+
+
+def split_secret(secret: bytes, threshold: int, holders: int) -> list[bytes]:
+    """Shamir shares of secret (a multiple of 16 bytes), one per holder in order: any `threshold` of
+    them rebuild it, fewer reveal nothing.
+    """
+    if not secret or len(secret) % _BLOCK:
+        raise ValueError(f"a shared secret is a positive multiple of {_BLOCK} bytes, not {len(secret)}")
+    if not 2 <= threshold <= holders <= 255:
+        raise ValueError(f"need 2 <= threshold <= holders <= 255, not {threshold} of {holders}")
+    pieces = [secret[i : i + _BLOCK] for i in range(0, len(secret), _BLOCK)]
+    blocks = [Shamir.split(threshold, holders, piece, ssss=False) for piece in pieces]
+    return [b"".join(block[holder][1] for block in blocks) for holder in range(holders)]
+
+
+def combine_secret(shares: Mapping[int, bytes], threshold: int) -> bytes:
+    """The secret from at least `threshold` shares, keyed by holder position (0-based, as split_secret
+    handed them out). A wrong share gives a wrong secret, not an error: check the result against what the
+    secret's owner published (its public key, its seed's digest).
+    """
+    if len(shares) < threshold:
+        raise ValueError(f"{len(shares)} shares cannot rebuild a secret that needs {threshold}")
+    lengths = {len(share) for share in shares.values()}
+    if len(lengths) != 1 or (length := lengths.pop()) % _BLOCK or not length:
+        raise ValueError("shares of one secret have one length, a positive multiple of 16 bytes")
+    chosen: Sequence[tuple[int, bytes]] = sorted(shares.items())[:threshold]
+    return b"".join(
+        Shamir.combine([(holder + 1, share[i : i + _BLOCK]) for holder, share in chosen], ssss=False)
+        for i in range(0, length, _BLOCK)
+    )
