@@ -42,7 +42,16 @@ def missing_command(args: argparse.Namespace) -> None:
 TRAIN = ("torch", "onnx", "onnxscript")
 EXTRAS = {
     "train": TRAIN,
-    "coordinator": (*TRAIN, "flask", "hypercorn", "amqtt", "matplotlib", "scipy", "prometheus_client"),
+    "coordinator": (
+        *TRAIN,
+        "flask",
+        "hypercorn",
+        "amqtt",
+        "matplotlib",
+        "scipy",
+        "prometheus_client",
+        "dp_accounting",
+    ),
     "audio": ("sounddevice",),
 }
 # the extra each of fedspeech's commands needs (listen: for a microphone only)

@@ -12,7 +12,8 @@ from fedspeech import installed_commands
 from fedspeech.installed_commands import EXTRAS, extra_of, require_extra
 
 PYPROJECT = Path(__file__).resolve().parents[2] / "pyproject.toml"
-IMPORT_NAMES = {"prometheus-client": "prometheus_client"}  # distributions imported under another name
+# distributions imported under another name
+IMPORT_NAMES = {"prometheus-client": "prometheus_client", "dp-accounting": "dp_accounting"}
 
 
 def _declared(extras: dict[str, list[str]], extra: str) -> set[str]:
