@@ -8,18 +8,23 @@ subtracted by the higher, so that pairwise masks cancel in the sum. One masked v
 noise. To unmask the sum, the coordinator takes away the survivors' self masks, from seeds rebuilt from
 their Shamir shares, and the pairwise masks that did not cancel because a device dropped out after the
 agreement, from that device's private key rebuilt the same way. Shares are t of n: fewer than t holders
-learn nothing of a secret (Shamir's secret sharing, from pycryptodome).
+learn nothing of a secret (Shamir's secret sharing, from pycryptodome). Devices hand each other their
+shares through the coordinator sealed (ChaCha20-Poly1305 under a second agreed key), and a rebuilt
+secret is checked against what its owner published, which tells a wrong share from a right one.
 """
 
+import itertools
 import os
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 from Cryptodome.Protocol.SecretSharing import Shamir
+from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X25519PublicKey
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms
+from cryptography.hazmat.primitives.ciphers.aead import ChaCha20Poly1305
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
 SEED_BYTES = 32  # a ChaCha20 key
@@ -78,14 +83,37 @@ def new_seed() -> bytes:
     return os.urandom(SEED_BYTES)
 
 
-def pair_seed(own: X25519PrivateKey, peer: X25519PublicKey, context: bytes) -> bytes:
-    """The seed two devices share: their X25519 agreement through HKDF-SHA256, bound to context (the round
-    and the two ids), so that neither the coordinator nor another round can reuse it.
+def _agreed(own: X25519PrivateKey, peer: X25519PublicKey, purpose: bytes, context: bytes) -> bytes:
+    """32 bytes two devices derive alike: their X25519 agreement through HKDF-SHA256, bound to a purpose
+    and a context (the round and the two ids), so that no other use or round can reuse them.
     """
-    kdf = HKDF(
-        algorithm=hashes.SHA256(), length=SEED_BYTES, salt=None, info=b"fedspeech pair mask " + context
-    )
+    kdf = HKDF(algorithm=hashes.SHA256(), length=SEED_BYTES, salt=None, info=purpose + b"\0" + context)
     return kdf.derive(own.exchange(peer))
+
+
+def pair_seed(own: X25519PrivateKey, peer: X25519PublicKey, context: bytes) -> bytes:
+    """The seed of the pairwise mask two devices share."""
+    return _agreed(own, peer, b"fedspeech pair mask", context)
+
+
+def seal_share(own: X25519PrivateKey, peer: X25519PublicKey, context: bytes, share: bytes) -> bytes:
+    """A share for peer, which only peer can open, through the coordinator: ChaCha20-Poly1305 under the
+    key of their agreement, context (the round, sender and receiver) authenticated with it.
+    """
+    nonce = os.urandom(12)
+    key = _agreed(own, peer, b"fedspeech share", context)
+    return nonce + ChaCha20Poly1305(key).encrypt(nonce, share, context)
+
+
+def open_share(own: X25519PrivateKey, peer: X25519PublicKey, context: bytes, sealed: bytes) -> bytes:
+    """The share peer sealed for this device; ValueError if it was altered, or sealed for another context."""
+    if len(sealed) < 12 + 16:
+        raise ValueError(f"a sealed share has at least 28 bytes, not {len(sealed)}")
+    key = _agreed(own, peer, b"fedspeech share", context)
+    try:
+        return ChaCha20Poly1305(key).decrypt(sealed[:12], sealed[12:], context)
+    except InvalidTag:
+        raise ValueError("a sealed share that does not open: altered, or sealed for another round") from None
 
 
 def pair_mask(own_id: str, peer_id: str, seed: bytes, length: int) -> np.ndarray:
@@ -145,4 +173,28 @@ def combine_secret(shares: Mapping[int, bytes], threshold: int) -> bytes:
     return b"".join(
         Shamir.combine([(holder + 1, share[i : i + _BLOCK]) for holder, share in chosen], ssss=False)
         for i in range(0, length, _BLOCK)
+    )
+
+
+def rebuild_checked(
+    shares: Mapping[int, bytes], threshold: int, check: Callable[[bytes], bool], max_tries: int = 1000
+) -> tuple[bytes, set[int]]:
+    """The secret that passes check (it matches its owner's published key or digest), rebuilt from some
+    `threshold` of the shares, and the holders whose share disagrees with it. ValueError when no subset
+    tried passes: too many wrong shares to tell which.
+    """
+    holders = sorted(shares)
+    for chosen in itertools.islice(itertools.combinations(holders, threshold), max_tries):
+        secret = combine_secret({h: shares[h] for h in chosen}, threshold)
+        if not check(secret):
+            continue
+        good = chosen[:-1]  # each other share, with threshold - 1 good ones, must rebuild the same secret
+        wrong = {
+            h
+            for h in holders
+            if h not in chosen and combine_secret({g: shares[g] for g in (*good, h)}, threshold) != secret
+        }
+        return secret, wrong
+    raise ValueError(
+        f"no {threshold} of the {len(shares)} shares tried rebuild the secret its owner published"
     )

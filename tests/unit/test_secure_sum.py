@@ -11,7 +11,10 @@ from fedspeech.protocol.secure_sum import (
     expand,
     mask,
     new_seed,
+    open_share,
     pair_seed,
+    rebuild_checked,
+    seal_share,
     split_secret,
     unmask,
 )
@@ -136,6 +139,41 @@ def test_pair_seeds_agree_both_ways_and_depend_on_the_context():
     assert ab == pair_seed(b, a.public_key(), b"round 1")
     assert ab != pair_seed(a, b.public_key(), b"round 2")
     assert not np.array_equal(expand(ab, 8), expand(pair_seed(a, b.public_key(), b"round 2"), 8))
+
+
+def test_a_sealed_share_opens_for_its_receiver_in_its_round_only():
+    sender, receiver, outsider = (X25519PrivateKey.generate() for _ in range(3))
+    sealed = seal_share(sender, receiver.public_key(), b"round 3|a|b", b"share bytes")
+    assert open_share(receiver, sender.public_key(), b"round 3|a|b", sealed) == b"share bytes"
+    assert b"share bytes" not in sealed
+    refusals = [
+        (receiver, b"round 4|a|b", sealed),  # replayed into another round
+        (outsider, b"round 3|a|b", sealed),  # the coordinator, or a third device
+        (receiver, b"round 3|a|b", sealed[:-1] + bytes([sealed[-1] ^ 1])),  # altered
+        (receiver, b"round 3|a|b", sealed[:20]),  # cut short
+    ]
+    for key, context, payload in refusals:
+        with pytest.raises(ValueError, match="sealed share"):
+            open_share(key, sender.public_key(), context, payload)
+
+
+def test_a_wrong_share_is_found_and_the_secret_still_rebuilt():
+    key = X25519PrivateKey.generate()
+    published = key.public_key().public_bytes_raw()
+
+    def matches(secret: bytes) -> bool:
+        return X25519PrivateKey.from_private_bytes(secret).public_key().public_bytes_raw() == published
+
+    shares = dict(enumerate(split_secret(key.private_bytes_raw(), 3, 6)))
+    shares[1] = bytes(32)  # a device that lies about the share it holds
+    secret, wrong = rebuild_checked(shares, 3, matches)
+    assert secret == key.private_bytes_raw()
+    assert wrong == {1}
+    # too many liars to tell: refused, never a wrong secret
+    for liar in (0, 2, 3, 4):
+        shares[liar] = bytes(32)
+    with pytest.raises(ValueError, match="no 3 of the 6 shares"):
+        rebuild_checked(shares, 3, matches)
 
 
 @pytest.mark.parametrize(
