@@ -176,8 +176,11 @@ def combine_secret(shares: Mapping[int, bytes], threshold: int) -> bytes:
     )
 
 
+Check = Callable[[bytes], bool]  # whether a rebuilt secret is the one its owner published
+
+
 def rebuild_checked(
-    shares: Mapping[int, bytes], threshold: int, check: Callable[[bytes], bool], max_tries: int = 1000
+    shares: Mapping[int, bytes], threshold: int, check: Check, max_tries: int = 1000
 ) -> tuple[bytes, set[int]]:
     """The secret that passes check (it matches its owner's published key or digest), rebuilt from some
     `threshold` of the shares, and the holders whose share disagrees with it. ValueError when no subset

@@ -27,7 +27,10 @@ def independently(noise_multiplier: float, sampling_rate: float, rounds: int, de
     ("noise_multiplier", "sampling_rate", "rounds"), [(1.0, 1.0, 30), (1.1, 0.06, 20), (4.0, 1.0, 5)]
 )
 def test_epsilon_after_each_round_is_the_accountants(noise_multiplier, sampling_rate, rounds):
-    spent = [epsilon_spent(noise_multiplier, sampling_rate, r, 1e-5) for r in sorted({0, 1, 2, rounds // 2, rounds})]
+    spent = [
+        epsilon_spent(noise_multiplier, sampling_rate, r, 1e-5)
+        for r in sorted({0, 1, 2, rounds // 2, rounds})
+    ]
     assert spent[0] == 0.0
     assert spent[-1] == pytest.approx(independently(noise_multiplier, sampling_rate, rounds, 1e-5), rel=1e-9)
     assert all(a < b for a, b in zip(spent[1:], spent[2:], strict=False))  # every round costs

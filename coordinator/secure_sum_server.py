@@ -1,0 +1,180 @@
+"""The coordinator's part in one secure-sum round: it relays adverts and sealed shares, sums the masked
+updates, and unmasks the sum from the shares the survivors give up. It sees no device's update alone.
+
+Every message is checked before it counts; a device whose message fails a check is refused with the
+reason (the caller logs it and leaves the device out), and a round left with fewer devices than the
+threshold fails rather than give a wrong sum. protocol.secure_sum_phases has the phases.
+"""
+
+from collections.abc import Mapping
+
+import numpy as np
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X25519PublicKey
+
+from fedspeech.protocol import secure_sum as ss
+from fedspeech.protocol.bounds import ProtocolError
+from fedspeech.protocol.secure_sum_phases import (
+    Advert,
+    SealedShares,
+    Unmasking,
+    check_advert,
+    check_group,
+    pair_context,
+    seed_digest,
+)
+
+SEALED_SHARE_BYTES = 12 + 64 + 16  # nonce, a seed's and a mask key's shares, tag
+
+
+class Refused(ProtocolError):
+    """A device's message that does not count, and why."""
+
+
+class ServerRound:
+    """One round: take_advert, adverts; take_shares, sharers, shares_for; take_masked, survivors;
+    take_unmasking, total.
+    """
+
+    def __init__(
+        self, round: int, threshold: int, length: int, identities: Mapping[str, Ed25519PublicKey]
+    ) -> None:
+        if threshold < 2:
+            raise ValueError(f"a secure sum needs a threshold of at least 2, not {threshold}")
+        self.round, self.threshold, self.length = round, threshold, length
+        self._identities = identities
+        self._adverts: dict[str, Advert] = {}
+        self._holders: list[str] = []  # the advertised devices, in share order, once adverts are out
+        self._sealed: dict[str, dict[str, bytes]] = {}  # sender -> receiver -> sealed share
+        self._sum = np.zeros(length, dtype=np.uint32)
+        self._masked: list[str] = []
+        self._replies: dict[str, Unmasking] = {}
+
+    def take_advert(self, advert: Advert) -> None:
+        """Phase 1: a device's signed keys."""
+        device = advert.device_id
+        if self._holders:
+            raise Refused(f"the advert of {device} came after the adverts went out")
+        if device not in self._identities:
+            raise Refused(f"an advert of {device}, a device not in this round")
+        if device in self._adverts:
+            raise Refused(f"a second advert of {device}")
+        check_advert(advert, self.round, self._identities[device])
+        self._adverts[device] = advert
+
+    def adverts(self) -> list[Advert]:
+        """The adverts to hand every advertised device; no more are taken once these are out."""
+        if not self._holders:
+            self._holders = sorted(self._adverts)
+            check_group(self._holders, self.threshold, "the adverts")
+        return [self._adverts[d] for d in self._holders]
+
+    def take_shares(self, shares: SealedShares) -> None:
+        """Phase 2: a device's sealed shares, one for each other advertised device."""
+        device = shares.device_id
+        if device not in self._holders or shares.round != self.round:
+            raise Refused(f"shares from {device}, which did not advertise in round {self.round}")
+        if device in self._sealed:
+            raise Refused(f"a second set of shares from {device}")
+        if self._masked:
+            raise Refused(f"the shares of {device} came after the masked updates began")
+        if set(shares.sealed) != set(self._holders) - {device}:
+            raise Refused(f"the shares of {device} are not one for each other advertised device")
+        if any(len(sealed) != SEALED_SHARE_BYTES for sealed in shares.sealed.values()):
+            raise Refused(f"a share of {device} is not {SEALED_SHARE_BYTES} bytes")
+        self._sealed[device] = dict(shares.sealed)
+
+    def sharers(self) -> list[str]:
+        """The devices whose shares came in: each masks with every other one of them."""
+        sharers = sorted(self._sealed)
+        check_group(sharers, self.threshold, "the sharers")
+        return sharers
+
+    def shares_for(self, receiver: str) -> dict[str, bytes]:
+        """The sealed shares the sharers made for receiver."""
+        return {sender: sealed[receiver] for sender, sealed in self._sealed.items() if receiver in sealed}
+
+    def take_masked(self, device: str, masked: np.ndarray) -> None:
+        """Phase 3: a sharer's masked update, added to the sum at once."""
+        if device not in self._sealed:
+            raise Refused(f"a masked update from {device}, which shared no keys this round")
+        if device in self._masked:
+            raise Refused(f"a second masked update from {device}")
+        if self._replies:
+            raise Refused(f"the masked update of {device} came after the unmasking began")
+        if masked.dtype != np.uint32 or masked.shape != (self.length,):
+            raise Refused(f"the masked update of {device} is not {self.length} uint32")
+        self._sum += masked
+        self._masked.append(device)
+
+    def survivors(self) -> list[str]:
+        """The devices whose masked updates are in the sum."""
+        survivors = sorted(self._masked)
+        check_group(survivors, self.threshold, "the survivors")
+        return survivors
+
+    def take_unmasking(self, reply: Unmasking) -> None:
+        """Phase 4: a survivor's shares of the survivors' seeds and of the dropped sharers' mask keys."""
+        device = reply.device_id
+        if device not in self._masked or reply.round != self.round:
+            raise Refused(f"an unmasking from {device}, not a survivor of round {self.round}")
+        if device in self._replies:
+            raise Refused(f"a second unmasking from {device}")
+        survivors = set(self._masked)
+        dropped = set(self._sealed) - survivors
+        if set(reply.seed_shares) != survivors or set(reply.key_shares) != dropped:
+            raise Refused(f"the unmasking of {device} does not hold one share of each it must")
+        if any(len(s) != ss.SEED_BYTES for s in [*reply.seed_shares.values(), *reply.key_shares.values()]):
+            raise Refused(f"a share in the unmasking of {device} is not {ss.SEED_BYTES} bytes")
+        self._replies[device] = reply
+
+    def total(self) -> tuple[np.ndarray, set[str]]:
+        """The sum of the survivors' encoded updates, and the devices that gave up a wrong share.
+        ProtocolError when too few replies came, or too many shares were wrong to tell which.
+        """
+        check_group(sorted(self._replies), self.threshold, "the unmaskings")
+        position = {device: n for n, device in enumerate(self._holders)}
+        liars: set[str] = set()
+        seeds = []
+        for owner in sorted(self._masked):
+            shares = {position[d]: r.seed_shares[owner] for d, r in self._replies.items()}
+            seed, wrong = self._rebuild(shares, _is_seed_of(self._adverts[owner]), owner)
+            seeds.append(seed)
+            liars |= {self._holders[n] for n in wrong}
+        pairs = []
+        for owner in sorted(set(self._sealed) - set(self._masked)):
+            shares = {position[d]: r.key_shares[owner] for d, r in self._replies.items()}
+            key_bytes, wrong = self._rebuild(shares, _is_mask_key_of(self._adverts[owner]), owner)
+            liars |= {self._holders[n] for n in wrong}
+            key = X25519PrivateKey.from_private_bytes(key_bytes)
+            for survivor in sorted(self._masked):
+                peer = X25519PublicKey.from_public_bytes(self._adverts[survivor].mask_key)
+                pairs.append(
+                    (survivor, owner, ss.pair_seed(key, peer, pair_context(self.round, survivor, owner)))
+                )
+        return ss.unmask(self._sum, seeds, pairs), liars
+
+    def _rebuild(self, shares: Mapping[int, bytes], check: ss.Check, owner: str) -> tuple[bytes, set[int]]:
+        try:
+            return ss.rebuild_checked(shares, self.threshold, check)
+        except ValueError as exc:
+            raise ProtocolError(f"round {self.round}: the secret of {owner}: {exc}") from None
+
+
+def _is_seed_of(advert: Advert) -> ss.Check:
+    """Whether a rebuilt seed is the one whose digest the device advertised."""
+
+    def check(seed: bytes) -> bool:
+        return seed_digest(seed) == advert.seed_digest
+
+    return check
+
+
+def _is_mask_key_of(advert: Advert) -> ss.Check:
+    """Whether a rebuilt private key is that of the mask key the device advertised."""
+
+    def check(private: bytes) -> bool:
+        public = X25519PrivateKey.from_private_bytes(private).public_key()
+        return public.public_bytes_raw() == advert.mask_key
+
+    return check

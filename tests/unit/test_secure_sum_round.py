@@ -1,0 +1,186 @@
+"""A secure-sum round in memory, devices and coordinator through their phase methods: exact sums with
+and without dropouts, and every misbehaviour refused with a reason; no network.
+"""
+
+from dataclasses import replace
+
+import numpy as np
+import pytest
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+from fedspeech.coordinator.secure_sum_server import Refused, ServerRound
+from fedspeech.edge_client.secure_sum_device import DeviceRound
+from fedspeech.protocol.bounds import ProtocolError
+from fedspeech.protocol.secure_sum import FixedPoint
+
+ROUND, LENGTH = 7, 3000
+
+
+class Fleet:
+    """Devices with identity keys, their updates, and the coordinator's side of one round."""
+
+    def __init__(self, count: int, threshold: int, seed: int = 0):
+        rng = np.random.default_rng(seed)
+        self.ids = [f"dev-{n}" for n in range(count)]
+        identities = {d: Ed25519PrivateKey.generate() for d in self.ids}
+        self.public = {d: key.public_key() for d, key in identities.items()}
+        self.devices = {d: DeviceRound(d, ROUND, threshold, identities[d]) for d in self.ids}
+        self.updates = {d: rng.normal(0, 0.05, LENGTH) for d in self.ids}
+        self.coding = FixedPoint(clip=1.0, devices=count)
+        self.server = ServerRound(ROUND, threshold, LENGTH, self.public)
+
+    def advertise(self, devices: list[str]) -> None:
+        for d in devices:
+            self.server.take_advert(self.devices[d].advert())
+
+    def share(self, devices: list[str]) -> None:
+        adverts = self.server.adverts()
+        for d in devices:
+            self.server.take_shares(self.devices[d].share(adverts, self.public))
+
+    def upload(self, devices: list[str]) -> None:
+        sharers = self.server.sharers()
+        for d in devices:
+            encoded = self.coding.encode(self.updates[d])
+            self.server.take_masked(d, self.devices[d].masked(encoded, sharers))
+
+    def unmask(self, devices: list[str]) -> None:
+        survivors = self.server.survivors()
+        for d in devices:
+            self.server.take_unmasking(self.devices[d].unmask(survivors, self.server.shares_for(d)))
+
+    def expected(self, devices: list[str]) -> np.ndarray:
+        return sum((self.coding.encode(self.updates[d]) for d in devices), start=np.zeros(LENGTH, np.uint32))
+
+
+def test_the_coordinator_gets_the_exact_sum_and_fedavg_within_the_fixed_point_error():
+    fleet = Fleet(6, threshold=4)
+    everyone = fleet.ids
+    fleet.advertise(everyone)
+    fleet.share(everyone)
+    fleet.upload(everyone)
+    fleet.unmask(everyone)
+    total, liars = fleet.server.total()
+    assert liars == set()
+    assert np.array_equal(total, fleet.expected(everyone))
+    mean = fleet.coding.decode(total) / 6
+    error = np.abs(mean - np.mean([fleet.updates[d] for d in everyone], axis=0)).max()
+    assert 0 < error <= fleet.coding.max_error / 6
+
+
+def test_one_dropped_before_upload_and_two_after_the_sum_of_the_others_survives():
+    fleet = Fleet(6, threshold=3)
+    everyone = fleet.ids
+    fleet.advertise(everyone)
+    fleet.share(everyone)
+    uploaded = everyone[1:]  # dev-0 dies before its upload
+    fleet.upload(uploaded)
+    fleet.unmask(uploaded[2:])  # dev-1 and dev-2 die after theirs: three answer
+    total, _ = fleet.server.total()
+    assert np.array_equal(total, fleet.expected(uploaded))
+
+
+def test_too_few_left_to_unmask_fails_the_round_rather_than_give_a_wrong_sum():
+    fleet = Fleet(6, threshold=4)
+    everyone = fleet.ids
+    fleet.advertise(everyone)
+    fleet.share(everyone)
+    fleet.upload(everyone[1:])
+    fleet.unmask(everyone[3:])  # three answers for a threshold of four
+    with pytest.raises(ProtocolError, match="fewer than the 4"):
+        fleet.server.total()
+
+
+def test_a_wrong_share_is_named_and_the_sum_still_right():
+    fleet = Fleet(6, threshold=3)
+    everyone = fleet.ids
+    fleet.advertise(everyone)
+    fleet.share(everyone)
+    fleet.upload(everyone[:5])
+    survivors = fleet.server.survivors()
+    for d in everyone[:5]:
+        reply = fleet.devices[d].unmask(survivors, fleet.server.shares_for(d))
+        if d == "dev-2":  # lies about every share it holds
+            reply = replace(
+                reply,
+                seed_shares={k: bytes(32) for k in reply.seed_shares},
+                key_shares={k: bytes(32) for k in reply.key_shares},
+            )
+        fleet.server.take_unmasking(reply)
+    total, liars = fleet.server.total()
+    assert liars == {"dev-2"}
+    assert np.array_equal(total, fleet.expected(everyone[:5]))
+
+
+def test_the_coordinator_refuses_what_does_not_count():
+    fleet = Fleet(4, threshold=3)
+    server, devices = fleet.server, fleet.devices
+    advert = devices["dev-0"].advert()
+    stranger = DeviceRound("dev-0", ROUND, 3, Ed25519PrivateKey.generate()).advert()
+    with pytest.raises(ProtocolError, match="not signed by its device"):
+        server.take_advert(stranger)
+    with pytest.raises(ProtocolError, match="for round 6, not 7"):
+        server.take_advert(replace(advert, round=6))
+    with pytest.raises(Refused, match="not in this round"):
+        server.take_advert(replace(advert, device_id="dev-9"))
+    fleet.advertise(fleet.ids)
+    with pytest.raises(Refused, match="second advert"):
+        server.take_advert(advert)
+    adverts = server.adverts()
+    shares = devices["dev-0"].share(adverts, fleet.public)
+    with pytest.raises(Refused, match="not one for each other"):
+        server.take_shares(replace(shares, sealed={k: v for k, v in shares.sealed.items() if k != "dev-1"}))
+    with pytest.raises(Refused, match="is not 92 bytes"):
+        server.take_shares(replace(shares, sealed={k: v + b"x" for k, v in shares.sealed.items()}))
+    fleet.share(fleet.ids)
+    with pytest.raises(Refused, match="second set of shares"):
+        server.take_shares(shares)
+    sharers = server.sharers()
+    masked = devices["dev-0"].masked(fleet.coding.encode(fleet.updates["dev-0"]), sharers)
+    with pytest.raises(Refused, match="not 3000 uint32"):
+        server.take_masked("dev-0", masked[:-1])
+    with pytest.raises(Refused, match="not 3000 uint32"):
+        server.take_masked("dev-0", masked.astype(np.int64))
+    with pytest.raises(Refused, match="shared no keys"):
+        server.take_masked("dev-9", masked)
+    server.take_masked("dev-0", masked)
+    with pytest.raises(Refused, match="second masked update"):
+        server.take_masked("dev-0", masked)
+    fleet.upload(fleet.ids[1:])
+    reply = devices["dev-1"].unmask(server.survivors(), server.shares_for("dev-1"))
+    both = replace(reply, key_shares={"dev-0": reply.seed_shares["dev-0"]})  # a seed's and a key's share
+    with pytest.raises(Refused, match="one share of each it must"):
+        server.take_unmasking(both)
+    server.take_unmasking(reply)
+    with pytest.raises(Refused, match="second unmasking"):
+        server.take_unmasking(reply)
+
+
+def test_a_device_refuses_what_would_expose_its_update():
+    fleet = Fleet(4, threshold=3)
+    server, device = fleet.server, fleet.devices["dev-0"]
+    fleet.advertise(fleet.ids)
+    adverts = server.adverts()
+    with pytest.raises(ProtocolError, match="fewer than the 3"):
+        device.share(adverts[:2], fleet.public)
+    # the coordinator puts in keys of its own under another device's name
+    swapped = [replace(a, mask_key=bytes(32)) if a.device_id == "dev-1" else a for a in adverts]
+    with pytest.raises(ProtocolError, match="the advert of dev-1 is not signed by its device"):
+        device.share(swapped, fleet.public)
+    fleet.share(fleet.ids)
+    sharers = server.sharers()
+    encoded = fleet.coding.encode(fleet.updates["dev-0"])
+    with pytest.raises(ProtocolError, match="this one among them"):
+        device.masked(encoded, sharers[1:])
+    fleet.upload(fleet.ids)
+    survivors = server.survivors()
+    # asked with a survivor list that leaves out two sharers: it would give up their mask keys
+    with pytest.raises(ProtocolError, match="fewer than the 3"):
+        device.unmask(survivors[:2], server.shares_for("dev-0"))
+    tampered = dict(server.shares_for("dev-0"))
+    tampered["dev-1"] = tampered["dev-1"][:-1] + bytes([tampered["dev-1"][-1] ^ 1])
+    with pytest.raises(ProtocolError, match="the share from dev-1"):
+        device.unmask(survivors, tampered)
+    device.unmask(survivors, server.shares_for("dev-0"))
+    with pytest.raises(ProtocolError, match="already given up its shares"):
+        device.unmask(survivors, server.shares_for("dev-0"))
