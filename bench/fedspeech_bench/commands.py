@@ -20,6 +20,7 @@ from fedspeech.installed_commands import KNOWN
 from fedspeech.protocol.topics import parse_broker_url
 from fedspeech_bench.dashboard import add_parser as add_dashboard_bench_parser
 from fedspeech_bench.fleets.fleet_files import fleet_path, shipped_fleets
+from fedspeech_bench.privacy import add_parser as add_privacy_parser
 from fedspeech_bench.seeds import add_parser as add_seeds_parser
 
 DEMO_OUT = Path("fedspeech-demo")
@@ -235,6 +236,7 @@ def add_bench_parser(subparsers: argparse._SubParsersAction) -> None:
     add_seeds_parser(b)
     _add_listen_bench_parser(b)
     add_dashboard_bench_parser(b)
+    add_privacy_parser(b)
 
 
 def _bench_listen(args: argparse.Namespace) -> None:

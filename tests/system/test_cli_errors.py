@@ -86,6 +86,11 @@ def test_the_embedded_broker_on_a_taken_port_raises_one_oserror_and_logs_no_trac
     assert not [r for r in caplog.records if r.levelno >= logging.ERROR or r.exc_info], caplog.text
 
 
+def test_bench_privacy_refuses_a_fleet_size_out_of_bounds():
+    result = fedspeech("bench", "privacy", "--devices", "2,6")
+    assert_one_line(result, "bench privacy", "each from 3 to 255")
+
+
 def test_client_for_a_speaker_the_corpus_lacks_names_the_speakers():
     result = fedspeech("client", "--speaker", "nobody")
     assert_one_line(

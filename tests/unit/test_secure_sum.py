@@ -169,6 +169,10 @@ def test_a_wrong_share_is_found_and_the_secret_still_rebuilt():
     secret, wrong = rebuild_checked(shares, 3, matches)
     assert secret == key.private_bytes_raw()
     assert wrong == {1}
+    # among many holders, two wrong shares early in the order are found too
+    many = dict(enumerate(split_secret(key.private_bytes_raw(), 11, 20)))
+    many[1] = many[4] = bytes(32)
+    assert rebuild_checked(many, 11, matches) == (key.private_bytes_raw(), {1, 4})
     # too many liars to tell: refused, never a wrong secret
     for liar in (0, 2, 3, 4):
         shares[liar] = bytes(32)

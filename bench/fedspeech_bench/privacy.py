@@ -1,0 +1,215 @@
+"""`fedspeech bench privacy`: what secure aggregation costs, against plain FedAvg, for fleets of n devices.
+
+One round of the secure sum runs in this process, through the device's and the coordinator's own phase
+code (edge_client.secure_sum_device, coordinator.secure_sum_server), with no transport: every device
+advertises, shares, masks and unmasks, none drops out, and the threshold is a majority (n // 2 + 1). For
+each n it reports a device's CPU time in each phase (the mean over the devices), the coordinator's time
+to take the round in and unmask it, and the bytes one device sends and receives, from the phases'
+messages as they are (keys, sealed shares, the masked vector, the shares given up; the wire's encoding
+and headers not counted). Plain FedAvg's device sends its update as float32 and receives the model, and
+its coordinator sums n float32 vectors.
+"""
+
+import argparse
+import json
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+DEMO_LENGTH = 82459  # weights of the demo's model (cnn, FSDD's 11 classes)
+DEFAULT_DEVICES = (6, 20, 100)
+
+
+@dataclass(frozen=True)
+class Costs:
+    """One fleet size's costs of a secure-sum round, and plain FedAvg's for the same fleet."""
+
+    devices: int
+    threshold: int
+    device_ms: dict[str, float]  # phase -> mean CPU ms per device
+    coordinator_ms: float
+    plain_coordinator_ms: float
+    sent_bytes: int  # by one device
+    received_bytes: int
+    plain_sent_bytes: int
+    plain_received_bytes: int
+
+
+def measure(devices: int, length: int, seed: int = 0) -> Costs:
+    """Run one secure-sum round of `devices` in process and time it; check its sum is exact."""
+    import numpy as np
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+    from fedspeech.coordinator.secure_sum_server import ServerRound
+    from fedspeech.edge_client.secure_sum_device import DeviceRound
+    from fedspeech.protocol.secure_sum import FixedPoint
+
+    rng = np.random.default_rng(seed)
+    ids = [f"device-{n:03d}" for n in range(devices)]
+    threshold = devices // 2 + 1
+    identities = {d: Ed25519PrivateKey.generate() for d in ids}
+    public = {d: key.public_key() for d, key in identities.items()}
+    coding = FixedPoint(clip=1.0, devices=devices)
+    updates = {d: coding.encode(rng.normal(0, 0.01, length)) for d in ids}
+    server = ServerRound(1, threshold, length, public)
+    device_s = dict.fromkeys(("advert", "share", "mask", "unmask"), 0.0)
+    server_s = 0.0
+    clock = time.process_time
+
+    rounds, adverts = {}, []
+    for d in ids:
+        start = clock()
+        rounds[d] = DeviceRound(d, 1, threshold, identities[d])
+        adverts.append(rounds[d].advert())
+        device_s["advert"] += clock() - start
+    start = clock()
+    for advert in adverts:
+        server.take_advert(advert)
+    handed = server.adverts()
+    server_s += clock() - start
+
+    shares_sent = 0
+    for d in ids:
+        start = clock()
+        shares = rounds[d].share(handed, public)
+        device_s["share"] += clock() - start
+        shares_sent = sum(len(s) for s in shares.sealed.values())
+        start = clock()
+        server.take_shares(shares)
+        server_s += clock() - start
+    sharers = server.sharers()
+
+    for d in ids:
+        start = clock()
+        masked = rounds[d].masked(updates[d], sharers)
+        device_s["mask"] += clock() - start
+        start = clock()
+        server.take_masked(d, masked)
+        server_s += clock() - start
+    survivors = server.survivors()
+
+    given_up = 0
+    for d in ids:
+        received = server.shares_for(d)
+        start = clock()
+        reply = rounds[d].unmask(survivors, received)
+        device_s["unmask"] += clock() - start
+        given_up = sum(len(s) for s in [*reply.seed_shares.values(), *reply.key_shares.values()])
+        start = clock()
+        server.take_unmasking(reply)
+        server_s += clock() - start
+    start = clock()
+    total, _ = server.total()
+    server_s += clock() - start
+
+    expected = np.zeros(length, np.uint32)
+    for update in updates.values():
+        expected += update
+    if not np.array_equal(total, expected):
+        raise RuntimeError(f"the secure sum of {devices} devices is not their sum")
+    floats = [rng.normal(0, 0.01, length).astype(np.float32) for _ in ids]
+    start = clock()
+    np.sum(floats, axis=0)
+    plain = clock() - start
+    advert_bytes = 3 * 32 + 64
+    return Costs(
+        devices=devices,
+        threshold=threshold,
+        device_ms={name: 1000 * spent / devices for name, spent in device_s.items()},
+        coordinator_ms=1000 * server_s,
+        plain_coordinator_ms=1000 * plain,
+        sent_bytes=advert_bytes + shares_sent + 4 * length + given_up,
+        # every advert, the shares sealed for it, and the model (float32) it trains
+        received_bytes=devices * advert_bytes + shares_sent + 4 * length,
+        plain_sent_bytes=4 * length,
+        plain_received_bytes=4 * length,
+    )
+
+
+def table(results: list[Costs], length: int) -> str:
+    """The costs as a markdown table."""
+    lines = [
+        f"secure sum of {length} weights, one round, in process; plain FedAvg for the same fleet",
+        "",
+        "| devices | threshold | device CPU ms (advert / share / mask / unmask) | device ms in all "
+        "| coordinator ms (plain) | device sends KB (plain) | device receives KB (plain) |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for r in results:
+        phases = " / ".join(f"{ms:.2f}" for ms in r.device_ms.values())
+        lines.append(
+            f"| {r.devices} | {r.threshold} | {phases} | {sum(r.device_ms.values()):.1f} "
+            f"| {r.coordinator_ms:.1f} ({r.plain_coordinator_ms:.2f}) "
+            f"| {r.sent_bytes / 1024:.1f} ({r.plain_sent_bytes / 1024:.1f}) "
+            f"| {r.received_bytes / 1024:.1f} ({r.plain_received_bytes / 1024:.1f}) |"
+        )
+    return "\n".join(lines)
+
+
+def plot(results: list[Costs], out: Path) -> Path:
+    """Device and coordinator time, and bytes sent, against the fleet's size."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    n = [r.devices for r in results]
+    fig, (time_axes, bytes_axes) = plt.subplots(1, 2, figsize=(10, 4))
+    time_axes.plot(n, [sum(r.device_ms.values()) for r in results], "o-", label="a device, secure sum")
+    time_axes.plot(n, [r.coordinator_ms for r in results], "s-", label="coordinator, secure sum")
+    time_axes.plot(n, [r.plain_coordinator_ms for r in results], "s--", label="coordinator, plain FedAvg")
+    time_axes.set(xlabel="devices in the round", ylabel="CPU ms per round", xscale="log", yscale="log")
+    time_axes.legend()
+    bytes_axes.plot(n, [r.sent_bytes / 1024 for r in results], "o-", label="a device sends, secure sum")
+    bytes_axes.plot(n, [r.plain_sent_bytes / 1024 for r in results], "o--", label="a device sends, plain")
+    bytes_axes.set(xlabel="devices in the round", ylabel="KB per round", xscale="log", ylim=(0, None))
+    bytes_axes.legend()
+    fig.tight_layout()
+    path = out / "secure-sum-costs.png"
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def run_privacy_bench(out: Path, devices: list[int], length: int) -> Path:
+    """Measure each fleet size, then write results.md, results.json and the plot into out."""
+    out.mkdir(parents=True, exist_ok=True)
+    results = []
+    for n in devices:
+        results.append(measure(n, length))
+        print(f"{n} devices: measured", flush=True)
+    text = table(results, length)
+    print(text)
+    picture = plot(results, out)
+    (out / "results.md").write_text(f"# bench privacy\n\n{text}\n\n![costs]({picture.name})\n")
+    (out / "results.json").write_text(json.dumps([asdict(r) for r in results], indent=1))
+    return out / "results.md"
+
+
+def _sizes(text: str) -> list[int]:
+    sizes = [int(part) for part in text.split(",")]
+    if not sizes or any(not 3 <= n <= 255 for n in sizes):
+        raise argparse.ArgumentTypeError("fleet sizes are comma-separated, each from 3 to 255")
+    return sizes
+
+
+def add_parser(bench_subparsers: argparse._SubParsersAction) -> None:
+    """Add `bench privacy` and its options to the `bench` subcommands."""
+    p = bench_subparsers.add_parser("privacy", help="what secure aggregation costs, against plain FedAvg")
+    default = ",".join(str(n) for n in DEFAULT_DEVICES)
+    p.add_argument("--devices", type=_sizes, default=list(DEFAULT_DEVICES), help=f"(default {default})")
+    p.add_argument(
+        "--length",
+        type=int,
+        default=DEMO_LENGTH,
+        help=f"weights per update (default {DEMO_LENGTH}: the demo's)",
+    )
+    p.add_argument("--out", type=Path, default=Path("fedspeech-bench-privacy"), help="where results go")
+    p.set_defaults(run=run_from_args)
+
+
+def run_from_args(args: argparse.Namespace) -> None:
+    """`fedspeech bench privacy`: check the options, then run."""
+    if not 1 <= args.length <= 100_000_000:
+        raise SystemExit(f"fedspeech bench privacy: --length must be from 1 to 100000000, not {args.length}")
+    run_privacy_bench(args.out, args.devices, args.length)
