@@ -279,6 +279,37 @@ def clip_updates(current: Arrays, updates: Sequence[Arrays], max_norm: float) ->
     return clipped
 
 
+def dp_mean(
+    current: Arrays,
+    updates: Sequence[Arrays],
+    clip: float,
+    noise_multiplier: float,
+    expected: float,
+    rng: np.random.Generator,
+) -> Arrays:
+    """User-level DP-FedAvg's step (McMahan et al. 2018, "Learning Differentially Private Recurrent
+    Language Models"): each update's change from current clipped to norm clip and weighted alike, summed,
+    Gaussian noise of standard deviation noise_multiplier * clip added to every stepped weight, divided by
+    the expected number of devices, not the number that came: so one device changes the step by at most
+    clip / expected, whether it took part or not. Arrays that training does not step are averaged.
+    """
+    if not updates or not expected > 0 or not noise_multiplier >= 0:
+        raise ValueError("need updates, a positive expected count and a noise multiplier of at least 0")
+    names = [name for name, array in current.items() if stepped(name, array)]
+    total = {name: np.zeros(current[name].shape) for name in names}
+    for update in updates:
+        change = {name: update[name].astype(np.float64) - current[name] for name in names}
+        norm = math.sqrt(sum(float(np.sum(d**2)) for d in change.values()))
+        scale = min(1.0, clip / norm) if norm > 0 else 1.0
+        for name in names:
+            total[name] += scale * change[name]
+    step = {name: np.mean([u[name] for u in updates], axis=0).astype(a.dtype) for name, a in current.items()}
+    for name in names:
+        noise = rng.normal(0.0, noise_multiplier * clip, current[name].shape)
+        step[name] = (current[name] + (total[name] + noise) / expected).astype(current[name].dtype)
+    return step
+
+
 def quality_weights(
     scores: Sequence[float], temperature: float, num_samples: Sequence[int] | None = None
 ) -> list[float]:
