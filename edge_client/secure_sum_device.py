@@ -32,6 +32,7 @@ class DeviceRound:
         self._share_key, self._mask_key = X25519PrivateKey.generate(), X25519PrivateKey.generate()
         self._seed = ss.new_seed()
         self._adverts: dict[str, Advert] = {}
+        self._own_share = b""  # this device's share of its own seed and mask key
         self._sharers: list[str] = []
         self._answered = False
 
