@@ -148,10 +148,9 @@ def table(results: list[Costs], length: int) -> str:
 
 def plot(results: list[Costs], out: Path) -> Path:
     """Device and coordinator time, and bytes sent, against the fleet's size."""
-    import matplotlib
+    from fedspeech_bench.report.plots import pyplot
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     n = [r.devices for r in results]
     fig, (time_axes, bytes_axes) = plt.subplots(1, 2, figsize=(10, 4))
