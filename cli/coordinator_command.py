@@ -222,6 +222,27 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         type=float,
         help="with --norm-bound median: the bound as a multiple of the round's median change (default 2)",
     )
+    private = c.add_argument_group("privacy: what the coordinator may learn of one device's update")
+    private.add_argument(
+        "--secure-aggregation",
+        action="store_true",
+        default=None,
+        help="the coordinator learns only the sum of each round's updates, never one device's (strategies "
+        "that combine updates their own way are refused)",
+    )
+    private.add_argument(
+        "--secure-clip", type=float, help="the L2 norm each device's change is clipped to (default 10)"
+    )
+    private.add_argument(
+        "--secure-threshold",
+        type=float,
+        help="the fraction of a round's devices that must stay to the end (at least 2; default 0.5)",
+    )
+    private.add_argument(
+        "--secure-keys-timeout",
+        type=float,
+        help="seconds devices have to agree keys, and again to unmask the sum (default 30)",
+    )
     c.add_argument("--topic-root", help=f"root of the MQTT topics (default {DEFAULT_ROOT})")
     c.add_argument(
         "--take-over-topic-root",

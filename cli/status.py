@@ -37,8 +37,9 @@ def render(o: dict[str, Any], coordinator: str, last_rounds: int) -> str:
         if o["open_round"] is None
         else f"round {o['open_round']} training"
     )
+    secure = ", secure aggregation" if o.get("privacy") == "secure aggregation" else ""
     lines = [
-        f"{coordinator}: {o['task']}, {o['strategy']}, {done}, {now}, "
+        f"{coordinator}: {o['task']}, {o['strategy']}{secure}, {done}, {now}, "
         f"{o['devices_online']} of {len(o['devices'])} devices online"
     ]
     if o["model"]:

@@ -13,6 +13,7 @@ from fedspeech.coordinator.admin import admin_only, is_admin, refusal
 from fedspeech.coordinator.body_rules import BodyRule, Rules
 from fedspeech.coordinator.enrolment import EnrolmentRefused, revoke_device, revoked_reason
 from fedspeech.coordinator.errors import BadUpload, NotWanted
+from fedspeech.coordinator.secure_sum_desk import Phase
 from fedspeech.coordinator.store import StateWriteError
 from fedspeech.protocol import messages, routes, signing, weights
 from fedspeech.protocol.bounds import MAX_BLOB_BYTES, ProtocolError
@@ -239,6 +240,28 @@ def upload_update(round: int):
     return jsonify(accepted=True, device_id=device, round=round)
 
 
+def _secure_sum_rule(round: int, phase: Phase) -> BodyRule:
+    """A secure-sum message: only from a device the open phase expects, no larger than the phase takes."""
+    return BodyRule(_service().orchestrator.desk.body_limit(_device(), round, phase))
+
+
+@bp.post(routes.SECURE_SUM_RULE)
+def secure_sum_message(round: int, phase: Phase):
+    """A device's message of the open phase of a round's secure sum."""
+    body = _body(_secure_sum_rule(round, phase).limit)
+    _service().orchestrator.desk.take(g.device_id, round, phase, body)
+    return jsonify(accepted=True)
+
+
+@bp.get(routes.SECURE_SUM_RULE)
+def secure_sum_outcome(round: int, phase: Phase):
+    """A closed phase's outcome for the device asking; 202 while the phase is open."""
+    reply = _service().orchestrator.desk.outcome(_device(), round, phase)
+    if reply is None:
+        return jsonify(waiting=phase), 202
+    return Response(reply, mimetype="application/json")
+
+
 @bp.post(routes.ACK_RULE)
 def acknowledge(task_id: str):
     """A device took its task: its round waits for its result (not for a device that only looks online)."""
@@ -393,4 +416,5 @@ BODY_RULES: Rules = {
     "api.upload_evaluation": _device_message_rule,
     "api.report_failure": _failure_rule,
     "api.share_validation": _validation_rule,
+    "api.secure_sum_message": _secure_sum_rule,
 }

@@ -164,6 +164,13 @@ class RoundConfig:
     norm_bound_factor: float = 2.0
     # the strategy's own settings, name -> value (text or number), checked against its Params
     strategy_options: Mapping[str, Any] = field(default_factory=dict)
+    # the coordinator learns only the sum of a round's updates (rounds.secure_sum): each device's change
+    # clipped to L2 norm secure_clip; a secret rebuilt from secure_threshold of the round's devices (at
+    # least 2); the keys agreed within secure_keys_timeout_s, the sum unmasked within as long again
+    secure_aggregation: bool = False
+    secure_clip: float = 10.0
+    secure_threshold: float = 0.5
+    secure_keys_timeout_s: float = 30.0
 
     def __post_init__(self) -> None:
         ranges = [
@@ -179,6 +186,9 @@ class RoundConfig:
             ("sample_growth", self.sample_growth, 0.0, 100.0),
             ("samples_over_median", self.samples_over_median, 1.0, 1000.0),
             ("norm_bound_factor", self.norm_bound_factor, 1.0, 100.0),
+            ("secure_clip", self.secure_clip, 1e-6, 1e6),
+            ("secure_threshold", self.secure_threshold, 0.01, 1.0),
+            ("secure_keys_timeout_s", self.secure_keys_timeout_s, 0.1, bounds.MAX_TASK_SECONDS),
         ]
         for name, value, low, high in ranges:
             if not low <= value <= high:  # also refuses NaN

@@ -34,6 +34,7 @@ OPTION_DEST = {
     "round_timeout_s": "round_timeout",
     "ack_timeout_s": "ack_timeout",
     "eval_timeout_s": "eval_timeout",
+    "secure_keys_timeout_s": "secure_keys_timeout",
     "learning_rate": "lr",
     "model_depth": "depth",
     "strategy_options": "strategy_opt",

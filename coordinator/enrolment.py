@@ -102,7 +102,7 @@ class Enrolment:
             token = secrets.token_urlsafe(32)
             self.store.register_device(
                 device_id, token, registration.num_samples, asdict(registration.profile),
-                registration.test_counts,
+                registration.test_counts, registration.identity_key or "",
             )  # fmt: skip
         if known is not None and known.token_sha256:
             log.warning("device %s registered again: its previous token no longer works", device_id)

@@ -24,12 +24,14 @@ from fedspeech.coordinator.influence import SampleLimits, norm_bounded
 from fedspeech.coordinator.ports import DeviceLink, ModelOps
 from fedspeech.coordinator.records import RoundRecord
 from fedspeech.coordinator.round_storage import RoundTally
+from fedspeech.coordinator.rounds import secure_sum
 from fedspeech.coordinator.rounds.base import RoundContext
 from fedspeech.coordinator.rounds.modes import MODES
 from fedspeech.coordinator.scheduling import depth_for_round, learning_rate_for_round
+from fedspeech.coordinator.secure_sum_desk import SecureSumDesk
 from fedspeech.coordinator.server_side import CoordinatorClips
 from fedspeech.coordinator.store import StateWriteError, Store
-from fedspeech.coordinator.strategies import Result, RoundPlan, make_strategy
+from fedspeech.coordinator.strategies import Result, RoundPlan, make_strategy, summing
 from fedspeech.models import depth_of
 from fedspeech.models.calibration import Decisions
 from fedspeech.protocol import weights
@@ -48,6 +50,11 @@ class Orchestrator:
     def __init__(self, config: RoundConfig, store: Store, link: DeviceLink, model: ModelOps) -> None:
         self.config, self.store, self.link, self.model = config, store, link, model
         self.strategy = make_strategy(config.strategy, config.k, config.epochs, config.strategy_options)
+        if config.secure_aggregation and not self.strategy.sums_updates():
+            raise ValueError(
+                f"the {self.strategy.name} strategy cannot run with secure aggregation: it needs each "
+                f"update alone, and the coordinator then sees only their sum ({', '.join(summing())} can)"
+            )
         self._local_names = method_needs.local_names(self.strategy, model)  # ValueError if unmet
         self._teacher: BlobRef | None = None  # where devices download a strategy's second model
         self._clips = CoordinatorClips(model, config, self._full, self._learning_rate)
@@ -59,7 +66,9 @@ class Orchestrator:
         # what keeps the next round from starting, in words an operator can act on; None while none waits
         self.waiting: str | None = None
         self.finished = threading.Event()
-        self._train = MODES[self.strategy.mode]  # how its rounds train
+        # how its rounds train
+        self._train = secure_sum.train if config.secure_aggregation else MODES[self.strategy.mode]
+        self.desk = SecureSumDesk()  # a secure sum's phases, between the HTTP handlers and its mode
         first = model.spec_at(self._depth(1))  # a bad depth schedule fails here, at start-up
         limits = SampleLimits(config.sample_growth, config.samples_over_median, config.max_device_samples)
         self.inbox = Inbox(
@@ -134,9 +143,10 @@ class Orchestrator:
             )  # fmt: skip
             self.strategy.on_round_end(round, plan, on_time, missed, [])
             return None
-        results = self.strategy.before_aggregate(
-            round, self._norm_bounded(round, sorted(results, key=lambda r: r.device_id)), self._clips
-        )
+        results = sorted(results, key=lambda r: r.device_id)
+        if not collected.combined:  # each update alone: bounded in norm, then as the strategy sees them
+            results = self._norm_bounded(round, results)
+        results = self.strategy.before_aggregate(round, results, self._clips)
         aggregated = self._aggregate(round, results)
         if aggregated is None:
             self.strategy.on_round_end(round, plan, on_time, missed, [])
@@ -178,7 +188,7 @@ class Orchestrator:
             work = {d: device_tasks.training(self.config, round, plan, d) for d in devices}
             return self._tasks(round, deadline, work)
 
-        return RoundContext(started, self.config, self.inbox, self.link, self.store, tasks, stop)
+        return RoundContext(started, self.config, self.inbox, self.link, self.store, tasks, stop, self.desk)
 
     def _still_training(self, ready: Sequence[str]) -> set[str]:
         """The devices busy with an earlier round's task, once the tasks no longer wanted are dropped."""

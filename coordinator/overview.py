@@ -60,6 +60,7 @@ class Overview:
     at: float
     task: str
     strategy: str
+    privacy: str  # what the coordinator sees of an update: "secure aggregation" or "updates in the clear"
     completed_round: int | None
     open_round: int | None
     target_rounds: int
@@ -111,6 +112,7 @@ def overview(
         at=time.time(),
         task=orchestrator.model.definition.name,
         strategy=orchestrator.strategy.name,
+        privacy="secure aggregation" if orchestrator.config.secure_aggregation else "updates in the clear",
         completed_round=latest.round if latest else None,
         open_round=orchestrator.inbox.open_round(),
         target_rounds=orchestrator.config.rounds,

@@ -14,7 +14,8 @@ CREATE TABLE IF NOT EXISTS devices (
     profile TEXT NOT NULL,
     registered_at REAL NOT NULL,
     secret_sha256 TEXT NOT NULL DEFAULT '',
-    test_counts TEXT NOT NULL DEFAULT '{}'
+    test_counts TEXT NOT NULL DEFAULT '{}',
+    identity_key TEXT NOT NULL DEFAULT ''
 );
 CREATE TABLE IF NOT EXISTS revoked_tokens (
     token_sha256 TEXT PRIMARY KEY,
@@ -139,7 +140,11 @@ SELECT_ROUNDS = (
 
 # columns added since the first release, for state directories made before them
 _ADDED_COLUMNS = {
-    "devices": {"secret_sha256": "TEXT NOT NULL DEFAULT ''", "test_counts": "TEXT NOT NULL DEFAULT '{}'"},
+    "devices": {
+        "secret_sha256": "TEXT NOT NULL DEFAULT ''",
+        "test_counts": "TEXT NOT NULL DEFAULT '{}'",
+        "identity_key": "TEXT NOT NULL DEFAULT ''",
+    },
     "rounds": {"withdrawn": "INTEGER NOT NULL DEFAULT 0", "stragglers": "INTEGER NOT NULL DEFAULT 0"},
     "federated_evaluations": {"clips": "INTEGER"},
 }

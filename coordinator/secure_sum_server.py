@@ -15,6 +15,7 @@ from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X
 from fedspeech.protocol import secure_sum as ss
 from fedspeech.protocol.bounds import ProtocolError
 from fedspeech.protocol.secure_sum_phases import (
+    SEALED_SHARE_BYTES,
     Advert,
     SealedShares,
     Unmasking,
@@ -23,8 +24,6 @@ from fedspeech.protocol.secure_sum_phases import (
     pair_context,
     seed_digest,
 )
-
-SEALED_SHARE_BYTES = 12 + 64 + 16  # nonce, a seed's and a mask key's shares, tag
 
 
 class Refused(ProtocolError):

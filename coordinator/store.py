@@ -6,7 +6,7 @@ import json
 import shutil
 import sqlite3
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import asdict
 from pathlib import Path
@@ -118,20 +118,30 @@ class Store:
         num_samples: int,
         profile: dict,
         test_counts: Mapping[str, int] | None = None,
+        identity_key: str = "",
     ) -> None:
-        """Add a device or replace its token, sample count, profile and test counts; an enrolment secret
-        is kept. StateWriteError if the state does not take it (a full disk, a folder made read-only).
+        """Add a device or replace its token, sample count, profile, test counts and identity key (base64;
+        '' for none); an enrolment secret is kept. StateWriteError if the state does not take it (a full
+        disk, a folder made read-only).
         """
         counts = json.dumps(dict(test_counts or {}))
         try:
             with self._connect() as db:
                 db.execute(
                     "INSERT INTO devices (device_id, token_sha256, num_samples, profile, registered_at, "
-                    "test_counts) VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (device_id) DO UPDATE SET "
-                    "token_sha256 = excluded.token_sha256, num_samples = excluded.num_samples, "
+                    "test_counts, identity_key) VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT (device_id) DO "
+                    "UPDATE SET token_sha256 = excluded.token_sha256, num_samples = excluded.num_samples, "
                     "profile = excluded.profile, registered_at = excluded.registered_at, "
-                    "test_counts = excluded.test_counts",
-                    (device_id, token_digest(token), num_samples, json.dumps(profile), time.time(), counts),
+                    "test_counts = excluded.test_counts, identity_key = excluded.identity_key",
+                    (
+                        device_id,
+                        token_digest(token),
+                        num_samples,
+                        json.dumps(profile),
+                        time.time(),
+                        counts,
+                        identity_key,
+                    ),  # fmt: skip
                 )
         except sqlite3.OperationalError as exc:
             raise StateWriteError(
@@ -213,6 +223,17 @@ class Store:
         with self._connect() as db:
             rows = db.execute("SELECT device_id FROM devices WHERE token_sha256 != ''").fetchall()
         return {r[0] for r in rows}
+
+    def identity_keys(self, device_ids: Iterable[str]) -> dict[str, str]:
+        """The identity keys (base64) the given devices registered, of those that registered one."""
+        wanted = list(device_ids)
+        with self._connect() as db:
+            rows = db.execute(
+                f"SELECT device_id, identity_key FROM devices WHERE identity_key != '' AND device_id IN "
+                f"({','.join('?' * len(wanted))})",
+                wanted,
+            ).fetchall()
+        return dict(rows)
 
     def count_devices(self) -> int:
         """How many devices the store knows."""

@@ -24,7 +24,7 @@ from fedspeech.edge_client.http_requests import (
     request,
     says_revoked,
 )
-from fedspeech.protocol import log_lines, message_checks, messages, routes, weights
+from fedspeech.protocol import log_lines, message_checks, messages, routes, secure_sum_wire, signing, weights
 from fedspeech.protocol.bounds import ProtocolError
 from fedspeech.protocol.messages import (
     BlobRef,
@@ -37,6 +37,8 @@ from fedspeech.protocol.messages import (
 )
 
 log = logging.getLogger(__name__)
+
+MAX_SECURE_REPLY = secure_sum_wire.MAX_BODY_BYTES + 1  # one byte more shows a reply is too long
 
 
 class CoordinatorClient:
@@ -116,7 +118,9 @@ class CoordinatorClient:
         coordinator refuses them all, or names a key other than the pinned one. num_samples and
         test_counts bound what the coordinator counts of this device's updates and evaluations.
         """
-        body = messages.encode(Registration(self.device_id, num_samples, profile, dict(test_counts or {})))
+        identity = signing.public_key_text(self.credentials.identity)
+        registration = Registration(self.device_id, num_samples, profile, dict(test_counts or {}), identity)
+        body = messages.encode(registration)
         offers = [(self.credentials.token, "kept token"), (self.enrolment_secret, "enrolment secret")]
         # last, nothing: a coordinator with open enrolment that forgot this device takes it as a new one
         offers = [(c, name) for c, name in offers if c] + [(None, "nothing")]
@@ -262,6 +266,37 @@ class CoordinatorClient:
                 "reporting that task %s failed answered HTTP %d: %s",
                 task.task_id, reply.status, error_reason(reply),
             )  # fmt: skip
+
+    def secure_sum(self, round: int, phase: str, body: bytes | None, deadline: float) -> bytes | None:
+        """POST this device's message of a secure-sum phase (body), or GET the phase's outcome (None), with
+        the token; connection errors and 5xx retried until deadline. The reply's body, None while the phase
+        is still open. Unwanted when the round no longer wants this device, Dropped for other refusals.
+        """
+        url, method = self.url(routes.secure_sum(round, phase)), "GET" if body is None else "POST"
+        delays = backoff()
+        while not self.stop.is_set():
+            headers = {"Authorization": f"Bearer {self.credentials.token}"}
+            try:
+                reply = request(method, url, body, headers, limit=MAX_SECURE_REPLY, context=self.context)
+            except CONNECTION_ERRORS as exc:
+                reason = connection_error(exc)
+            else:
+                if reply.status in (200, 202):
+                    return reply.body if reply.status == 200 else None
+                if reply.status == 409:
+                    raise Unwanted(f"the {phase} phase of round {round}: {error_reason(reply)}")
+                if reply.status < 500:
+                    raise Dropped(
+                        f"the {phase} phase of round {round}: HTTP {reply.status}: {error_reason(reply)}"
+                    )
+                reason = f"HTTP {reply.status}: {error_reason(reply)}"
+            delay = next(delays)
+            if time.time() + delay > deadline:
+                raise Dropped(
+                    f"the {phase} phase of round {round} failed ({reason}) and the deadline is near"
+                )
+            self.stop.wait(delay)
+        raise Dropped("stopping")
 
     def _post_once(self, path: str, body: bytes, what: str, content_type: str | None = None) -> Reply | None:
         """POST body to path once, with the token; None, logged as 'could not <what>', if it does not get

@@ -1,5 +1,8 @@
-"""What a device keeps in its own state folder between runs: its token and broker passwords (mode 0600) and
-the coordinator's key.
+"""What a device keeps in its own state folder between runs: its token, broker passwords and identity key
+(mode 0600) and the coordinator's key.
+
+The identity key (Ed25519, made on first start) signs the keys the device agrees on in a secure-sum
+round; the coordinator learns its public half at registration and hands it to the round's other devices.
 
 The key is pinned on first use: given by the operator (`--coordinator-key`), else the one kept from an
 earlier run, else the one the coordinator names when the device first registers. A coordinator that later
@@ -19,7 +22,7 @@ from fedspeech.protocol.mqtt import BrokerSettings
 
 log = logging.getLogger(__name__)
 
-TOKEN_FILE, KEY_FILE = "token", "coordinator.pub"
+TOKEN_FILE, KEY_FILE, IDENTITY_FILE = "token", "coordinator.pub", "identity.pem"
 # the broker passwords the coordinator issues with the token, for the device (user: its id) and its
 # listener (user: <id>-listen)
 BROKER_PASSWORD_FILE, LISTEN_PASSWORD_FILE = "broker-password", "listen-password"
@@ -31,7 +34,9 @@ class Refused(Exception):
 
 
 class DeviceCredentials:
-    """The device's bearer token and the coordinator's pinned key, kept in folder; Refused if bad."""
+    """The device's bearer token, its identity key and the coordinator's pinned key, kept in folder;
+    Refused if bad.
+    """
 
     def __init__(self, folder: Path, coordinator_key: str | None = None) -> None:
         self.folder = Path(folder)
@@ -40,6 +45,11 @@ class DeviceCredentials:
         except OSError as exc:
             raise Refused(f"cannot keep this device's credentials in {self.folder}: {exc}") from None
         self.token = self._read_token()
+        try:
+            self.identity = signing.load_or_create_key(self.folder / IDENTITY_FILE)
+        except (OSError, ValueError) as exc:
+            path = self.folder / IDENTITY_FILE
+            raise Refused(f"{path}: {exc}; remove it to make a new identity key") from None
         kept_key = self._read_key()
         self.key: Ed25519PublicKey | None = kept_key
         if coordinator_key is not None:

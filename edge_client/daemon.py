@@ -28,6 +28,7 @@ from fedspeech.edge_client.local_norm import LocalNorm
 from fedspeech.edge_client.model_keeper import ModelKeeper
 from fedspeech.edge_client.profile import measure_profile, measure_rtt_ms
 from fedspeech.edge_client.runtime.announcements import FLOOR_FILE, Floor
+from fedspeech.edge_client.secure_sum_client import SecureUpload
 from fedspeech.edge_client.trainer import Trainer, TrainingStopped, UnknownSetting, training_settings
 from fedspeech.edge_client.validation_share import share_validation_clips
 from fedspeech.protocol import bounds, routes, signing, weights
@@ -309,6 +310,7 @@ def _do_task(device: _Device, task: Task) -> None:
     A task that fails is reported to the coordinator at once, unless it is no longer wanted anyway.
     """
     trained = None
+    secure: SecureUpload | None = None
     failure: str | None = None  # why the task could not be done, for the coordinator
     try:
         if task.deadline < time.time():
@@ -330,19 +332,26 @@ def _do_task(device: _Device, task: Task) -> None:
         else:
             if len(device.data.train.labels) == 0:
                 raise Dropped("no usable training clips")
+            if task.secure_sum is not None:  # keys agreed with the round's other devices before training
+                secure = SecureUpload(device.http, task, device.http.credentials.identity)
+                secure.agree()
             # mutual knowledge distillation: the server model's arrays, fetched like the weights
             teacher = weights.decode(device.http.fetch(task.teacher))[0] if task.teacher else None
             trained, body = device.trainer.train(task, arrays, device.data.train, teacher)
             content_type = "application/octet-stream"
         _check_wanted(device, task)
-        register = functools.partial(_register_again, device)
-        device.http.upload(task.upload_path, body, content_type, task.deadline, register)
+        if secure is not None:  # the change goes into the round's sum, masked: the upload is not sent
+            sent = secure.send(arrays, weights.decode(body)[0])
+        else:
+            register = functools.partial(_register_again, device)
+            device.http.upload(task.upload_path, body, content_type, task.deadline, register)
+            sent = len(body)
         if trained is None:
             log.info("round %d evaluated on %d test clips", task.round, len(device.data.test.labels))
         else:
             log.info(
                 "round %d done: %d samples, loss %.4f, %.1f s, %d B down, %d B up",
-                task.round, trained.num_samples, trained.loss, trained.seconds, len(blob), len(body),
+                task.round, trained.num_samples, trained.loss, trained.seconds, len(blob), sent,
             )  # fmt: skip
     except (Unwanted, TrainingStopped) as exc:  # withdrawn, past its deadline, or the daemon is stopping
         log.warning("dropping task %s of round %d: %s", task.task_id, task.round, exc)

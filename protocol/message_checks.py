@@ -1,5 +1,7 @@
 """Range checks of a decoded message's values that its types alone do not express; ProtocolError says why."""
 
+import base64
+import binascii
 import math
 from collections.abc import Mapping
 from pathlib import PurePosixPath
@@ -19,6 +21,7 @@ from fedspeech.protocol.bounds import (
     MAX_LEARNING_RATE,
     MAX_NEGATIVE_CHARS,
     MAX_NEGATIVES,
+    MAX_TASK_SECONDS,
     MIN_CLIP_SECONDS,
     NAME,
     SAMPLE_RATES,
@@ -35,12 +38,15 @@ if TYPE_CHECKING:
         ModelAnnouncement,
         ModelSpec,
         Profile,
+        SecureSum,
         Task,
         TaskDefinition,
         TaskFailure,
         TaskWithdrawal,
     )
 
+MAX_SECURE_DEVICES = 255  # Shamir's shares are numbered within a byte
+MAX_SECURE_CLIP = 1e6
 MAX_WITHDRAWN = 64  # task ids one withdrawal names
 MAX_FAILURE_CHARS = 300  # of the reason a device gives for a task it could not do: one line of a log
 MAX_TIME = 2.0**40  # bound on a message's Unix time, some 35,000 years from 1970
@@ -136,6 +142,30 @@ def check_task(task: "Task") -> None:
     if upload_round != task.round:
         raise ProtocolError(f"upload path of round {upload_round} in a task of round {task.round}")
     _check_config(task.config)
+    if task.secure_sum is not None:
+        check_secure_sum(task.secure_sum)
+
+
+def is_public_key(text: str) -> bool:
+    """Whether text is 32 bytes in base64, as an Ed25519 public key is written."""
+    try:
+        return len(text) <= 64 and len(base64.b64decode(text, validate=True)) == 32
+    except (binascii.Error, ValueError):
+        return False
+
+
+def check_secure_sum(secure: "SecureSum") -> None:
+    """ProtocolError unless a task's secure-sum settings make a sum that can be rebuilt and not wrap."""
+    if not 2 <= secure.threshold <= secure.devices <= MAX_SECURE_DEVICES:
+        raise ProtocolError(f"a secure sum needs 2 <= threshold <= devices <= {MAX_SECURE_DEVICES}")
+    if not (math.isfinite(secure.clip) and 0 < secure.clip <= MAX_SECURE_CLIP):
+        raise ProtocolError(f"a secure sum's clip must be above 0 and at most {MAX_SECURE_CLIP:g}")
+    if not 0 < secure.weight <= 1:
+        raise ProtocolError("a device's weight in a secure sum must be above 0 and at most 1")
+    if not 0 < secure.unmask_s <= MAX_TASK_SECONDS:
+        raise ProtocolError(
+            f"a secure sum's unmasking time must be above 0 and at most {MAX_TASK_SECONDS:g} s"
+        )
 
 
 def check_announcement(announcement: "ModelAnnouncement") -> None:

@@ -86,6 +86,8 @@ class Registration:
     num_samples: int
     profile: Profile
     test_counts: dict[str, int] = field(default_factory=dict)
+    # the device's identity key (Ed25519, base64), which signs its keys in a secure-sum round
+    identity_key: str | None = None
 
 
 @dataclass(frozen=True)
@@ -102,6 +104,21 @@ class Credentials:
     coordinator_key: str
     broker_password: str | None = None
     listen_password: str | None = None
+
+
+@dataclass(frozen=True)
+class SecureSum:
+    """How a device takes part in its round's secure sum: how many of the round's devices rebuild a
+    secret, how many there are (the fixed point's range), the L2 norm its change is clipped to, its
+    weight in the sum (its training clips against the round's most), and how long past the task's
+    deadline the sum may take to unmask.
+    """
+
+    threshold: int
+    devices: int
+    clip: float
+    weight: float
+    unmask_s: float
 
 
 State = Literal["online", "training", "evaluating", "offline"]
@@ -144,6 +161,8 @@ class Task:
     teacher: BlobRef | None = None  # a server model whose soft labels the device distils (mutual KD)
     # the floating-point type of the weights downloaded and of the update uploaded
     precision: Precision = "float32"
+    # set: the update goes into the round's secure sum, masked, in place of an upload
+    secure_sum: SecureSum | None = None
 
 
 @dataclass(frozen=True)
@@ -319,6 +338,8 @@ def _check_values(message: Any) -> None:
             message_checks.check_counts(counts)
     if isinstance(message, Registration):
         message_checks.check_counts(message.test_counts)
+        if message.identity_key is not None and not message_checks.is_public_key(message.identity_key):
+            raise ProtocolError("identity_key is not an Ed25519 public key in base64")
     if isinstance(message, EvaluationReport):
         message_checks.check_confusion(message)
     if isinstance(message, TaskWithdrawal):

@@ -18,6 +18,8 @@ LATEST_MODEL_RULE = "/models/latest"
 UPDATES_RULE = "/rounds/<int:round>/updates"
 EVALUATIONS_RULE = "/rounds/<int:round>/evaluations"
 RELAY_RULE = "/rounds/<int:round>/relays/<int:step>"
+# a secure-sum round's phases: a device posts its message, then gets the phase's outcome once it closes
+SECURE_SUM_RULE = "/rounds/<int:round>/secure/<any(adverts, shares, masked, unmasking):phase>"
 STATUS_RULE = "/status"
 ROUNDS_RULE = "/rounds"
 ROUND_RULE = "/rounds/<int:round>"
@@ -72,6 +74,11 @@ def updates(round: int) -> str:
 def evaluations(round: int) -> str:
     """Where devices upload their evaluation of a round's model."""
     return f"{PREFIX}/rounds/{round}/evaluations"
+
+
+def secure_sum(round: int, phase: str) -> str:
+    """A phase of a round's secure sum: adverts, shares, masked or unmasking."""
+    return f"{PREFIX}/rounds/{round}/secure/{phase}"
 
 
 def relay(round: int, step: int) -> str:

@@ -209,3 +209,39 @@ def rebuild_checked(
     raise ValueError(
         f"no {threshold} of the {len(shares)} shares tried rebuild the secret its owner published"
     )
+
+
+def layout(arrays: Mapping[str, np.ndarray]) -> list[str]:
+    """The arrays a secure sum carries, in its order: the floating-point ones, by name."""
+    return sorted(name for name, array in arrays.items() if np.issubdtype(array.dtype, np.floating))
+
+
+def change_vector(
+    trained: Mapping[str, np.ndarray], received: Mapping[str, np.ndarray], clip: float
+) -> tuple[np.ndarray, float]:
+    """trained's change from received as one float64 vector in layout(received)'s order, scaled down to
+    L2 norm clip if it is longer, and its norm before. ValueError if trained lacks an array or has one of
+    another shape.
+    """
+    parts = []
+    for name in layout(received):
+        if name not in trained or trained[name].shape != received[name].shape:
+            raise ValueError(f"the trained model's {name} does not match the one received")
+        parts.append(trained[name].astype(np.float64).ravel() - received[name].astype(np.float64).ravel())
+    change = np.concatenate(parts) if parts else np.zeros(0)
+    norm = float(np.linalg.norm(change))
+    return (change * (clip / norm) if norm > clip else change), norm
+
+
+def with_change(current: Mapping[str, np.ndarray], change: np.ndarray) -> dict[str, np.ndarray]:
+    """current with a vector in layout(current)'s order added to its arrays; the others as they are."""
+    names = layout(current)
+    if len(change) != sum(current[name].size for name in names):
+        raise ValueError(f"a change of {len(change)} values for a model of another size")
+    result, start = dict(current), 0
+    for name in names:
+        array = current[name]
+        step = change[start : start + array.size].reshape(array.shape)
+        result[name] = (array.astype(np.float64) + step).astype(array.dtype)
+        start += array.size
+    return result

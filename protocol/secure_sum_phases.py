@@ -14,9 +14,11 @@ from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
 from fedspeech.protocol.bounds import ProtocolError
+from fedspeech.protocol.message_checks import MAX_SECURE_DEVICES
 
 KEY_BYTES = 32  # an X25519 public key, a sha256 digest
-MAX_DEVICES = 255  # Shamir's shares here are numbered within a byte
+SEALED_SHARE_BYTES = 12 + 2 * 32 + 16  # nonce, a seed's and a mask key's shares, tag
+MAX_DEVICES = MAX_SECURE_DEVICES
 
 
 @dataclass(frozen=True)

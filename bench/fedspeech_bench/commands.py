@@ -310,6 +310,7 @@ def _demo(args: argparse.Namespace) -> None:
             port=args.port,
             max_samples=args.max_samples,
             eval_every=args.eval_every if args.eval_every is not None else DemoConfig.eval_every,
+            secure_aggregation=args.secure_aggregation,
         )
     )
 
@@ -336,6 +337,11 @@ def add_demo_parser(subparsers: argparse._SubParsersAction) -> None:
         "pi-mix has two Pi 3s, whose pace every round waits for)",
     )
     m.add_argument("--full-speed", action="store_true", help="one unthrottled device per speaker instead")
+    m.add_argument(
+        "--secure-aggregation",
+        action="store_true",
+        help="the coordinator learns only the sum of each round's updates, never one device's",
+    )
     m.add_argument("--strategy", help=f"{STRATEGY_NAMES} (default epochs_only)")
     m.add_argument("--rounds", type=at_least(1), default=DEMO_ROUNDS, help=f"(default {DEMO_ROUNDS})")
     m.add_argument(

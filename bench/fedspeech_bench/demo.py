@@ -50,6 +50,7 @@ class DemoConfig:
     # the devices evaluate every few rounds: a Pi 3 takes seconds to fetch and score the model, and the
     # coordinator's held-out set scores every round anyway
     eval_every: int = 5
+    secure_aggregation: bool = False  # the coordinator sees only each round's sum of updates
 
 
 def federated_text(r: RoundRecord) -> str:
@@ -160,6 +161,7 @@ def run_demo(cfg: DemoConfig) -> dict:
         final_lr_fraction=DEMO_FINAL_LR_FRACTION,
         server_momentum=DEMO_SERVER_MOMENTUM,
         epochs=cfg.epochs,
+        secure_aggregation=cfg.secure_aggregation,
     )
     device_args = ["--max-samples", str(cfg.max_samples)] if cfg.max_samples else []
     t0 = time.time()

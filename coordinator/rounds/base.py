@@ -8,6 +8,7 @@ from fedspeech.coordinator.config import RoundConfig
 from fedspeech.coordinator.inbox import Inbox
 from fedspeech.coordinator.open_round import OpenRound
 from fedspeech.coordinator.ports import DeviceLink
+from fedspeech.coordinator.secure_sum_desk import SecureSumDesk
 from fedspeech.coordinator.store import Store
 from fedspeech.coordinator.strategies import Result, RoundPlan
 from fedspeech.protocol.messages import Task
@@ -27,6 +28,7 @@ class RoundContext:
     store: Store
     tasks: TaskMaker
     stop: threading.Event  # set: the mode returns as soon as it can
+    desk: SecureSumDesk = field(default_factory=SecureSumDesk)  # a secure sum's phases, for its mode
 
 
 @dataclass(frozen=True)
@@ -38,6 +40,8 @@ class Collected:
     missed: bool  # whether a device selected did not answer in time
     # a result's device -> the devices whose updates it carries (by default, its own alone)
     stands_for: Mapping[str, Sequence[str]] = field(default_factory=dict)
+    # the results are the round's combined model already (a secure sum's): no update is seen alone
+    combined: bool = False
 
     def devices_in(self, results: Sequence[Result]) -> set[str]:
         """The devices whose updates went into these results."""

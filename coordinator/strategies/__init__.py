@@ -87,6 +87,11 @@ def make_strategy(name: str, k: int, epochs: int, options: Mapping[str, Any] | N
     return STRATEGIES[name](k, epochs, params)
 
 
+def summing() -> list[str]:
+    """The strategies a secure sum can run: those whose new model is the weighted mean of the updates."""
+    return [name for name in STRATEGIES if make_strategy(name, 1, 1).sums_updates()]
+
+
 __all__ = [
     "STRATEGIES",
     "Needs",
@@ -99,4 +104,5 @@ __all__ = [
     "make_strategy",
     "strategy_class",
     "strategy_params",
+    "summing",
 ]

@@ -124,6 +124,15 @@ class Strategy(ABC):
         """The new global weights from the results and current, the model they started from: FedAvg."""
         return fedavg([r.arrays for r in results], [r.num_samples for r in results])
 
+    def sums_updates(self) -> bool:
+        """Whether the new model is the mean of the round's updates weighted by their samples, which a
+        secure sum gives without the coordinator seeing one update: a strategy that trains in parallel and
+        neither scores nor combines updates its own way.
+        """
+        own = type(self)
+        plain = own.aggregate is Strategy.aggregate and own.before_aggregate is Strategy.before_aggregate
+        return plain and self.mode == "parallel"
+
     def after_aggregate(self, round: int, new: Arrays, server: ServerSide) -> Arrays | None:
         """A model the devices download beside the global one (a teacher), or None: none."""
         return None

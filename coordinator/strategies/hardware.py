@@ -99,6 +99,10 @@ class HardwareAware(Strategy):
             return fedavg(updates, samples)
         return hardware_weighted(updates, samples, [self.scores[r.device_id] for r in results])
 
+    def sums_updates(self) -> bool:
+        """Without the n_i * S_i weighting, FedAvg: a secure sum gives it."""
+        return not self.weighted and self.mode == "parallel"
+
     def on_round_end(
         self, round: int, plan: RoundPlan, on_time: Set[str], deadline_missed: bool, aggregated: Sequence[str]
     ) -> None:

@@ -128,7 +128,7 @@ function render(o) {
   const round = o.completed_round === null ? "no round yet" : `round ${o.completed_round} of ${o.target_rounds}`;
   const open = o.open_round === null ? (o.finished ? "finished" : o.waiting || "no round open") : `round ${o.open_round} training`;
   const online = `${o.devices_online} of ${o.devices.length} devices online`;
-  document.getElementById("summary").textContent = `${o.task}, ${o.strategy}: ${round}, ${open}, ${online}`;
+  document.getElementById("summary").textContent = `${o.task}, ${o.strategy}, ${o.privacy}: ${round}, ${open}, ${online}`;
 
   const model = document.getElementById("model");
   if (o.model) {

@@ -1,0 +1,65 @@
+"""Secure aggregation with real device processes over Mosquitto: the coordinator stores only sums, and a
+device killed while it trains is masked out of its round's sum.
+"""
+
+import signal
+
+from tests.helpers.coordinators import running_coordinator, wait_until_finished
+from tests.helpers.devices import start_clients
+from tests.helpers.waiting import wait_for
+
+SPEAKERS = ["jackson", "nicolas", "theo", "george"]
+
+
+def test_secure_rounds_with_real_devices_store_no_update_of_one_device(
+    tmp_path, mosquitto_url, topic_root, processes
+):
+    config = {
+        "broker_url": mosquitto_url,
+        "topic_root": topic_root,
+        "rounds": 2,
+        "min_devices": 3,
+        "min_results": 2,
+        "eval_every": 0,
+        "secure_aggregation": True,
+    }
+    with running_coordinator(tmp_path, **config) as (service, url):
+        clients = start_clients(processes, SPEAKERS[:3], url, mosquitto_url, topic_root, max_samples=24)
+        wait_until_finished(service, clients)
+        store = service.store
+        length = sum(a.size for a in service.inbox.current.values() if a.dtype.kind == "f")
+        for r in store.rounds()[1:]:
+            assert r.results == 3 and r.accuracy is not None
+            updates = store.updates(r.round)
+            assert {u.device_id for u in updates} == set(SPEAKERS[:3])
+            assert all(u.train_loss is None and u.sha256 == "" for u in updates), "nothing of one update"
+            assert 3 * 4 * length < r.bytes_up < 3 * 4 * length * 1.05, "masked vectors and small messages"
+        assert not list(store.dir.glob("**/*update*")), "no update is kept on disk"
+    for speaker in SPEAKERS[:3]:
+        log = (processes.log_dir / f"client-{speaker}.log").read_text()
+        assert "round 2 done" in log, log[-2000:]
+
+
+def test_a_device_killed_while_it_trains_is_masked_out_of_the_sum(
+    tmp_path, mosquitto_url, topic_root, processes
+):
+    config = {
+        "broker_url": mosquitto_url,
+        "topic_root": topic_root,
+        "rounds": 1,
+        "min_devices": 4,
+        "min_results": 2,
+        "eval_every": 0,
+        "round_timeout_s": 60.0,
+        "secure_aggregation": True,
+    }
+    with running_coordinator(tmp_path, **config) as (service, url):
+        clients = start_clients(processes, SPEAKERS, url, mosquitto_url, topic_root, max_samples=200)
+        desk = service.orchestrator.desk
+        wait_for(lambda: desk.phase == "masked", 120, "the keys agreed and the devices training")
+        clients[-1].send_signal(signal.SIGKILL)
+        finished = service.orchestrator.finished
+        wait_for(finished.is_set, 120, "the round without the killed device")
+        (record,) = service.store.rounds()[1:]
+        assert record.results == 3 and record.accuracy is not None
+        assert {u.device_id for u in service.store.updates(1)} == set(SPEAKERS[:3])

@@ -1,0 +1,170 @@
+"""The secure-sum round mode through the round loop, with fake devices that speak its wire format to the
+coordinator's desk in memory: no broker, no HTTP, no torch.
+"""
+
+import threading
+import time
+
+import numpy as np
+import pytest
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from scipy import stats
+
+from fedspeech.coordinator.errors import NotWanted
+from fedspeech.coordinator.secure_sum_desk import SecureSumDesk
+from fedspeech.edge_client.secure_sum_device import DeviceRound
+from fedspeech.protocol import secure_sum as ss
+from fedspeech.protocol import secure_sum_wire as wire
+from fedspeech.protocol import signing
+from fedspeech.protocol.messages import DeviceStatus, Task
+from fedspeech.protocol.weights import Arrays
+from tests.helpers.fake_fleet import FakeModel, Fleet, profile
+
+pytestmark = pytest.mark.timeout(30)
+
+BIG = 20_000  # weights of the model whose masked vectors are tested for uniformity
+
+
+class BigModel(FakeModel):
+    """The fake model with a second array large enough for a test of its bytes' distribution."""
+
+    def initial(self, seed: int, depth: int | None = None) -> Arrays:
+        return {"w": np.zeros(2, np.float32), "v": np.zeros(BIG, np.float32)}
+
+
+class SecureDevice:
+    """A device that takes part in secure sums with its trained weights at `value` (drop: the phase
+    before which it goes silent), talking to the desk as the HTTP handlers would.
+    """
+
+    def __init__(self, fleet: Fleet, device_id: str, value: float, samples: int, drop: str = "") -> None:
+        self.fleet, self.device_id, self.value, self.drop = fleet, device_id, value, drop
+        self.identity = Ed25519PrivateKey.generate()
+        self.masked: list[bytes] = []  # what it sent in the masked phase
+        self.errors: list[str] = []
+        key = signing.public_key_text(self.identity)
+        fleet.store.register_device(device_id, f"token-{device_id}", samples, {}, identity_key=key)
+        fleet.link.statuses_[device_id] = DeviceStatus(device_id, "online", samples, profile(1.0))
+        fleet.link.responders[device_id] = self.start
+
+    def start(self, task: Task) -> None:
+        received = {name: array.copy() for name, array in self.fleet.inbox.current.items()}
+        threading.Thread(target=self.run, args=(task, received), daemon=True).start()
+
+    def run(self, task: Task, received: Arrays) -> None:
+        desk: SecureSumDesk = self.fleet.orchestrator.desk
+        secure = task.secure_sum
+        assert secure is not None
+        device = DeviceRound(self.device_id, task.round, secure.threshold, self.identity)
+
+        def post(phase: str, body: bytes) -> bool:
+            if self.drop == phase:
+                return False
+            desk.take(self.device_id, task.round, phase, body)  # type: ignore[arg-type]
+            return True
+
+        def outcome(phase: str) -> bytes:
+            while (reply := desk.outcome(self.device_id, task.round, phase)) is None:  # type: ignore[arg-type]
+                time.sleep(0.002)
+            return reply
+
+        try:
+            if not post("adverts", wire.advert_body(device.advert())):
+                return
+            adverts, identities = wire.read_adverts(outcome("adverts"), task.round)
+            keys = {d: signing.parse_public_key(k) for d, k in identities.items()}
+            if not post("shares", wire.shares_body(device.share(adverts, keys))):
+                return
+            sharers, sealed = wire.read_sharers(outcome("shares"))
+            trained = {name: np.full_like(array, self.value) for name, array in received.items()}
+            change = ss.change_vector(trained, received, secure.clip)[0] * secure.weight
+            masked = wire.masked_body(
+                device.masked(ss.FixedPoint(secure.clip, secure.devices).encode(change), sharers)
+            )
+            self.masked.append(masked)
+            if not post("masked", masked):
+                return
+            survivors = wire.read_survivors(outcome("masked"))
+            post("unmasking", wire.unmasking_body(device.unmask(survivors, sealed)))
+        except NotWanted as exc:
+            self.errors.append(str(exc))
+
+
+def secure_fleet(tmp_path, model: FakeModel | None = None, **config) -> Fleet:
+    settings = {"secure_aggregation": True, "round_timeout_s": 2.0, "secure_keys_timeout_s": 2.0}
+    return Fleet(tmp_path, model, **{**settings, **config})
+
+
+def test_a_secure_round_gives_fedavg_of_the_same_updates_within_the_fixed_points_error(tmp_path):
+    values, samples = {"a": 1.0, "b": 2.0, "c": 4.0}, {"a": 10, "b": 20, "c": 40}
+    fleet = secure_fleet(tmp_path / "secure", rounds=1, secure_clip=50.0)
+    for d in values:
+        SecureDevice(fleet, d, values[d], samples[d])
+    fleet.finish()
+    plain = Fleet(tmp_path / "plain", rounds=1, round_timeout_s=2.0)
+    for d in values:
+        plain.device(d, value=values[d], samples=samples[d])
+    plain.finish()
+    secure_round, plain_round = fleet.store.rounds()[1], plain.store.rounds()[1]
+    error = ss.FixedPoint(50.0, 3).max_error / (70 / 40)  # the sum's error, over the summed weights
+    assert plain_round.accuracy == pytest.approx(3.0)  # (10 x 1 + 20 x 2 + 40 x 4) / 70
+    assert abs(secure_round.accuracy - plain_round.accuracy) <= error
+    assert secure_round.results == 3
+    task = fleet.link.tasks_of(1)["a"]
+    assert task.secure_sum is not None and task.secure_sum.threshold == 2 and task.secure_sum.devices == 3
+    assert task.secure_sum.weight == pytest.approx(10 / 40)
+
+
+def test_every_masked_vector_is_uniform_bytes_while_the_plain_update_is_not(tmp_path):
+    fleet = secure_fleet(tmp_path, BigModel(), rounds=1)
+    devices = [SecureDevice(fleet, d, 0.01 * (n + 1), 10) for n, d in enumerate("abc")]
+    fleet.finish()
+    for device in devices:
+        (masked,) = device.masked
+        counts = np.bincount(np.frombuffer(masked, np.uint8), minlength=256)
+        assert stats.chisquare(counts).pvalue > 1e-4, f"{device.device_id}'s masked vector is not uniform"
+    plain = ss.FixedPoint(10.0, 3).encode(np.full(BIG + 2, 0.01)).tobytes()
+    counts = np.bincount(np.frombuffer(plain, np.uint8), minlength=256)
+    assert stats.chisquare(counts).pvalue < 1e-12
+
+
+def test_a_device_gone_before_upload_is_masked_out_and_the_others_sum_is_right(tmp_path):
+    fleet = secure_fleet(tmp_path, rounds=1, round_timeout_s=1.0)
+    SecureDevice(fleet, "a", 1.0, 10)
+    SecureDevice(fleet, "b", 3.0, 10)
+    SecureDevice(fleet, "c", 100.0, 10, drop="masked")  # its keys agreed, its update never sent
+    fleet.finish()
+    record = fleet.store.rounds()[1]
+    assert record.results == 2
+    assert record.accuracy == pytest.approx(2.0, abs=1e-6)
+
+
+def test_too_few_left_to_unmask_and_the_round_is_not_aggregated(tmp_path):
+    fleet = secure_fleet(tmp_path, rounds=1, secure_threshold=1.0, secure_keys_timeout_s=0.3)
+    SecureDevice(fleet, "a", 1.0, 10)
+    SecureDevice(fleet, "b", 3.0, 10)
+    SecureDevice(fleet, "c", 5.0, 10, drop="unmasking")  # it uploads, then never gives up its shares
+    with fleet.running():
+        time.sleep(2.5)
+    assert [r.round for r in fleet.store.rounds()] == [0], "no round is stored from a sum it cannot unmask"
+
+
+def test_a_device_without_an_identity_key_is_left_out(tmp_path):
+    fleet = secure_fleet(tmp_path, rounds=1, round_timeout_s=1.0)
+    SecureDevice(fleet, "a", 1.0, 10)
+    SecureDevice(fleet, "b", 3.0, 10)
+    fleet.device("old", value=100.0)  # registered without a key: it would upload in the clear
+    fleet.finish()
+    assert "old" not in fleet.link.tasks_of(1)
+    assert fleet.store.rounds()[1].accuracy == pytest.approx(2.0, abs=1e-6)
+
+
+@pytest.mark.parametrize("strategy", ["median", "trimmed_mean", "krum", "quality", "hardware", "fedbuff"])
+def test_a_strategy_that_needs_each_update_alone_is_refused_at_start(tmp_path, strategy):
+    with pytest.raises(ValueError, match=f"the {strategy} strategy cannot run with secure aggregation"):
+        secure_fleet(tmp_path, strategy=strategy)
+
+
+def test_the_summing_strategies_run(tmp_path):
+    for strategy in ("fedavg", "fedprox", "epochs_only", "random_k"):
+        secure_fleet(tmp_path / strategy, strategy=strategy)
