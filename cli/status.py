@@ -37,7 +37,8 @@ def render(o: dict[str, Any], coordinator: str, last_rounds: int) -> str:
         if o["open_round"] is None
         else f"round {o['open_round']} training"
     )
-    secure = ", secure aggregation" if o.get("privacy") == "secure aggregation" else ""
+    privacy = o.get("privacy") or "updates in the clear"  # a coordinator of an earlier version says nothing
+    secure = "" if privacy == "updates in the clear" else f" ({privacy})"
     lines = [
         f"{coordinator}: {o['task']}, {o['strategy']}{secure}, {done}, {now}, "
         f"{o['devices_online']} of {len(o['devices'])} devices online"

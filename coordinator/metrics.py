@@ -29,6 +29,7 @@ METRIC_NAMES = (
     "fedspeech_bytes_total",
     "fedspeech_accuracy",
     "fedspeech_loss",
+    "fedspeech_privacy_epsilon",
 )
 
 
@@ -74,6 +75,16 @@ class FleetCollector(Collector):
         moved.add_metric(["down"], sum(r.bytes_down for r in trained))
         yield moved
         yield from _scores(stored)
+        epsilon = GaugeMetricFamily(
+            "fedspeech_privacy_epsilon",
+            "Differential privacy spent by the latest round: epsilon at the delta labelled (none without).",
+            labels=["delta"],
+        )
+        spent = [(r.dp_epsilon, r.dp_delta) for r in stored if r.dp_epsilon is not None]
+        if spent:  # a fleet without differential privacy has no epsilon, not an epsilon of 0
+            latest, delta = spent[-1]
+            epsilon.add_metric([repr(delta)], latest)
+        yield epsilon
 
 
 def _durations(rounds: list[RoundRecord]) -> HistogramMetricFamily:

@@ -85,6 +85,10 @@ class Orchestrator:
                     latest = self._resume()
                 elif latest.round >= self.config.rounds:
                     break
+                elif (spent := self.strategy.stop_before(next_round)) is not None:
+                    log.warning("%s", spent)
+                    self.finished.set()
+                    break
                 else:
                     latest = self._run_round(next_round, stop) or latest
             except StateWriteError as exc:
@@ -169,6 +173,7 @@ class Orchestrator:
             started, devices=len(plan.work), updates=records, bytes_up=closed.bytes_up,
             bytes_down=closed.bytes_down, withdrawn=len(gone),
             stragglers=len(missing - gone - self.inbox.carried().keys()),
+            privacy=self.strategy.privacy_after(round),
         )  # fmt: skip
         record = self._complete(round, new, tally, teacher)
         self.store.remove_relays(round)

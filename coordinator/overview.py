@@ -60,7 +60,9 @@ class Overview:
     at: float
     task: str
     strategy: str
-    privacy: str  # what the coordinator sees of an update: "secure aggregation" or "updates in the clear"
+    # what the coordinator sees of an update ("secure aggregation" or "updates in the clear"), and the
+    # differential privacy spent, where a strategy gives it
+    privacy: str
     completed_round: int | None
     open_round: int | None
     target_rounds: int
@@ -112,7 +114,7 @@ def overview(
         at=time.time(),
         task=orchestrator.model.definition.name,
         strategy=orchestrator.strategy.name,
-        privacy="secure aggregation" if orchestrator.config.secure_aggregation else "updates in the clear",
+        privacy=_privacy(orchestrator.config.secure_aggregation, rounds),
         completed_round=latest.round if latest else None,
         open_round=orchestrator.inbox.open_round(),
         target_rounds=orchestrator.config.rounds,
@@ -153,3 +155,12 @@ def _threshold(path: Path, sha256: str | None) -> tuple[float | None, str | None
         return None, None
     threshold = metadata.get(meta.THRESHOLD)
     return (float(threshold) if threshold else None), metadata.get(meta.THRESHOLD_FROM)
+
+
+def _privacy(secure: bool, rounds: list[RoundRecord]) -> str:
+    """What the coordinator sees of an update, and the differential privacy spent by the latest round."""
+    text = "secure aggregation" if secure else "updates in the clear"
+    spent = [r for r in rounds if r.dp_epsilon is not None]
+    if spent:
+        text += f", differential privacy: epsilon {spent[-1].dp_epsilon:.3g} at delta {spent[-1].dp_delta:g}"
+    return text

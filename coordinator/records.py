@@ -37,7 +37,9 @@ CREATE TABLE IF NOT EXISTS rounds (
     weights_sha256 TEXT NOT NULL,
     onnx_sha256 TEXT,
     withdrawn INTEGER NOT NULL DEFAULT 0,
-    stragglers INTEGER NOT NULL DEFAULT 0
+    stragglers INTEGER NOT NULL DEFAULT 0,
+    dp_epsilon REAL,
+    dp_delta REAL
 );
 CREATE TABLE IF NOT EXISTS updates (
     round INTEGER NOT NULL,
@@ -88,6 +90,9 @@ class RoundRecord:
     # devices selected whose update is not in the round: gone offline during it, or still online but late
     withdrawn: int = 0
     stragglers: int = 0
+    # differential privacy spent once this round's model is out: epsilon at delta (None: no guarantee)
+    dp_epsilon: float | None = None
+    dp_delta: float | None = None
     # federated evaluation: devices asked and reporting, and their pooled scores (None: too few reports)
     evaluation_asked: int | None = None  # None: the round's model was not evaluated on the devices
     evaluation_reports: int | None = None
@@ -145,7 +150,12 @@ _ADDED_COLUMNS = {
         "test_counts": "TEXT NOT NULL DEFAULT '{}'",
         "identity_key": "TEXT NOT NULL DEFAULT ''",
     },
-    "rounds": {"withdrawn": "INTEGER NOT NULL DEFAULT 0", "stragglers": "INTEGER NOT NULL DEFAULT 0"},
+    "rounds": {
+        "withdrawn": "INTEGER NOT NULL DEFAULT 0",
+        "stragglers": "INTEGER NOT NULL DEFAULT 0",
+        "dp_epsilon": "REAL",
+        "dp_delta": "REAL",
+    },
     "federated_evaluations": {"clips": "INTEGER"},
 }
 

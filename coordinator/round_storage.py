@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from fedspeech.coordinator.ports import ModelOps
 from fedspeech.coordinator.records import RoundRecord, UpdateRecord
 from fedspeech.coordinator.store import Store
+from fedspeech.coordinator.strategies import PrivacySpent
 from fedspeech.models.calibration import Decisions
 from fedspeech.protocol import routes, weights
 from fedspeech.protocol.messages import BlobRef, ModelAnnouncement
@@ -26,6 +27,7 @@ class RoundTally:
     bytes_down: int = 0
     withdrawn: int = 0  # selected, and gone offline during the round or never took its task
     stragglers: int = 0  # selected, online, and not in time
+    privacy: PrivacySpent | None = None  # differential privacy spent with this round in (None: none given)
 
 
 def store_round(
@@ -41,7 +43,10 @@ def store_round(
 
     decisions, the devices' latest word decisions, calibrate the ONNX model's threshold if given.
     """
-    blob = weights.encode(arrays, metadata={"round": str(round)})
+    metadata = {"round": str(round)}
+    if tally.privacy is not None:
+        metadata |= {"dp_epsilon": repr(tally.privacy.epsilon), "dp_delta": repr(tally.privacy.delta)}
+    blob = weights.encode(arrays, metadata=metadata)
     evaluation = model.evaluate(arrays)
     onnx = model.to_onnx(arrays, round, decisions)
     finished = time.time()
@@ -61,6 +66,8 @@ def store_round(
         onnx_sha256=weights.sha256(onnx),
         withdrawn=tally.withdrawn,
         stragglers=tally.stragglers,
+        dp_epsilon=tally.privacy.epsilon if tally.privacy else None,
+        dp_delta=tally.privacy.delta if tally.privacy else None,
     )
     teacher_blob = weights.encode(teacher, metadata={"round": str(round)}) if teacher is not None else None
     store.save_round(record, blob, onnx, tally.updates, teacher_blob)

@@ -4,10 +4,19 @@ from collections.abc import Callable, Mapping
 from functools import partial
 from typing import Any
 
-from fedspeech.coordinator.strategies.base import Needs, Result, RoundPlan, ServerSide, Strategy, Work
+from fedspeech.coordinator.strategies.base import (
+    Needs,
+    PrivacySpent,
+    Result,
+    RoundPlan,
+    ServerSide,
+    Strategy,
+    Work,
+)
 from fedspeech.coordinator.strategies.ca2fl import CachedCalibration
 from fedspeech.coordinator.strategies.class_prior import ClassPrior
 from fedspeech.coordinator.strategies.clipped import NormClipped
+from fedspeech.coordinator.strategies.dp_fedavg import DPFedAvg
 from fedspeech.coordinator.strategies.fedavg import FedAvg
 from fedspeech.coordinator.strategies.fedbn import FedBN
 from fedspeech.coordinator.strategies.fedbuff import FedBuff
@@ -61,6 +70,8 @@ STRATEGIES: dict[str, Callable[..., Strategy]] = {
     "grouped": GroupedSequential,
     "class_prior": ClassPrior,
     "mkd": MutualDistillation,
+    # user-level differential privacy: devices sampled at a rate, changes clipped, noise on their sum
+    "dp_fedavg": DPFedAvg,
 }
 
 
@@ -95,6 +106,7 @@ def summing() -> list[str]:
 __all__ = [
     "STRATEGIES",
     "Needs",
+    "PrivacySpent",
     "Result",
     "RoundPlan",
     "ServerSide",

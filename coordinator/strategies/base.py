@@ -74,6 +74,14 @@ Mode = Literal["parallel", "buffered", "chained"]
 
 
 @dataclass(frozen=True)
+class PrivacySpent:
+    """Differential privacy's guarantee after some rounds: (epsilon, delta)."""
+
+    epsilon: float
+    delta: float
+
+
+@dataclass(frozen=True)
 class Needs:
     """What a strategy needs beyond devices that train: checked before a run starts."""
 
@@ -132,6 +140,14 @@ class Strategy(ABC):
         own = type(self)
         plain = own.aggregate is Strategy.aggregate and own.before_aggregate is Strategy.before_aggregate
         return plain and self.mode == "parallel"
+
+    def privacy_after(self, rounds: int) -> PrivacySpent | None:
+        """The differential privacy spent once `rounds` rounds are aggregated: none guaranteed."""
+        return None
+
+    def stop_before(self, round: int) -> str | None:
+        """Why no more rounds may train (a privacy budget spent), in one line; None: they may."""
+        return None
 
     def after_aggregate(self, round: int, new: Arrays, server: ServerSide) -> Arrays | None:
         """A model the devices download beside the global one (a teacher), or None: none."""

@@ -43,6 +43,7 @@ LABELS = {  # the labels the coordinator's metrics carry, and their values
     "reason": {"unauthorized", "too_large", "invalid", "not_wanted"},
     "direction": {"up", "down"},
     "evaluation": {"central", "federated"},
+    "delta": None,  # differential privacy's delta, any the operator sets
     "le": None,
 }
 # PromQL's functions and keywords the dashboard may use; any other name in an expression must be a metric

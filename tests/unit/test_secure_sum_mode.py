@@ -159,7 +159,9 @@ def test_a_device_without_an_identity_key_is_left_out(tmp_path):
     assert fleet.store.rounds()[1].accuracy == pytest.approx(2.0, abs=1e-6)
 
 
-@pytest.mark.parametrize("strategy", ["median", "trimmed_mean", "krum", "quality", "hardware", "fedbuff"])
+@pytest.mark.parametrize(
+    "strategy", ["median", "trimmed_mean", "krum", "quality", "hardware", "fedbuff", "dp_fedavg"]
+)
 def test_a_strategy_that_needs_each_update_alone_is_refused_at_start(tmp_path, strategy):
     with pytest.raises(ValueError, match=f"the {strategy} strategy cannot run with secure aggregation"):
         secure_fleet(tmp_path, strategy=strategy)

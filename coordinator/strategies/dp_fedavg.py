@@ -1,0 +1,72 @@
+"""DP-FedAvg (McMahan et al. 2018, "Learning Differentially Private Recurrent Language Models"):
+user-level differential privacy on the coordinator. Each device is taken into a round with probability
+`sampling_rate` (Poisson sampling, which the privacy accountant's amplification assumes), each update's
+change is clipped to norm `clip`, and Gaussian noise of noise_multiplier * clip is added to their sum,
+divided by the expected number of devices. Epsilon after each round comes from dp-accounting; training
+stops before a round that would spend more than `epsilon` (0: no budget).
+"""
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from fedspeech.coordinator.aggregate import dp_mean
+from fedspeech.coordinator.privacy_budget import epsilon_spent
+from fedspeech.coordinator.strategies.base import PrivacySpent, Result, RoundPlan, Strategy, Work
+from fedspeech.coordinator.strategies.params import StrategyParams, setting
+from fedspeech.protocol.messages import Profile
+from fedspeech.protocol.weights import Arrays
+
+
+class DPFedAvg(Strategy):
+    """Devices sampled at a fixed rate, their changes clipped and summed with Gaussian noise."""
+
+    name = "dp_fedavg"
+
+    @dataclass(frozen=True)
+    class Params(StrategyParams):
+        """DP-FedAvg's settings."""
+
+        noise_multiplier: float = setting(1.0, 0.01, 1000.0, "the noise's deviation, as a multiple of clip")
+        clip: float = setting(1.0, 1e-6, 1000.0, "the L2 norm each device's change is clipped to")
+        delta: float = setting(1e-5, 1e-12, 0.09, "the delta epsilon is spent at")
+        epsilon: float = setting(0.0, 0.0, 1e6, "the budget: no round past it (0: none)")
+        sampling_rate: float = setting(1.0, 1e-4, 1.0, "each device's chance of being in a round")
+
+    params: Params
+
+    def __init__(self, k: int, epochs: int, params: StrategyParams | None = None) -> None:
+        super().__init__(k, epochs, params)
+        self._expected = 1.0  # devices a round expects: its denominator, whoever answers
+        self._noise = np.random.default_rng()  # fresh entropy: noise no one can replay from a seed
+
+    def configure_round(self, round: int, pool: Mapping[str, Profile], rng: np.random.Generator) -> RoundPlan:
+        """Each device of the pool with probability sampling_rate, for the configured epochs."""
+        rate = self.params.sampling_rate
+        chosen = [d for d in sorted(pool) if rng.random() < rate]
+        self._expected = max(rate * len(pool), 1.0)
+        return RoundPlan({d: Work(self.epochs) for d in chosen}, needed=len(chosen))
+
+    def aggregate(self, round: int, results: Sequence[Result], current: Arrays) -> Arrays:
+        """The clipped changes' sum with noise, over the expected number of devices, onto current."""
+        p = self.params
+        return dp_mean(
+            current, [r.arrays for r in results], p.clip, p.noise_multiplier, self._expected, self._noise
+        )
+
+    def privacy_after(self, rounds: int) -> PrivacySpent:
+        """Epsilon at delta once `rounds` rounds are aggregated, from the accountant."""
+        p = self.params
+        return PrivacySpent(epsilon_spent(p.noise_multiplier, p.sampling_rate, rounds, p.delta), p.delta)
+
+    def stop_before(self, round: int) -> str | None:
+        """Why round may not train: it would spend more than the budget."""
+        budget = self.params.epsilon
+        after = self.privacy_after(round).epsilon
+        if budget and after > budget:
+            return (
+                f"the privacy budget is spent: round {round} would bring epsilon to {after:.3g}, past "
+                f"{budget:g} at delta {self.params.delta:g}; training stops, round {round - 1}'s model stays"
+            )
+        return None

@@ -1,0 +1,49 @@
+"""DP-FedAvg through the round loop with fake devices: epsilon in every round record, equal to what
+dp-accounting gives composed round by round, and training stopped before the budget is passed.
+"""
+
+import numpy as np
+import pytest
+
+from fedspeech.coordinator.strategies import Result, make_strategy
+from fedspeech.protocol import weights
+from tests.helpers.fake_fleet import Fleet
+from tests.unit.test_privacy_budget import independently
+
+pytestmark = pytest.mark.timeout(30)
+
+
+def test_each_round_records_the_accountants_epsilon_and_training_stops_at_the_budget(tmp_path, caplog):
+    budget = (independently(2.0, 1.0, 3, 1e-5) + independently(2.0, 1.0, 4, 1e-5)) / 2  # room for 3 rounds
+    options = {"noise_multiplier": 2.0, "clip": 0.5, "epsilon": budget}
+    fleet = Fleet(tmp_path, rounds=10, strategy="dp_fedavg", strategy_options=options)
+    for device in "abc":
+        fleet.device(device, value=1.0)
+    fleet.finish()
+    rounds = fleet.store.rounds()
+    assert [r.round for r in rounds] == [0, 1, 2, 3], "no round past the budget"
+    assert rounds[0].dp_epsilon is None
+    for r in rounds[1:]:
+        assert r.dp_epsilon == pytest.approx(independently(2.0, 1.0, r.round, 1e-5), rel=1e-9)
+        assert r.dp_delta == 1e-5
+    assert "the privacy budget is spent: round 4 would bring epsilon" in caplog.text
+    stored = fleet.store.model_path(3, "weights").read_bytes()
+    metadata = weights.decode(stored)[1]
+    assert float(metadata["dp_epsilon"]) == rounds[3].dp_epsilon, "the model says what it cost"
+
+
+def test_one_device_moves_the_model_by_at_most_the_clip_over_the_expected_count_plus_noise(tmp_path):
+    strategy = make_strategy("dp_fedavg", 1, 1, {"noise_multiplier": 1e-2, "clip": 0.1, "sampling_rate": 1.0})
+    plan = strategy.configure_round(1, dict.fromkeys(["a", "b", "c", "d"]), np.random.default_rng(0))
+    assert sorted(plan.work) == ["a", "b", "c", "d"]
+    current = {"w": np.zeros(2, np.float32)}
+    results = [Result("a", {"w": np.full(2, 100.0, np.float32)}, 10)]  # one device far away
+    step = strategy.aggregate(1, results, current)["w"]
+    assert np.linalg.norm(step) < 0.1 / 4 + 5 * 1e-3 * np.sqrt(2), "clip / 4 expected devices, and noise"
+
+
+def test_devices_are_sampled_at_the_rate(tmp_path):
+    strategy = make_strategy("dp_fedavg", 1, 1, {"sampling_rate": 0.1})
+    pool = dict.fromkeys(f"d{n}" for n in range(1000))
+    counts = [len(strategy.configure_round(r, pool, np.random.default_rng(r)).work) for r in range(20)]
+    assert 80 < np.mean(counts) < 120
