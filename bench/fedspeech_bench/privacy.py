@@ -1,4 +1,5 @@
-"""`fedspeech bench privacy`: what secure aggregation costs, against plain FedAvg, for fleets of n devices.
+"""`fedspeech bench privacy`: what secure aggregation costs, against plain FedAvg, for fleets of n devices,
+and what it hides from a coordinator that tries to infer each device's labels (label_attack).
 
 One round of the secure sum runs in this process, through the device's and the coordinator's own phase
 code (edge_client.secure_sum_device, coordinator.secure_sum_server), with no transport: every device
@@ -170,8 +171,12 @@ def plot(results: list[Costs], out: Path) -> Path:
     return path
 
 
-def run_privacy_bench(out: Path, devices: list[int], length: int) -> Path:
-    """Measure each fleet size, then write results.md, results.json and the plot into out."""
+def run_privacy_bench(out: Path, devices: list[int], length: int, attack_devices: int = 20) -> Path:
+    """Measure each fleet size and run the label-inference attack, then write results.md, results.json
+    and the plots into out.
+    """
+    from fedspeech_bench.label_attack import MISSING, attack_plot, attack_table, run_attack
+
     out.mkdir(parents=True, exist_ok=True)
     results = []
     for n in devices:
@@ -180,8 +185,15 @@ def run_privacy_bench(out: Path, devices: list[int], length: int) -> Path:
     text = table(results, length)
     print(text)
     picture = plot(results, out)
-    (out / "results.md").write_text(f"# bench privacy\n\n{text}\n\n![costs]({picture.name})\n")
-    (out / "results.json").write_text(json.dumps([asdict(r) for r in results], indent=1))
+    scores = run_attack(attack_devices)
+    attack = attack_table(scores, MISSING)
+    print(attack)
+    bars = attack_plot(scores, out)
+    (out / "results.md").write_text(
+        f"# bench privacy\n\n{text}\n\n![costs]({picture.name})\n\n{attack}\n\n![attack]({bars.name})\n"
+    )
+    report = {"costs": [asdict(r) for r in results], "attack": [asdict(s) for s in scores]}
+    (out / "results.json").write_text(json.dumps(report, indent=1))
     return out / "results.md"
 
 
@@ -203,6 +215,12 @@ def add_parser(bench_subparsers: argparse._SubParsersAction) -> None:
         default=DEMO_LENGTH,
         help=f"weights per update (default {DEMO_LENGTH}: the demo's)",
     )
+    p.add_argument(
+        "--attack-devices",
+        type=int,
+        default=20,
+        help="devices of the label-skewed FSDD fleet the label-inference attack runs on (default 20)",
+    )
     p.add_argument("--out", type=Path, default=Path("fedspeech-bench-privacy"), help="where results go")
     p.set_defaults(run=run_from_args)
 
@@ -211,4 +229,8 @@ def run_from_args(args: argparse.Namespace) -> None:
     """`fedspeech bench privacy`: check the options, then run."""
     if not 1 <= args.length <= 100_000_000:
         raise SystemExit(f"fedspeech bench privacy: --length must be from 1 to 100000000, not {args.length}")
-    run_privacy_bench(args.out, args.devices, args.length)
+    if not 2 <= args.attack_devices <= 1000:
+        raise SystemExit(
+            f"fedspeech bench privacy: --attack-devices must be from 2 to 1000, not {args.attack_devices}"
+        )
+    run_privacy_bench(args.out, args.devices, args.length, args.attack_devices)
