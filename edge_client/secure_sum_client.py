@@ -14,7 +14,6 @@ from fedspeech.edge_client.http_requests import Dropped
 from fedspeech.edge_client.secure_sum_device import DeviceRound
 from fedspeech.protocol import secure_sum as ss
 from fedspeech.protocol import secure_sum_wire as wire
-from fedspeech.protocol import signing
 from fedspeech.protocol.bounds import ProtocolError
 from fedspeech.protocol.messages import SecureSum, Task
 from fedspeech.protocol.weights import Arrays
@@ -42,8 +41,7 @@ class SecureUpload:
         try:
             self._post("adverts", wire.advert_body(self._round.advert()))
             adverts, identities = wire.read_adverts(self._outcome("adverts"), self.task.round)
-            keys = {device: signing.parse_public_key(key) for device, key in identities.items()}
-            self._post("shares", wire.shares_body(self._round.share(adverts, keys)))
+            self._post("shares", wire.shares_body(self._round.share(adverts, identities)))
             self._sharers, self._sealed = wire.read_sharers(self._outcome("shares"))
         except ProtocolError as exc:
             raise Dropped(f"secure sum of round {self.task.round}: {exc}") from None

@@ -126,8 +126,5 @@ class DeviceRound:
         self._answered = True
         return Unmasking(self.device_id, self.round, seeds, keys)
 
-    def _pair(self, other: str) -> bytes:
-        return pair_context(self.round, self.device_id, other)
-
     def _public(self, device: str, name: str) -> X25519PublicKey:
         return X25519PublicKey.from_public_bytes(getattr(self._adverts[device], name))

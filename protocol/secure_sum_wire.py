@@ -10,9 +10,11 @@ from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
+from fedspeech.protocol import signing
 from fedspeech.protocol.bounds import DEVICE_ID, ProtocolError
-from fedspeech.protocol.message_checks import MAX_SECURE_DEVICES, is_public_key
+from fedspeech.protocol.message_checks import MAX_SECURE_DEVICES
 from fedspeech.protocol.secure_sum import SEED_BYTES
 from fedspeech.protocol.secure_sum_phases import (
     KEY_BYTES,
@@ -87,7 +89,11 @@ def advert_body(advert: Advert) -> bytes:
 
 def read_advert(body: bytes, device_id: str, round: int) -> Advert:
     """The advert of device_id in round from its body (its signature is checked by the caller)."""
-    value = _object(body)
+    return _advert(_object(body), device_id, round)
+
+
+def _advert(value: Mapping[str, Any], device_id: str, round: int) -> Advert:
+    """The advert of device_id in round from its parsed fields."""
     keys = {
         name: _bytes(value.get(name), KEY_BYTES, name) for name in ("share_key", "mask_key", "seed_digest")
     }
@@ -105,8 +111,8 @@ def adverts_body(adverts: list[Advert], identities: Mapping[str, str]) -> bytes:
     return _dump({"adverts": entries})
 
 
-def read_adverts(body: bytes, round: int) -> tuple[list[Advert], dict[str, str]]:
-    """The adverts of round and their devices' identity keys (base64), from phase 1's outcome."""
+def read_adverts(body: bytes, round: int) -> tuple[list[Advert], dict[str, Ed25519PublicKey]]:
+    """The adverts of round and their devices' identity keys, from phase 1's outcome."""
     entries = _object(body).get("adverts")
     if not isinstance(entries, list) or len(entries) > MAX_SECURE_DEVICES:
         raise ProtocolError(f"adverts: not a list of at most {MAX_SECURE_DEVICES}")
@@ -116,10 +122,10 @@ def read_adverts(body: bytes, round: int) -> tuple[list[Advert], dict[str, str]]
             raise ProtocolError("adverts: an entry is not an object")
         device = _device(entry.get("device_id"), "an advert's device")
         key = entry.get("identity_key")
-        if not isinstance(key, str) or not is_public_key(key):
-            raise ProtocolError(f"the identity key of {device} is not an Ed25519 key in base64")
-        adverts.append(read_advert(_dump(entry), device, round))
-        identities[device] = key
+        if not isinstance(key, str):
+            raise ProtocolError(f"the identity key of {device} is not text")
+        identities[device] = signing.parse_public_key(key)
+        adverts.append(_advert(entry, device, round))
     return adverts, identities
 
 

@@ -89,9 +89,8 @@ def test_a_masked_update_of_the_wrong_size_is_refused_before_its_body_is_read(ht
         post(http, d, "adverts", wire.advert_body(device.advert()))
     http.desk.close()
     adverts, identities = wire.read_adverts(get(http, "a", "adverts").data, 7)
-    keys = {d: signing.parse_public_key(k) for d, k in identities.items()}
     for d, device in devices.items():
-        assert post(http, d, "shares", wire.shares_body(device.share(adverts, keys))).status_code == 200
+        assert post(http, d, "shares", wire.shares_body(device.share(adverts, identities))).status_code == 200
     assert http.desk.close() == ["a", "b"]  # the masked phase is open
     assert post(http, "a", "masked", bytes(4 * LENGTH + 4)).status_code == 413
     short = post(http, "a", "masked", bytes(4 * LENGTH - 4))

@@ -72,8 +72,7 @@ class SecureDevice:
             if not post("adverts", wire.advert_body(device.advert())):
                 return
             adverts, identities = wire.read_adverts(outcome("adverts"), task.round)
-            keys = {d: signing.parse_public_key(k) for d, k in identities.items()}
-            if not post("shares", wire.shares_body(device.share(adverts, keys))):
+            if not post("shares", wire.shares_body(device.share(adverts, identities))):
                 return
             sharers, sealed = wire.read_sharers(outcome("shares"))
             trained = {name: np.full_like(array, self.value) for name, array in received.items()}
