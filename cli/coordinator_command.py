@@ -10,7 +10,7 @@ import errno
 import logging
 import signal
 import threading
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -27,6 +27,7 @@ from fedspeech.connection_options import (
 )
 from fedspeech.installed_commands import require_extra
 from fedspeech.models.architectures import MODELS, NEW_BLOCKS
+from fedspeech.privacy_options import add_dp_options, dp_options
 from fedspeech.protocol.files import warn_if_readable
 from fedspeech.protocol.topics import DEFAULT_ROOT
 from fedspeech.protocol.weights import PRECISIONS
@@ -43,13 +44,11 @@ def run(args: argparse.Namespace) -> None:
     """`fedspeech coordinator`: the service from its settings, until SIGTERM or SIGINT."""
     require_extra("coordinator")
     from fedspeech.coordinator.app import TopicRootTaken, create_app, serve
-    from fedspeech.coordinator.config_sources import ConfigError, combine, source_layers
     from fedspeech.models.clips.tasks import TaskFileError
 
-    try:  # defaults < --config FILE < FEDSPEECH_* variables < options
-        layers = source_layers(args)
-        config = combine(*layers)
-    except ConfigError as exc:
+    try:
+        config, layers = settings(args)
+    except ValueError as exc:
         raise SystemExit(f"fedspeech coordinator: {exc}") from None
     _check_paths(config, layers)
     _check_before_start(config)  # one line before anything starts or logs
@@ -86,6 +85,39 @@ def run(args: argparse.Namespace) -> None:
     service.stop()
     if service.link.refusal is not None:
         raise SystemExit(f"fedspeech coordinator: {service.link.refusal}")
+
+
+def settings(
+    args: argparse.Namespace, environ: "Mapping[str, str] | None" = None
+) -> "tuple[CoordinatorConfig, list[Layer]]":
+    """The service's settings: defaults < --config FILE < FEDSPEECH_* variables < options, the --dp-*
+    ones last, with the noise calibrated to their epsilon where they give no multiplier; and the layers.
+    ValueError (a ConfigError naming the option, the variable or the file) for a setting that cannot be.
+    """
+    from fedspeech.coordinator.config_sources import combine, source_layers
+    from fedspeech.coordinator.strategies.dp_fedavg import calibrated
+
+    dp = dp_options(args)
+    if dp and args.strategy not in (None, "dp_fedavg"):
+        raise ValueError(
+            f"the --dp-* options are the dp_fedavg strategy's settings, not {args.strategy}'s: leave out "
+            "--strategy"
+        )
+    layers = source_layers(
+        argparse.Namespace(**{**vars(args), "strategy": "dp_fedavg"}) if dp else args, environ
+    )
+    config = combine(*layers)
+    if not dp:
+        return config, layers
+    rounds = config.rounds
+    given = {**rounds.strategy_options, **dp}
+    options = calibrated(given, rounds.rounds)
+    if "noise_multiplier" not in given and "noise_multiplier" in options:
+        logging.getLogger(__name__).info(
+            "noise multiplier %.4g: the least that keeps %d rounds within epsilon %g",
+            options["noise_multiplier"], rounds.rounds, options["epsilon"],
+        )  # fmt: skip
+    return config.changed(strategy_options=options), layers
 
 
 def _check_paths(config: "CoordinatorConfig", layers: "Sequence[Layer]") -> None:
@@ -243,6 +275,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         type=float,
         help="seconds devices have to agree keys, and again to unmask the sum (default 30)",
     )
+    add_dp_options(c)
     c.add_argument("--topic-root", help=f"root of the MQTT topics (default {DEFAULT_ROOT})")
     c.add_argument(
         "--take-over-topic-root",

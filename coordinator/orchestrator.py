@@ -50,7 +50,7 @@ class Orchestrator:
     def __init__(self, config: RoundConfig, store: Store, link: DeviceLink, model: ModelOps) -> None:
         self.config, self.store, self.link, self.model = config, store, link, model
         self.strategy = make_strategy(config.strategy, config.k, config.epochs, config.strategy_options)
-        if config.secure_aggregation and not self.strategy.sums_updates():
+        if config.secure_aggregation and self.strategy.secure_terms() is None:
             raise ValueError(
                 f"the {self.strategy.name} strategy cannot run with secure aggregation: it needs each "
                 f"update alone, and the coordinator then sees only their sum ({', '.join(summing())} can)"
@@ -148,10 +148,11 @@ class Orchestrator:
             self.strategy.on_round_end(round, plan, on_time, missed, [])
             return None
         results = sorted(results, key=lambda r: r.device_id)
-        if not collected.combined:  # each update alone: bounded in norm, then as the strategy sees them
-            results = self._norm_bounded(round, results)
-        results = self.strategy.before_aggregate(round, results, self._clips)
-        aggregated = self._aggregate(round, results)
+        if collected.combined is not None:  # a secure sum: the model, from no update seen alone
+            aggregated: tuple[Arrays, list[Result]] | None = (self._full(collected.combined), results)
+        else:  # each update alone: bounded in norm, then as the strategy sees them, then combined
+            results = self.strategy.before_aggregate(round, self._norm_bounded(round, results), self._clips)
+            aggregated = self._aggregate(round, results)
         if aggregated is None:
             self.strategy.on_round_end(round, plan, on_time, missed, [])
             return None
@@ -193,7 +194,10 @@ class Orchestrator:
             work = {d: device_tasks.training(self.config, round, plan, d) for d in devices}
             return self._tasks(round, deadline, work)
 
-        return RoundContext(started, self.config, self.inbox, self.link, self.store, tasks, stop, self.desk)
+        return RoundContext(
+            started, self.config, self.inbox, self.link, self.store, tasks, stop, self.desk,
+            self.strategy.secure_terms(),
+        )  # fmt: skip
 
     def _still_training(self, ready: Sequence[str]) -> set[str]:
         """The devices busy with an earlier round's task, once the tasks no longer wanted are dropped."""

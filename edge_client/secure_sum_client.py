@@ -7,11 +7,12 @@ waits for each phase to close (a few polls a second, until the task's deadline).
 import logging
 import time
 
+import numpy as np
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from fedspeech.edge_client.coordinator_http import CoordinatorClient
 from fedspeech.edge_client.http_requests import Dropped
-from fedspeech.edge_client.secure_sum_device import DeviceRound
+from fedspeech.edge_client.secure_sum_device import DeviceRound, encode_change
 from fedspeech.protocol import secure_sum as ss
 from fedspeech.protocol import secure_sum_wire as wire
 from fedspeech.protocol.bounds import ProtocolError
@@ -47,15 +48,15 @@ class SecureUpload:
             raise Dropped(f"secure sum of round {self.task.round}: {exc}") from None
 
     def send(self, received: Arrays, trained: Arrays) -> int:
-        """Send the change from received to trained, clipped, weighted and masked, then the shares that
-        unmask the sum; the bytes sent.
+        """Send the change from received to trained, clipped, weighted, noised where asked and masked, then
+        the shares that unmask the sum; the bytes sent.
         """
         secure: SecureSum = self.settings
         base = {name: received[name] for name in trained if name in received}
         change, norm = ss.change_vector(trained, base, secure.clip)
         if norm > secure.clip:
             log.info("round %d: the change's norm %.4g clipped to %g", self.task.round, norm, secure.clip)
-        encoded = ss.FixedPoint(secure.clip, secure.devices).encode(change * secure.weight)
+        encoded = encode_change(change, secure, np.random.default_rng())  # noise no seed can replay
         try:
             masked = wire.masked_body(self._round.masked(encoded, self._sharers))
             self._post("masked", masked)

@@ -11,6 +11,7 @@ from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X
 
 from fedspeech.protocol import secure_sum as ss
 from fedspeech.protocol.bounds import ProtocolError
+from fedspeech.protocol.messages import SecureSum
 from fedspeech.protocol.secure_sum_phases import (
     Advert,
     SealedShares,
@@ -21,6 +22,15 @@ from fedspeech.protocol.secure_sum_phases import (
     seed_digest,
     share_context,
 )
+
+
+def encode_change(change: np.ndarray, secure: SecureSum, rng: np.random.Generator) -> np.ndarray:
+    """A clipped change as this device puts it into the sum: weighted, in fixed point, with its part of
+    the sum's noise where the round asks for one.
+    """
+    fixed = ss.fixed_point(secure.clip, secure.noise, secure.devices)
+    encoded = fixed.encode(change * secure.weight)
+    return ss.with_noise(encoded, secure.noise, fixed, rng) if secure.noise else encoded
 
 
 class DeviceRound:

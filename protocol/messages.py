@@ -110,8 +110,8 @@ class Credentials:
 class SecureSum:
     """How a device takes part in its round's secure sum: how many of the round's devices rebuild a
     secret, how many there are (the fixed point's range), the L2 norm its change is clipped to, its
-    weight in the sum (its training clips against the round's most), and how long past the task's
-    deadline the sum may take to unmask.
+    weight in the sum (its training clips against the round's most), how long past the task's deadline
+    the sum may take to unmask, and the deviation of the Gaussian noise it adds (differential privacy).
     """
 
     threshold: int
@@ -119,6 +119,7 @@ class SecureSum:
     clip: float
     weight: float
     unmask_s: float
+    noise: float = 0.0
 
 
 State = Literal["online", "training", "evaluating", "offline"]

@@ -69,6 +69,22 @@ class FixedPoint:
         return np.asarray(total, dtype=_RING).view(np.int32).astype(np.float64) / self.scale
 
 
+NOISE_TAILS = 8  # deviations of a device's noise that the fixed point's range holds beyond the clip
+
+
+def fixed_point(clip: float, noise: float, devices: int) -> FixedPoint:
+    """The fixed point of a sum of `devices` changes clipped to clip, each with Gaussian noise of
+    deviation `noise`: its range holds the clip and NOISE_TAILS deviations more, so the sum never wraps.
+    """
+    return FixedPoint(clip + NOISE_TAILS * noise, devices)
+
+
+def with_noise(encoded: np.ndarray, noise: float, fixed: FixedPoint, rng: np.random.Generator) -> np.ndarray:
+    """encoded with Gaussian noise of deviation `noise` added, rounded to fixed's steps, modulo 2^32."""
+    steps = np.rint(rng.normal(0.0, noise * fixed.scale, len(encoded))).astype(np.int64)
+    return (np.asarray(encoded, dtype=_RING).astype(np.int64) + steps).astype(_RING)
+
+
 def expand(seed: bytes, length: int) -> np.ndarray:
     """length pseudo-random uint32 from a 32-byte seed: the ChaCha20 key stream under a zero nonce (each
     seed is used for one vector only: self seeds are drawn anew each round, pairwise ones bound to it).

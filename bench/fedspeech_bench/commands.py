@@ -17,6 +17,7 @@ from fedspeech.connection_options import (
 )
 from fedspeech.coordinator_command import STRATEGY_NAMES
 from fedspeech.installed_commands import KNOWN
+from fedspeech.privacy_options import add_dp_options, dp_options
 from fedspeech.protocol.topics import parse_broker_url
 from fedspeech_bench.dashboard import add_parser as add_dashboard_bench_parser
 from fedspeech_bench.fleets.fleet_files import fleet_path, shipped_fleets
@@ -278,12 +279,23 @@ def _add_listen_bench_parser(bench_subparsers: argparse._SubParsersAction) -> No
 
 
 def _demo(args: argparse.Namespace) -> None:
-    from fedspeech.coordinator.strategies import STRATEGIES
+    from fedspeech.coordinator.strategies import STRATEGIES, strategy_params
+    from fedspeech.coordinator.strategies.dp_fedavg import calibrated
     from fedspeech_bench.demo import DemoConfig, run_demo
 
     if args.strategy is not None and args.strategy not in STRATEGIES:
         known = ", ".join(STRATEGIES)
         raise SystemExit(f"fedspeech demo: unknown strategy {args.strategy!r}, expected one of {known}")
+    dp = dp_options(args)
+    if dp and args.strategy not in (None, "dp_fedavg"):
+        raise SystemExit(
+            "fedspeech demo: the --dp-* options are the dp_fedavg strategy's: leave out --strategy"
+        )
+    try:
+        options = calibrated(dp, args.rounds)
+        strategy_params("dp_fedavg", options)
+    except ValueError as exc:
+        raise SystemExit(f"fedspeech demo: {exc}") from None
     fleet = None if args.fleet is None else fleet_path(args.fleet)
     if fleet is not None and not fleet.is_file():
         raise SystemExit(
@@ -303,7 +315,8 @@ def _demo(args: argparse.Namespace) -> None:
         DemoConfig(
             out=args.out,
             fleet=None if args.full_speed else fleet or DemoConfig.fleet,
-            strategy=args.strategy or DemoConfig.strategy,
+            strategy="dp_fedavg" if dp else args.strategy or DemoConfig.strategy,
+            strategy_options=options,
             rounds=args.rounds,
             epochs=args.epochs,
             broker_url=args.broker,
@@ -356,4 +369,5 @@ def add_demo_parser(subparsers: argparse._SubParsersAction) -> None:
     m.add_argument(
         "--eval-every", type=at_least(0), help="devices evaluate every N rounds' model (default 5)"
     )
+    add_dp_options(m)
     m.set_defaults(run=_demo)

@@ -8,8 +8,8 @@ import json
 import logging
 import shutil
 import time
-from collections.abc import Callable
-from dataclasses import asdict, dataclass, replace
+from collections.abc import Callable, Mapping
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 from fedspeech.coordinator.records import RoundRecord
@@ -51,6 +51,7 @@ class DemoConfig:
     # coordinator's held-out set scores every round anyway
     eval_every: int = 5
     secure_aggregation: bool = False  # the coordinator sees only each round's sum of updates
+    strategy_options: Mapping[str, float] = field(default_factory=dict)  # e.g. dp_fedavg's noise
 
 
 def federated_text(r: RoundRecord) -> str:
@@ -157,6 +158,7 @@ def run_demo(cfg: DemoConfig) -> dict:
         rounds=cfg.rounds,
         round_timeout_s=cfg.round_timeout_s,
         strategy=cfg.strategy,
+        strategy_options=cfg.strategy_options,
         eval_every=cfg.eval_every,
         final_lr_fraction=DEMO_FINAL_LR_FRACTION,
         server_momentum=DEMO_SERVER_MOMENTUM,

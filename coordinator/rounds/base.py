@@ -10,8 +10,9 @@ from fedspeech.coordinator.open_round import OpenRound
 from fedspeech.coordinator.ports import DeviceLink
 from fedspeech.coordinator.secure_sum_desk import SecureSumDesk
 from fedspeech.coordinator.store import Store
-from fedspeech.coordinator.strategies import Result, RoundPlan
+from fedspeech.coordinator.strategies import Result, RoundPlan, SecureTerms
 from fedspeech.protocol.messages import Task
+from fedspeech.protocol.weights import Arrays
 
 # the round's training tasks for these devices, due at that time, on the latest global model
 TaskMaker = Callable[[Sequence[str], float], dict[str, Task]]
@@ -29,6 +30,7 @@ class RoundContext:
     tasks: TaskMaker
     stop: threading.Event  # set: the mode returns as soon as it can
     desk: SecureSumDesk = field(default_factory=SecureSumDesk)  # a secure sum's phases, for its mode
+    secure_terms: SecureTerms | None = None  # how a secure sum gives the strategy's model (None: FedAvg)
 
 
 @dataclass(frozen=True)
@@ -40,8 +42,8 @@ class Collected:
     missed: bool  # whether a device selected did not answer in time
     # a result's device -> the devices whose updates it carries (by default, its own alone)
     stands_for: Mapping[str, Sequence[str]] = field(default_factory=dict)
-    # the results are the round's combined model already (a secure sum's): no update is seen alone
-    combined: bool = False
+    # the round's new model already (a secure sum's): no update was seen alone, none is aggregated again
+    combined: Arrays | None = None
 
     def devices_in(self, results: Sequence[Result]) -> set[str]:
         """The devices whose updates went into these results."""

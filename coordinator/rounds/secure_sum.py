@@ -7,8 +7,9 @@ advertises fresh keys, hands the others sealed shares of its secrets, trains, up
 weighted by its clips and masked, and gives up the shares that unmask the sum of those that uploaded. Each
 phase closes when every device it expects has answered, or at its time; a device that drops out after the
 keys are agreed is masked out of the sum from its shares. Too few devices left at any phase, and the round
-fails: it is run again, never aggregated from a wrong sum. Every result handed back is the round's mean
-update, one per device in it: the strategy's weighted mean of them is that mean again.
+fails: it is run again, never aggregated from a wrong sum. The strategy's terms say how the sum becomes
+the new model: the changes' clip, their weights (by clips, or alike), the Gaussian noise the devices add
+in parts (distributed differential privacy) and what the sum is divided by.
 """
 
 import logging
@@ -22,7 +23,7 @@ from fedspeech.coordinator.open_round import OpenRound
 from fedspeech.coordinator.records import UpdateRecord
 from fedspeech.coordinator.rounds.base import Collected, RoundContext
 from fedspeech.coordinator.secure_sum_server import ServerRound
-from fedspeech.coordinator.strategies import Result, RoundPlan
+from fedspeech.coordinator.strategies import Result, RoundPlan, SecureTerms
 from fedspeech.protocol import secure_sum as ss
 from fedspeech.protocol import signing
 from fedspeech.protocol.bounds import ProtocolError
@@ -34,6 +35,20 @@ log = logging.getLogger(__name__)
 def threshold(devices: int, fraction: float) -> int:
     """How many of a round's devices rebuild a secret: the fraction of them, rounded up, at least 2."""
     return max(2, math.ceil(fraction * devices - 1e-9))
+
+
+def device_noise(noise_multiplier: float, clip: float, threshold: int, devices: int, length: int) -> float:
+    """Each device's part of the sum's Gaussian noise: its deviation, so that the noise of `threshold`
+    devices or more is noise_multiplier times what one device can move the sum by (its clip, and the
+    fixed point's rounding of its `length` values) at the least.
+    """
+    if not noise_multiplier:
+        return 0.0
+    coarsest = ss.fixed_point(clip, noise_multiplier * clip, devices)  # no round's steps are longer
+    reach = clip + 0.5 * math.sqrt(length) / coarsest.scale
+    # The sum of rounded Gaussians at deviations of millions of steps is the Gaussian mechanism for the
+    # accountant; the distributed discrete Gaussian (Kairouz et al. 2021) makes this exact at few steps.
+    return noise_multiplier * reach / math.sqrt(threshold)
 
 
 def weights(samples: dict[str, int]) -> dict[str, float]:
@@ -55,10 +70,12 @@ def train(round: int, plan: RoundPlan, context: RoundContext) -> Collected:
     current = inbox.shared(inbox.current)
     length = sum(current[name].size for name in ss.layout(current))
     samples = {d: (record.num_samples if (record := context.store.device(d)) else 1) for d in devices}
-    share = weights(samples)
-    clip, unmask_s = config.secure_clip, config.secure_keys_timeout_s
+    terms = context.secure_terms or SecureTerms()
+    share = weights(samples) if terms.weighted else dict.fromkeys(devices, 1.0)
+    clip, unmask_s = terms.clip or config.secure_clip, config.secure_keys_timeout_s
+    noise = device_noise(terms.noise_multiplier, clip, needed, len(devices), length)
     tasks = {
-        d: replace(task, secure_sum=SecureSum(needed, len(devices), clip, share[d], unmask_s))
+        d: replace(task, secure_sum=SecureSum(needed, len(devices), clip, share[d], unmask_s, noise))
         for d, task in context.tasks(devices, deadline).items()
     }
     inbox.open(OpenRound(round, context.started, deadline, tasks, plan.needed, frozenset()))
@@ -84,16 +101,20 @@ def train(round: int, plan: RoundPlan, context: RoundContext) -> Collected:
     closed.bytes_down += bytes_down
     if context.stop.is_set() or not survivors:
         return Collected(closed, [], missed)
-    fixed, weight = ss.FixedPoint(config.secure_clip, len(devices)), sum(share[d] for d in survivors)
-    new = ss.with_change(current, fixed.decode(total) / weight)
+    fixed = ss.fixed_point(clip, noise, len(devices))
+    denominator = terms.denominator or sum(share[d] for d in survivors)
+    new = ss.with_change(current, fixed.decode(total) / denominator)
     for device in survivors:
-        result = Result(device, new, samples[device])
-        closed.updates[device] = (result, UpdateRecord(device, samples[device], None, None, ""))
+        closed.updates[device] = (
+            Result(device, new, samples[device]),
+            UpdateRecord(device, samples[device], None, None, ""),
+        )
+    noised = f", with noise of deviation {noise:.4g} added on each device" if noise else ""
     log.info(
-        "round %d: the secure sum of %d devices' changes, each clipped to %g; its mean off by at most %.3g "
-        "a weight in fixed point", round, len(survivors), config.secure_clip, fixed.max_error / weight,
+        "round %d: the secure sum of %d devices' changes, each clipped to %g%s; its mean off by at most "
+        "%.3g a weight in fixed point", round, len(survivors), clip, noised, fixed.max_error / denominator,
     )  # fmt: skip
-    return Collected(closed, [closed.updates[d][0] for d in survivors], missed, combined=True)
+    return Collected(closed, [closed.updates[d][0] for d in survivors], missed, combined=new)
 
 
 def _phases(

@@ -9,6 +9,7 @@ from fedspeech.coordinator.strategies.base import (
     PrivacySpent,
     Result,
     RoundPlan,
+    SecureTerms,
     ServerSide,
     Strategy,
     Work,
@@ -99,8 +100,8 @@ def make_strategy(name: str, k: int, epochs: int, options: Mapping[str, Any] | N
 
 
 def summing() -> list[str]:
-    """The strategies a secure sum can run: those whose new model is the weighted mean of the updates."""
-    return [name for name in STRATEGIES if make_strategy(name, 1, 1).sums_updates()]
+    """The strategies a secure sum can run: those whose new model a sum of the updates gives."""
+    return [name for name in STRATEGIES if make_strategy(name, 1, 1).secure_terms() is not None]
 
 
 __all__ = [
@@ -109,6 +110,7 @@ __all__ = [
     "PrivacySpent",
     "Result",
     "RoundPlan",
+    "SecureTerms",
     "ServerSide",
     "Strategy",
     "StrategyParams",

@@ -82,6 +82,20 @@ class PrivacySpent:
 
 
 @dataclass(frozen=True)
+class SecureTerms:
+    """How a secure sum gives a strategy's new model: the changes' clip, the noise the devices add to it,
+    whether changes are weighted by their clips, and what the sum is divided by.
+    """
+
+    clip: float | None = None  # each change's L2 norm; None: the coordinator's secure_clip
+    # Gaussian noise on the sum, as a multiple of the clip: the devices add it in parts, so that no one
+    # ever sees the sum without it (distributed differential privacy)
+    noise_multiplier: float = 0.0
+    weighted: bool = True  # each change weighted by the device's clips; False: all alike
+    denominator: float | None = None  # the sum divided by it; None: the weights of the changes summed
+
+
+@dataclass(frozen=True)
 class Needs:
     """What a strategy needs beyond devices that train: checked before a run starts."""
 
@@ -132,14 +146,14 @@ class Strategy(ABC):
         """The new global weights from the results and current, the model they started from: FedAvg."""
         return fedavg([r.arrays for r in results], [r.num_samples for r in results])
 
-    def sums_updates(self) -> bool:
-        """Whether the new model is the mean of the round's updates weighted by their samples, which a
-        secure sum gives without the coordinator seeing one update: a strategy that trains in parallel and
-        neither scores nor combines updates its own way.
+    def secure_terms(self) -> SecureTerms | None:
+        """How a secure sum gives this round's new model without the coordinator seeing one update, or
+        None where it cannot: here FedAvg, for a strategy that trains in parallel and neither scores nor
+        combines updates its own way.
         """
         own = type(self)
         plain = own.aggregate is Strategy.aggregate and own.before_aggregate is Strategy.before_aggregate
-        return plain and self.mode == "parallel"
+        return SecureTerms() if plain and self.mode == "parallel" else None
 
     def privacy_after(self, rounds: int) -> PrivacySpent | None:
         """The differential privacy spent once `rounds` rounds are aggregated: none guaranteed."""

@@ -4,6 +4,9 @@ user-level differential privacy on the coordinator. Each device is taken into a 
 change is clipped to norm `clip`, and Gaussian noise of noise_multiplier * clip is added to their sum,
 divided by the expected number of devices. Epsilon after each round comes from dp-accounting; training
 stops before a round that would spend more than `epsilon` (0: no budget).
+
+With secure aggregation the devices clip their own changes and add the noise in parts, each a share of
+its variance, so that nobody ever sees the sum without it: the coordinator then only divides.
 """
 
 from collections.abc import Mapping, Sequence
@@ -12,8 +15,15 @@ from dataclasses import dataclass
 import numpy as np
 
 from fedspeech.coordinator.aggregate import dp_mean
-from fedspeech.coordinator.privacy_budget import epsilon_spent
-from fedspeech.coordinator.strategies.base import PrivacySpent, Result, RoundPlan, Strategy, Work
+from fedspeech.coordinator.privacy_budget import epsilon_spent, noise_multiplier_for
+from fedspeech.coordinator.strategies.base import (
+    PrivacySpent,
+    Result,
+    RoundPlan,
+    SecureTerms,
+    Strategy,
+    Work,
+)
 from fedspeech.coordinator.strategies.params import StrategyParams, setting
 from fedspeech.protocol.messages import Profile
 from fedspeech.protocol.weights import Arrays
@@ -55,6 +65,13 @@ class DPFedAvg(Strategy):
             current, [r.arrays for r in results], p.clip, p.noise_multiplier, self._expected, self._noise
         )
 
+    def secure_terms(self) -> SecureTerms:
+        """Under secure aggregation: changes clipped and noised on the devices, summed alike, divided by
+        the expected count.
+        """
+        p = self.params
+        return SecureTerms(p.clip, p.noise_multiplier, weighted=False, denominator=self._expected)
+
     def privacy_after(self, rounds: int) -> PrivacySpent:
         """Epsilon at delta once `rounds` rounds are aggregated, from the accountant."""
         p = self.params
@@ -70,3 +87,14 @@ class DPFedAvg(Strategy):
                 f"{budget:g} at delta {self.params.delta:g}; training stops, round {round - 1}'s model stays"
             )
         return None
+
+
+def calibrated(options: Mapping[str, float], rounds: int) -> dict[str, float]:
+    """DP-FedAvg's options with the least noise multiplier that keeps `rounds` rounds within their
+    epsilon, where they give an epsilon and no multiplier; as they are otherwise.
+    """
+    if "noise_multiplier" in options or not options.get("epsilon"):
+        return dict(options)
+    p = DPFedAvg.Params(**{name: float(value) for name, value in options.items()})
+    noise = noise_multiplier_for(p.epsilon, p.delta, p.sampling_rate, rounds)
+    return {**options, "noise_multiplier": noise}

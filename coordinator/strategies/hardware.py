@@ -22,7 +22,7 @@ from fedspeech.coordinator.selection import (
     select_top_k,
     update_penalties,
 )
-from fedspeech.coordinator.strategies.base import Result, RoundPlan, Strategy, Work
+from fedspeech.coordinator.strategies.base import Result, RoundPlan, SecureTerms, Strategy, Work
 from fedspeech.coordinator.strategies.params import StrategyParams, setting
 from fedspeech.protocol.messages import Profile
 from fedspeech.protocol.weights import Arrays
@@ -99,9 +99,9 @@ class HardwareAware(Strategy):
             return fedavg(updates, samples)
         return hardware_weighted(updates, samples, [self.scores[r.device_id] for r in results])
 
-    def sums_updates(self) -> bool:
+    def secure_terms(self) -> SecureTerms | None:
         """Without the n_i * S_i weighting, FedAvg: a secure sum gives it."""
-        return not self.weighted and self.mode == "parallel"
+        return SecureTerms() if not self.weighted and self.mode == "parallel" else None
 
     def on_round_end(
         self, round: int, plan: RoundPlan, on_time: Set[str], deadline_missed: bool, aggregated: Sequence[str]

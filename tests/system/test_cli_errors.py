@@ -241,6 +241,16 @@ def _cases(tmp: Path, busy: int, broker: str, nothing: str) -> dict[str, tuple[l
             "coordinator",
             ["strategy trimmed_mean", "unknown setting 'mu'", "its settings: trim"],
         ),
+        "coordinator dp options with another strategy": (
+            [*coordinator, "--strategy", "fedprox", "--dp-epsilon", "8"],
+            "coordinator",
+            ["--dp-* options are the dp_fedavg strategy's", "not fedprox's"],
+        ),
+        "coordinator dp delta out of bounds": (
+            [*coordinator, "--dp-delta", "0.5"],
+            "coordinator",
+            ["delta must be between"],
+        ),
         "coordinator setting that is no name=value": (
             [*coordinator, "--strategy", "fedprox", "--strategy-opt", "mu"],
             "coordinator",

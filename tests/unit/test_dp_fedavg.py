@@ -2,10 +2,15 @@
 dp-accounting gives composed round by round, and training stopped before the budget is passed.
 """
 
+import argparse
+
 import numpy as np
 import pytest
 
+from fedspeech.coordinator.privacy_budget import epsilon_spent, noise_multiplier_for
 from fedspeech.coordinator.strategies import Result, make_strategy
+from fedspeech.coordinator.strategies.dp_fedavg import DPFedAvg, calibrated
+from fedspeech.coordinator_command import add_parser, settings
 from fedspeech.protocol import weights
 from tests.helpers.fake_fleet import Fleet
 from tests.unit.test_privacy_budget import independently
@@ -47,3 +52,22 @@ def test_devices_are_sampled_at_the_rate(tmp_path):
     pool = dict.fromkeys(f"d{n}" for n in range(1000))
     counts = [len(strategy.configure_round(r, pool, np.random.default_rng(r)).work) for r in range(20)]
     assert 80 < np.mean(counts) < 120
+
+
+def test_the_dp_options_pick_dp_fedavg_and_calibrate_its_noise_to_the_epsilon_over_the_rounds():
+    parser = argparse.ArgumentParser()
+    commands = parser.add_subparsers()
+    add_parser(commands)
+    args = parser.parse_args(
+        ["coordinator", "--rounds", "30", "--dp-epsilon", "8", "--dp-sampling-rate", "0.1"]
+    )
+    config = settings(args, {})[0]
+    options = config.rounds.strategy_options
+    assert config.rounds.strategy == "dp_fedavg" and options["epsilon"] == 8
+    z = options["noise_multiplier"]
+    assert z == pytest.approx(noise_multiplier_for(8, 1e-5, 0.1, 30))
+    assert epsilon_spent(z, 0.1, 30, 1e-5) <= 8 < epsilon_spent(z * 0.98, 0.1, 30, 1e-5)
+    strategy = DPFedAvg(1, 1, DPFedAvg.Params(**options))
+    assert strategy.stop_before(30) is None and strategy.stop_before(31) is not None
+    given = calibrated({"epsilon": 8, "noise_multiplier": 2.0}, 30)
+    assert given["noise_multiplier"] == 2.0, "a noise multiplier given is kept, the epsilon its budget"

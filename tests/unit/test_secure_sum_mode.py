@@ -11,11 +11,13 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from scipy import stats
 
 from fedspeech.coordinator.errors import NotWanted
+from fedspeech.coordinator.privacy_budget import epsilon_spent
+from fedspeech.coordinator.rounds.secure_sum import device_noise
 from fedspeech.coordinator.secure_sum_desk import SecureSumDesk
-from fedspeech.edge_client.secure_sum_device import DeviceRound
+from fedspeech.edge_client.secure_sum_device import DeviceRound, encode_change
 from fedspeech.protocol import secure_sum as ss
 from fedspeech.protocol import secure_sum_wire as wire
-from fedspeech.protocol import signing
+from fedspeech.protocol import signing, weights
 from fedspeech.protocol.messages import DeviceStatus, Task
 from fedspeech.protocol.weights import Arrays
 from tests.helpers.fake_fleet import FakeModel, Fleet, profile
@@ -76,10 +78,9 @@ class SecureDevice:
                 return
             sharers, sealed = wire.read_sharers(outcome("shares"))
             trained = {name: np.full_like(array, self.value) for name, array in received.items()}
-            change = ss.change_vector(trained, received, secure.clip)[0] * secure.weight
-            masked = wire.masked_body(
-                device.masked(ss.FixedPoint(secure.clip, secure.devices).encode(change), sharers)
-            )
+            change = ss.change_vector(trained, received, secure.clip)[0]
+            encoded = encode_change(change, secure, np.random.default_rng())
+            masked = wire.masked_body(device.masked(encoded, sharers))
             self.masked.append(masked)
             if not post("masked", masked):
                 return
@@ -158,14 +159,45 @@ def test_a_device_without_an_identity_key_is_left_out(tmp_path):
     assert fleet.store.rounds()[1].accuracy == pytest.approx(2.0, abs=1e-6)
 
 
-@pytest.mark.parametrize(
-    "strategy", ["median", "trimmed_mean", "krum", "quality", "hardware", "fedbuff", "dp_fedavg"]
-)
+@pytest.mark.parametrize("strategy", ["median", "trimmed_mean", "krum", "quality", "hardware", "fedbuff"])
 def test_a_strategy_that_needs_each_update_alone_is_refused_at_start(tmp_path, strategy):
     with pytest.raises(ValueError, match=f"the {strategy} strategy cannot run with secure aggregation"):
         secure_fleet(tmp_path, strategy=strategy)
 
 
 def test_the_summing_strategies_run(tmp_path):
-    for strategy in ("fedavg", "fedprox", "epochs_only", "random_k"):
+    for strategy in ("fedavg", "fedprox", "epochs_only", "random_k", "dp_fedavg"):
         secure_fleet(tmp_path / strategy, strategy=strategy)
+
+
+def test_dp_under_secure_aggregation_noises_the_sum_on_the_devices_and_divides_by_the_expected_count(
+    tmp_path,
+):
+    z, delta = 0.5, 1e-5
+    options = {"noise_multiplier": z, "clip": 1.0, "delta": delta}
+    fleet = secure_fleet(tmp_path, BigModel(), rounds=1, strategy="dp_fedavg", strategy_options=options)
+    values = {"a": 0.001, "b": 0.002, "c": 0.003, "d": 0.004}  # changes of norm 0.14 to 0.57: not clipped
+    for d, value in values.items():
+        SecureDevice(fleet, d, value, 10 * (1 + ord(d) - ord("a")))  # samples that must not weigh
+    fleet.finish()
+    record = fleet.store.rounds()[1]
+    assert record.dp_epsilon == pytest.approx(epsilon_spent(z, 1.0, 1, delta)) and record.dp_delta == delta
+    secure = fleet.link.tasks_of(1)["a"].secure_sum
+    assert secure is not None and secure.weight == 1.0 and secure.threshold == 2
+    assert secure.noise == pytest.approx(device_noise(z, 1.0, 2, 4, BIG + 2))
+    assert secure.noise == pytest.approx(z / np.sqrt(2), rel=1e-6)  # 2 devices' noise: z x clip at least
+    new = weights.decode(fleet.store.model_path(1, "weights").read_bytes())[0]["v"].astype(np.float64)
+    residual = new - sum(values.values()) / 4  # the expected count: all 4 sampled at rate 1
+    assert abs(residual.mean()) < 4 * secure.noise / np.sqrt(BIG)  # unbiased
+    # four devices' noise, each of deviation secure.noise, over the expected count of 4
+    assert np.std(residual) == pytest.approx(secure.noise * 2 / 4, rel=0.05)
+
+
+def test_each_devices_noise_keeps_the_sum_private_once_the_threshold_survives():
+    for z, clip, needed, devices, length in [(1.0, 1.0, 3, 6, 82_459), (0.3, 10.0, 50, 100, 10**6)]:
+        noise = device_noise(z, clip, needed, devices, length)
+        fixed = ss.fixed_point(clip, noise, devices)
+        reach = clip + 0.5 * np.sqrt(length) / fixed.scale  # a device's clip and its rounding, at most
+        assert noise * np.sqrt(needed) >= z * reach  # the sum's noise with only `needed` devices left
+        assert noise * np.sqrt(needed) <= z * clip * 1.001  # and hardly more
+    assert device_noise(0.0, 1.0, 2, 3, 100) == 0.0

@@ -79,6 +79,8 @@ def test_a_change_is_clipped_in_norm_and_laid_back_onto_the_model_it_came_from()
         (SecureSum(2, 3, float("inf"), 1.0, 10.0), "clip"),
         (SecureSum(2, 3, 1.0, 1.5, 10.0), "weight"),
         (SecureSum(2, 3, 1.0, 1.0, 0.0), "unmasking time"),
+        (SecureSum(2, 3, 1.0, 1.0, 10.0, -0.1), "noise"),
+        (SecureSum(2, 3, 1.0, 1.0, 10.0, float("nan")), "noise"),
     ],
 )
 def test_a_task_s_secure_sum_settings_are_bounded(secure, reason):
