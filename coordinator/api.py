@@ -183,7 +183,10 @@ def key():
 def task():
     """What the fleet learns and the model it trains, for a device that is starting."""
     service = _service()
-    info = TaskInfo(service.orchestrator.model.definition, service.inbox.current_spec())
+    orchestrator = service.orchestrator
+    info = TaskInfo(
+        orchestrator.model.definition, service.inbox.current_spec(), orchestrator.config.secure_aggregation
+    )
     return Response(messages.encode(info), mimetype="application/json")
 
 

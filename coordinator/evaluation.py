@@ -94,11 +94,19 @@ def combine(reports: Mapping[str, Counts], min_reports: int) -> FederatedEvaluat
     counted = {d: report for d, report in reports.items() if report.confusion.sum() > 0}
     if not counted or len(counted) < min_reports:
         return None
-    confusion = np.sum([report.confusion for report in counted.values()], axis=0)
-    clips = int(confusion.sum())
-    loss_sum = sum(report.loss_sum for report in counted.values())
-    devices = [device_evaluation(d, r.confusion, r.loss_sum) for d, r in sorted(counted.items())]
-    decisions = np.sum([report.decisions for report in counted.values()], axis=0)
-    return FederatedEvaluation(
-        metrics.accuracy(confusion), metrics.macro_f1(confusion), loss_sum / clips, clips, devices, decisions
+    total = Counts(
+        np.sum([report.confusion for report in counted.values()], axis=0),
+        sum(report.loss_sum for report in counted.values()),
+        np.sum([report.decisions for report in counted.values()], axis=0),
     )
+    return scored(total, [device_evaluation(d, r.confusion, r.loss_sum) for d, r in sorted(counted.items())])
+
+
+def scored(total: Counts, devices: list[DeviceEvaluation]) -> FederatedEvaluation:
+    """The scores of counts summed over devices (with at least one clip), and those devices' own."""
+    confusion = total.confusion
+    clips = int(confusion.sum())
+    return FederatedEvaluation(
+        metrics.accuracy(confusion), metrics.macro_f1(confusion), total.loss_sum / clips, clips, devices,
+        total.decisions,
+    )  # fmt: skip

@@ -18,6 +18,7 @@ from fedspeech.coordinator import device_tasks, method_needs, round_storage
 from fedspeech.coordinator.acknowledgements import Acknowledgements
 from fedspeech.coordinator.aggregate import server_momentum, without_breakers
 from fedspeech.coordinator.config import RoundConfig
+from fedspeech.coordinator.evaluation import Counts, scored
 from fedspeech.coordinator.evaluation_phase import EvaluationPhase, evaluates, evaluation_plan
 from fedspeech.coordinator.inbox import Inbox
 from fedspeech.coordinator.influence import SampleLimits, norm_bounded
@@ -36,6 +37,7 @@ from fedspeech.models import depth_of
 from fedspeech.models.calibration import Decisions
 from fedspeech.protocol import weights
 from fedspeech.protocol.messages import BlobRef, Profile, Task
+from fedspeech.protocol.secure_tally import Tally
 from fedspeech.protocol.weights import Arrays
 
 log = logging.getLogger(__name__)
@@ -63,6 +65,7 @@ class Orchestrator:
         self.evaluation = EvaluationPhase(store, link, model.definition.labels, config.eval_min_reports, acks)
         self.settled_round = -1  # the last round whose model is stored and, where asked for, evaluated
         self._device_decisions: Decisions | None = None  # pooled from the latest evaluation on the devices
+        self.fleet_counts: dict[str, int] = {}  # clips per label of the last secure round's devices, summed
         # what keeps the next round from starting, in words an operator can act on; None while none waits
         self.waiting: str | None = None
         self.finished = threading.Event()
@@ -157,6 +160,8 @@ class Orchestrator:
             self.strategy.on_round_end(round, plan, on_time, missed, [])
             return None
         new, kept = aggregated
+        if collected.tally is not None:
+            self._take_tally(collected.tally, len(results))
         if self.config.server_momentum:
             new, self._velocity = server_momentum(
                 self._current, new, self._velocity, self.config.server_momentum
@@ -178,7 +183,11 @@ class Orchestrator:
         )  # fmt: skip
         record = self._complete(round, new, tally, teacher)
         self.store.remove_relays(round)
-        if evaluates(round, self.config.eval_every, self.config.rounds):
+        # under secure aggregation the devices' evaluations come only summed, in the next round's tally
+        if (
+            evaluates(round, self.config.eval_every, self.config.rounds)
+            and not self.config.secure_aggregation
+        ):
             try:
                 record = self._evaluate_on_devices(record, stop)
             except StateWriteError as exc:  # the round itself is stored: it stands
@@ -258,6 +267,30 @@ class Orchestrator:
         self._device_decisions = decisions
         onnx = self.model.to_onnx(self._current, record.round, decisions)
         return replace(record, onnx_sha256=self.store.replace_onnx(record.round, onnx))
+
+    def _take_tally(self, tally: Tally, devices: int) -> None:
+        """A secure round's sums: the clips per label its devices train on, and their evaluation of the
+        model they were sent, stored as that model's round's federated evaluation; its word decisions
+        calibrate the models exported next.
+        """
+        labels = self.model.definition.labels
+        self.fleet_counts = dict(zip(labels, tally.train_counts.tolist(), strict=True))
+        if tally.confusion.sum() == 0:
+            return
+        sent = self.settled_round
+        result = scored(Counts(tally.confusion, tally.loss_sum, tally.decisions), [])
+        try:
+            scores = (result.accuracy, result.macro_f1, result.loss)
+            self.store.save_evaluation(sent, devices, scores, [], summed=(devices, result.clips))
+        except StateWriteError as exc:
+            log.error("%s; the round goes on without it", exc)
+        log.info(
+            "round %d's model, evaluated on the devices and summed securely: accuracy %.4f, macro-F1 %.4f "
+            "over %d clips of %d devices", sent, result.accuracy, result.macro_f1, result.clips, devices,
+        )  # fmt: skip
+        if result.decisions.any():
+            on = f"the test clips of {devices} devices, summed securely (round {sent}'s model)"
+            self._device_decisions = Decisions(result.decisions, on)
 
     def _tasks(self, round: int, deadline: float, work: Mapping[str, Mapping[str, Any]]) -> dict[str, Task]:
         """One task per device on the latest global model, with that device's work."""

@@ -63,6 +63,9 @@ class Overview:
     # what the coordinator sees of an update ("secure aggregation" or "updates in the clear"), and the
     # differential privacy spent, where a strategy gives it
     privacy: str
+    # under secure aggregation, the clips per label of the latest round's devices, learnt only summed
+    # (no device's own counts are shown); empty otherwise
+    fleet_counts: dict[str, int]
     completed_round: int | None
     open_round: int | None
     target_rounds: int
@@ -86,7 +89,7 @@ def overview(
     online = {d for d in link.online() if d in registered}
     profiles = {d: s.profile for d, s in statuses.items() if d in online and s.profile is not None}
     scores = hardware_scores(profiles, penalties=getattr(orchestrator.strategy, "penalties", None))
-    devices = []
+    devices, private = [], orchestrator.config.secure_aggregation
     for device in known:
         status = statuses.get(device.device_id)
         profile = asdict(status.profile) if status and status.profile else device.profile
@@ -104,8 +107,8 @@ def overview(
                 rounds_joined=joined.get(device.device_id, 0),
                 last_update=last.get(device.device_id),
                 last_error=errors.get(device.device_id),
-                train_counts=status.train_counts if status else {},
-                test_counts=status.test_counts if status else {},
+                train_counts=status.train_counts if status and not private else {},
+                test_counts=status.test_counts if status and not private else {},
             )
         )
     rounds = store.rounds()[-MAX_ROUNDS:]
@@ -115,6 +118,7 @@ def overview(
         task=orchestrator.model.definition.name,
         strategy=orchestrator.strategy.name,
         privacy=_privacy(orchestrator.config.secure_aggregation, rounds),
+        fleet_counts=orchestrator.fleet_counts,
         completed_round=latest.round if latest else None,
         open_round=orchestrator.inbox.open_round(),
         target_rounds=orchestrator.config.rounds,

@@ -56,10 +56,10 @@ def epsilon_spent(noise_multiplier: float, sampling_rate: float, rounds: int, de
     if rounds == 0:
         return 0.0
     accountant = RdpAccountant()
-    accountant.compose(
-        dp_accounting.SelfComposedDpEvent(_round_event(noise_multiplier, sampling_rate), rounds)
-    )
-    with _quiet_accountant():
+    with _quiet_accountant():  # composing computes the Rényi orders, and warns of those it leaves out
+        accountant.compose(
+            dp_accounting.SelfComposedDpEvent(_round_event(noise_multiplier, sampling_rate), rounds)
+        )
         return float(accountant.get_epsilon(delta))
 
 

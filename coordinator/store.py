@@ -339,18 +339,21 @@ class Store:
         asked: int,
         scores: tuple[float, float, float] | None,
         devices: list[DeviceEvaluation],
+        summed: tuple[int, int] | None = None,
     ) -> None:
         """Record a round's federated evaluation: devices asked, their reports, the pooled scores or None.
+        summed: (reports, clips) of an evaluation the coordinator learnt only as a sum, with no device's.
 
         StateWriteError if the disk does not take it.
         """
-        clips = sum(d.clips for d in devices) if scores else None
+        reports = summed[0] if summed else len(devices)
+        clips = summed[1] if summed else sum(d.clips for d in devices) if scores else None
         try:
             with self._connect() as db:
                 db.execute(
                     "INSERT OR REPLACE INTO federated_evaluations (round, asked, reports, accuracy, "
                     "macro_f1, loss, clips) VALUES (?, ?, ?, ?, ?, ?, ?)",
-                    (round, asked, len(devices), *(scores or (None, None, None)), clips),
+                    (round, asked, reports, *(scores or (None, None, None)), clips),
                 )
                 db.executemany(
                     "INSERT OR REPLACE INTO device_evaluations VALUES (?, ?, ?, ?, ?)",

@@ -19,6 +19,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+import numpy as np
+
 from fedspeech.edge_client.broker_link import BrokerLink
 from fedspeech.edge_client.coordinator_http import CoordinatorClient
 from fedspeech.edge_client.credentials import DeviceCredentials, Refused
@@ -34,6 +36,7 @@ from fedspeech.edge_client.validation_share import share_validation_clips
 from fedspeech.protocol import bounds, routes, signing, weights
 from fedspeech.protocol.messages import DeviceStatus, ModelSpec, Profile, State, Task, TaskDefinition
 from fedspeech.protocol.mqtt import BrokerSettings
+from fedspeech.protocol.secure_tally import Tally
 from fedspeech.protocol.topics import DEFAULT_ROOT, Topics
 
 log = logging.getLogger(__name__)
@@ -105,6 +108,8 @@ class _Device:
     link: BrokerLink
     profile: Profile
     registered: tuple[int, dict[str, int]]  # the training clips and test clips per label it registered
+    # the coordinator runs secure aggregation: the clips per label go only into its sums, never alone
+    private: bool = False
 
 
 def run_client(config: ClientConfig, stop: threading.Event | None = None) -> None:
@@ -199,7 +204,7 @@ def _run(config: ClientConfig, stop: threading.Event) -> None:
         seconds_per_sample=seconds_per_sample,
         rtt_ms=measure_rtt_ms(config.coordinator_url, context=context),
     )
-    registered = _counts(data)
+    registered = _counts(data, info.secure_aggregation)
     if stop.is_set() or not http.register(registered[0], profile, registered[1]):
         return
     if config.share_validation > 0:
@@ -221,7 +226,7 @@ def _run(config: ClientConfig, stop: threading.Event) -> None:
         on_connected=keeper.recheck if keeper is not None else None,
         on_task=arrived.put,
     )
-    device = _Device(config, http, data, trainer, link, profile, registered)
+    device = _Device(config, http, data, trainer, link, profile, registered, info.secure_aggregation)
     done = threading.Event()
     acks = threading.Thread(target=_acknowledge, args=(http, link, arrived, done), name="acks", daemon=True)
     acks.start()
@@ -277,27 +282,41 @@ def _log_data(data: LocalData, config: ClientConfig) -> None:
 
 
 def _status(device: _Device, state: State, round: int | None = None) -> DeviceStatus:
-    """The device's status with its profile and its clips per label (counts only, never names or audio)."""
-    data = device.data
+    """The device's status with its profile and its clips per label (counts only, never names or audio;
+    none under secure aggregation).
+    """
+    data, private = device.data, device.private
     return DeviceStatus(
         device.config.device_id,
         state,
         len(data.train.labels),
         device.profile,
         round,
-        train_counts=data.train.counts,
-        test_counts=data.test.counts,
+        train_counts={} if private else data.train.counts,
+        test_counts={} if private else data.test.counts,
     )
 
 
-def _counts(data: LocalData) -> tuple[int, dict[str, int]]:
-    """The device's training clips and its test clips per label, as it registers them."""
-    return len(data.train.labels), dict(data.test.counts)
+def _tally(device: _Device, task: Task, arrays: weights.Arrays) -> Tally:
+    """What this device adds to a secure sum besides its change: its clips per label, and its
+    evaluation of the model it was sent on its test clips.
+    """
+    counts = device.data.train.counts
+    confusion, loss_sum, decisions = device.trainer.evaluation_counts(
+        task, arrays, device.data.test, device.data.train
+    )
+    train = np.array([counts.get(label, 0) for label in task.definition.labels])
+    return Tally(train, confusion, decisions, loss_sum)
+
+
+def _counts(data: LocalData, private: bool) -> tuple[int, dict[str, int]]:
+    """The device's training clips and its test clips per label (none if private), as it registers them."""
+    return len(data.train.labels), {} if private else dict(data.test.counts)
 
 
 def _register_again(device: _Device) -> bool:
     """Register with the current counts (the coordinator counts no more than these); False if stopped."""
-    counts = _counts(device.data)
+    counts = _counts(device.data, device.private)
     if not device.http.register(counts[0], device.profile, counts[1]):
         return False
     device.registered = counts
@@ -318,7 +337,7 @@ def _do_task(device: _Device, task: Task) -> None:
         _check_wanted(device, task)
         _check_consistent(task.spec, task.definition)
         device.data.refresh(task.definition)  # recordings added since the last task count now
-        if _counts(device.data) != device.registered and not _register_again(device):
+        if _counts(device.data, device.private) != device.registered and not _register_again(device):
             raise Dropped("stopped while registering its new clip counts")
         if task.action == "train":
             training_settings(task)  # refused before anything is downloaded
@@ -335,13 +354,14 @@ def _do_task(device: _Device, task: Task) -> None:
             if task.secure_sum is not None:  # keys agreed with the round's other devices before training
                 secure = SecureUpload(device.http, task, device.http.credentials.identity)
                 secure.agree()
+                tally = _tally(device, task, arrays)  # the model received, scored before it is trained
             # mutual knowledge distillation: the server model's arrays, fetched like the weights
             teacher = weights.decode(device.http.fetch(task.teacher))[0] if task.teacher else None
             trained, body = device.trainer.train(task, arrays, device.data.train, teacher)
             content_type = "application/octet-stream"
         _check_wanted(device, task)
         if secure is not None:  # the change goes into the round's sum, masked: the upload is not sent
-            sent = secure.send(arrays, weights.decode(body)[0])
+            sent = secure.send(arrays, weights.decode(body)[0], tally)
         else:
             register = functools.partial(_register_again, device)
             device.http.upload(task.upload_path, body, content_type, task.deadline, register)

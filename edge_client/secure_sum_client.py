@@ -1,5 +1,6 @@
 """A device's side of a secure-sum round over HTTP: it agrees keys with the round's other devices before it
-trains, and afterwards sends its change masked and gives up the shares that unmask the sum. The protocol's
+trains, and afterwards sends its change and its tally (protocol.secure_tally) masked and gives up the
+shares that unmask the sum. The protocol's
 steps are edge_client.secure_sum_device's; this module carries them to the coordinator and back, and
 waits for each phase to close (a few polls a second, until the task's deadline).
 """
@@ -17,6 +18,7 @@ from fedspeech.protocol import secure_sum as ss
 from fedspeech.protocol import secure_sum_wire as wire
 from fedspeech.protocol.bounds import ProtocolError
 from fedspeech.protocol.messages import SecureSum, Task
+from fedspeech.protocol.secure_tally import Tally
 from fedspeech.protocol.weights import Arrays
 
 log = logging.getLogger(__name__)
@@ -47,16 +49,18 @@ class SecureUpload:
         except ProtocolError as exc:
             raise Dropped(f"secure sum of round {self.task.round}: {exc}") from None
 
-    def send(self, received: Arrays, trained: Arrays) -> int:
-        """Send the change from received to trained, clipped, weighted, noised where asked and masked, then
-        the shares that unmask the sum; the bytes sent.
+    def send(self, received: Arrays, trained: Arrays, tally: Tally) -> int:
+        """Send the change from received to trained, clipped, weighted, noised where asked, with the
+        device's tally after it, masked; then the shares that unmask the sum. The bytes sent.
         """
         secure: SecureSum = self.settings
         base = {name: received[name] for name in trained if name in received}
         change, norm = ss.change_vector(trained, base, secure.clip)
         if norm > secure.clip:
             log.info("round %d: the change's norm %.4g clipped to %g", self.task.round, norm, secure.clip)
-        encoded = encode_change(change, secure, np.random.default_rng())  # noise no seed can replay
+        encoded = np.concatenate(  # noise no seed can replay
+            [encode_change(change, secure, np.random.default_rng()), tally.encode()]
+        )
         try:
             masked = wire.masked_body(self._round.masked(encoded, self._sharers))
             self._post("masked", masked)

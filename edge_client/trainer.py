@@ -212,9 +212,16 @@ class Trainer:
         return result, weights.encode(weights.with_precision(shared, task.precision), metadata)
 
     def evaluate(self, task: Task, arrays: weights.Arrays, test: Split, train: Split | None = None) -> bytes:
-        """Evaluate the given weights on the local test split; return the report to upload (counts only):
-        the confusion matrix, the summed loss, and the word decisions by confidence that calibrate the
-        model's detection threshold.
+        """Evaluate the given weights on the local test split; return the report to upload (counts only)."""
+        confusion, loss_sum, decisions = self.evaluation_counts(task, arrays, test, train)
+        report = EvaluationReport(task.task_id, task.round, confusion.tolist(), loss_sum, decisions.tolist())
+        return messages.encode(report)
+
+    def evaluation_counts(
+        self, task: Task, arrays: weights.Arrays, test: Split, train: Split | None = None
+    ) -> tuple[np.ndarray, float, np.ndarray]:
+        """Evaluate the given weights on the local test split: the confusion matrix, the summed loss, and
+        the word decisions by confidence that calibrate the model's detection threshold.
 
         Under local_norm the device's own normalisation arrays replace the task's: the personalised model.
         Under local_statistics the normalisation statistics are taken again on the training split's clips
@@ -239,8 +246,7 @@ class Trainer:
             confusion = confusion_matrix(test.labels, probabilities.argmax(axis=1), num_classes)
             decisions = decision_counts(probabilities, test.labels, word_classes(task.definition.labels))
             loss_sum = float(losses.sum())
-        report = EvaluationReport(task.task_id, task.round, confusion.tolist(), loss_sum, decisions.tolist())
-        return messages.encode(report)
+        return confusion, loss_sum, decisions
 
     def _load(self, task: Task, arrays: weights.Arrays, local_norm: bool) -> Any:
         """The task's model holding its arrays, with the kept normalisation arrays over them if local_norm."""

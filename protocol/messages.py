@@ -60,6 +60,8 @@ class TaskInfo:
 
     definition: TaskDefinition
     spec: ModelSpec
+    # the coordinator learns only sums: a device keeps its clips per label out of what it sends alone
+    secure_aggregation: bool = False
 
 
 @dataclass(frozen=True)

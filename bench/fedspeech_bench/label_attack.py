@@ -9,10 +9,13 @@ its bias up, a missing one is pushed down (the sign of the last layer's gradient
 present from missing labels is scored for three views:
 - plain FedAvg: each device's own update;
 - secure aggregation, what the coordinator holds of one device: its masked vector, read as an update;
-- secure aggregation, the round's sum: the same guess for every device.
+- secure aggregation, the round's sum: the same guess for every device;
+- differential privacy at a given noise multiplier, the worst case its guarantee covers: one device's
+  change clipped, with the round's whole Gaussian noise on it, as if it were alone in the round.
 "Always present" is the baseline an attacker gets without looking.
 """
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -33,9 +36,16 @@ class AttackScore:
 
 
 def run_attack(
-    devices: int = 20, missing: int = MISSING, seed: int = 0, per_label: int = 15
+    devices: int = 20,
+    missing: int = MISSING,
+    seed: int = 0,
+    per_label: int = 15,
+    noise: Mapping[str, float] | None = None,
+    clip: float = 1.0,
 ) -> list[AttackScore]:
-    """Train a label-skewed FSDD fleet for one round in process, then score the attack on each view."""
+    """Train a label-skewed FSDD fleet for one round in process, then score the attack on each view;
+    noise: a name for each noise multiplier whose view under differential privacy is scored, with clip.
+    """
     import torch
 
     from fedspeech.coordinator.config import RoundConfig
@@ -59,7 +69,7 @@ def run_attack(
     voices = speakers(corpus)
     settings = RoundConfig()
     present = np.ones((devices, classes), dtype=bool)
-    changes = []
+    changes, norms = [], []
     for n in range(devices):
         present[n, rng.choice(classes, size=missing, replace=False)] = False
         clips = [c for c in client_clips(corpus, voices[n % len(voices)])[0] if present[n, c.label]]
@@ -71,8 +81,10 @@ def run_attack(
             net, waveforms, labels, epochs=1, batch_size=settings.batch_size,
             learning_rate=settings.learning_rate, seed=seed + n,
         )  # fmt: skip
-        change = get_arrays(net)[HEAD_BIAS].astype(np.float64) - start[HEAD_BIAS]
+        trained = get_arrays(net)
+        change = trained[HEAD_BIAS].astype(np.float64) - start[HEAD_BIAS]
         changes.append(change[:classes])  # the digits; the model's none class comes after them
+        norms.append(np.sqrt(sum(np.sum((trained[k].astype(np.float64) - start[k]) ** 2) for k in start)))
     plain = np.array(changes)
     total = plain.sum(axis=0)
     masked = _masked_biases(plain, rng)
@@ -82,6 +94,9 @@ def run_attack(
         "secure aggregation: each device's masked vector": masked > 0,
         "secure aggregation: the round's sum": np.broadcast_to(total > 0, present.shape),
     }
+    clipped = plain * np.minimum(1.0, clip / np.array(norms))[:, None]
+    for name, z in (noise or {}).items():
+        views[name] = clipped + rng.normal(0.0, z * clip, clipped.shape) > 0
     return [
         AttackScore(view, float(np.mean(guess == present)), devices, present.size)
         for view, guess in views.items()

@@ -1,5 +1,6 @@
-"""`fedspeech bench privacy`: what secure aggregation costs, against plain FedAvg, for fleets of n devices,
-and what it hides from a coordinator that tries to infer each device's labels (label_attack).
+"""`fedspeech bench privacy`: what secure aggregation costs, against plain FedAvg, for fleets of n devices;
+what it and differential privacy hide from a coordinator that tries to infer each device's labels
+(label_attack); and what differential privacy costs in accuracy at each epsilon (dp_curve).
 
 One round of the secure sum runs in this process, through the device's and the coordinator's own phase
 code (edge_client.secure_sum_device, coordinator.secure_sum_server), with no transport: every device
@@ -16,6 +17,9 @@ import json
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
+
+from fedspeech.coordinator.privacy_budget import noise_multiplier_for
+from fedspeech_bench.dp_curve import DELTA, EPSILONS
 
 DEMO_LENGTH = 82459  # weights of the demo's model (cnn, FSDD's 11 classes)
 DEFAULT_DEVICES = (6, 20, 100)
@@ -171,10 +175,25 @@ def plot(results: list[Costs], out: Path) -> Path:
     return path
 
 
-def run_privacy_bench(out: Path, devices: list[int], length: int, attack_devices: int = 20) -> Path:
-    """Measure each fleet size and run the label-inference attack, then write results.md, results.json
-    and the plots into out.
+@dataclass(frozen=True)
+class CurveOptions:
+    """The accuracy-epsilon curve's arms and fleet: where Speech Commands is (None: no curve)."""
+
+    data_dir: Path | None = None
+    epsilons: tuple[float, ...] = EPSILONS
+    rounds: int = 30
+    sampling_rate: float = 0.2
+    clip: float = 1.0
+
+
+def run_privacy_bench(
+    out: Path, devices: list[int], length: int, attack_devices: int = 20, curve: CurveOptions = CurveOptions()
+) -> Path:
+    """Measure each fleet size, run the label-inference attack (also under differential privacy at each
+    of the curve's epsilons) and the accuracy-epsilon curve, then write results.md, results.json and the
+    plots into out.
     """
+    from fedspeech_bench.dp_curve import curve_plot, curve_table, fleet_sizes, run_curve, sizes_table
     from fedspeech_bench.label_attack import MISSING, attack_plot, attack_table, run_attack
 
     out.mkdir(parents=True, exist_ok=True)
@@ -185,16 +204,44 @@ def run_privacy_bench(out: Path, devices: list[int], length: int, attack_devices
     text = table(results, length)
     print(text)
     picture = plot(results, out)
-    scores = run_attack(attack_devices)
+    view = "DP-FedAvg at epsilon {:g}: one device's clipped change with the round's noise"
+    noise = {
+        view.format(e): noise_multiplier_for(e, DELTA, curve.sampling_rate, curve.rounds)
+        for e in curve.epsilons
+    }
+    scores = run_attack(attack_devices, noise=noise, clip=curve.clip)
     attack = attack_table(scores, MISSING)
     print(attack)
     bars = attack_plot(scores, out)
-    (out / "results.md").write_text(
-        f"# bench privacy\n\n{text}\n\n![costs]({picture.name})\n\n{attack}\n\n![attack]({bars.name})\n"
-    )
-    report = {"costs": [asdict(r) for r in results], "attack": [asdict(s) for s in scores]}
+    parts = [f"# bench privacy\n\n{text}\n\n![costs]({picture.name})\n\n"]
+    parts.append(f"{attack}\n\n![attack]({bars.name})\n")
+    report: dict = {"costs": [asdict(r) for r in results], "attack": [asdict(s) for s in scores]}
+    if curve.data_dir is None:
+        print("no accuracy-epsilon curve: it needs Speech Commands (--data-dir DIR: speech_commands_test/)")
+    else:
+        setting, points = run_curve(
+            curve.data_dir, curve.epsilons, curve.sampling_rate, curve.rounds, curve.clip
+        )
+        ratio, needs = fleet_sizes(setting, points, curve.epsilons)
+        accuracy, sizes = curve_table(setting, points), sizes_table(setting, ratio, needs)
+        print(f"{accuracy}\n\n{sizes}")
+        figure = curve_plot(setting, points, out)
+        parts.append(f"\n{accuracy}\n\n![accuracy against epsilon]({figure.name})\n\n{sizes}\n")
+        report["curve"] = {"setting": asdict(setting), "points": [asdict(p) for p in points]}
+        report["fleet_sizes"] = {"noise_on_step": ratio, "needs": needs}
+    (out / "results.md").write_text("".join(parts))
     (out / "results.json").write_text(json.dumps(report, indent=1))
     return out / "results.md"
+
+
+def _epsilons(text: str) -> tuple[float, ...]:
+    try:
+        values = tuple(float(part) for part in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError("epsilons are comma-separated numbers") from None
+    if not values or any(not 0.01 <= e <= 1000 for e in values):
+        raise argparse.ArgumentTypeError("epsilons are comma-separated, each from 0.01 to 1000")
+    return values
 
 
 def _sizes(text: str) -> list[int]:
@@ -206,7 +253,9 @@ def _sizes(text: str) -> list[int]:
 
 def add_parser(bench_subparsers: argparse._SubParsersAction) -> None:
     """Add `bench privacy` and its options to the `bench` subcommands."""
-    p = bench_subparsers.add_parser("privacy", help="what secure aggregation costs, against plain FedAvg")
+    p = bench_subparsers.add_parser(
+        "privacy", help="what secure aggregation costs, the label-inference attack, accuracy against epsilon"
+    )
     default = ",".join(str(n) for n in DEFAULT_DEVICES)
     p.add_argument("--devices", type=_sizes, default=list(DEFAULT_DEVICES), help=f"(default {default})")
     p.add_argument(
@@ -221,6 +270,22 @@ def add_parser(bench_subparsers: argparse._SubParsersAction) -> None:
         default=20,
         help="devices of the label-skewed FSDD fleet the label-inference attack runs on (default 20)",
     )
+    p.add_argument(
+        "--data-dir",
+        type=Path,
+        help="folder holding speech_commands_test/, for the accuracy-epsilon curve (without it: no curve)",
+    )
+    p.add_argument(
+        "--epsilons",
+        type=_epsilons,
+        default=EPSILONS,
+        help=f"the curve's arms (default {','.join(f'{e:g}' for e in EPSILONS)})",
+    )
+    p.add_argument("--rounds", type=int, default=30, help="rounds of each arm of the curve (default 30)")
+    p.add_argument(
+        "--sampling-rate", type=float, default=0.2, help="each device's chance of a round (default 0.2)"
+    )
+    p.add_argument("--dp-clip", type=float, default=1.0, help="each change clipped to this norm (default 1)")
     p.add_argument("--out", type=Path, default=Path("fedspeech-bench-privacy"), help="where results go")
     p.set_defaults(run=run_from_args)
 
@@ -233,4 +298,10 @@ def run_from_args(args: argparse.Namespace) -> None:
         raise SystemExit(
             f"fedspeech bench privacy: --attack-devices must be from 2 to 1000, not {args.attack_devices}"
         )
-    run_privacy_bench(args.out, args.devices, args.length, args.attack_devices)
+    if not 1 <= args.rounds <= 10_000 or not 0 < args.sampling_rate <= 1 or not 0 < args.dp_clip <= 1000:
+        raise SystemExit(
+            "fedspeech bench privacy: --rounds from 1 to 10000, --sampling-rate in (0, 1], --dp-clip in "
+            "(0, 1000]"
+        )
+    curve = CurveOptions(args.data_dir, args.epsilons, args.rounds, args.sampling_rate, args.dp_clip)
+    run_privacy_bench(args.out, args.devices, args.length, args.attack_devices, curve)

@@ -12,6 +12,7 @@ from fedspeech.coordinator.secure_sum_desk import SecureSumDesk
 from fedspeech.coordinator.store import Store
 from fedspeech.coordinator.strategies import Result, RoundPlan, SecureTerms
 from fedspeech.protocol.messages import Task
+from fedspeech.protocol.secure_tally import Tally
 from fedspeech.protocol.weights import Arrays
 
 # the round's training tasks for these devices, due at that time, on the latest global model
@@ -44,6 +45,7 @@ class Collected:
     stands_for: Mapping[str, Sequence[str]] = field(default_factory=dict)
     # the round's new model already (a secure sum's): no update was seen alone, none is aggregated again
     combined: Arrays | None = None
+    tally: Tally | None = None  # the secure sum's counts: its devices' clips per label and evaluations
 
     def devices_in(self, results: Sequence[Result]) -> set[str]:
         """The devices whose updates went into these results."""

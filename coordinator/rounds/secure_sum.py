@@ -9,7 +9,9 @@ phase closes when every device it expects has answered, or at its time; a device
 keys are agreed is masked out of the sum from its shares. Too few devices left at any phase, and the round
 fails: it is run again, never aggregated from a wrong sum. The strategy's terms say how the sum becomes
 the new model: the changes' clip, their weights (by clips, or alike), the Gaussian noise the devices add
-in parts (distributed differential privacy) and what the sum is divided by.
+in parts (distributed differential privacy) and what the sum is divided by. After each change comes the
+device's tally (protocol.secure_tally): its clips per label and its evaluation of the model it was sent,
+which the coordinator also learns only summed.
 """
 
 import logging
@@ -28,6 +30,7 @@ from fedspeech.protocol import secure_sum as ss
 from fedspeech.protocol import signing
 from fedspeech.protocol.bounds import ProtocolError
 from fedspeech.protocol.messages import SecureSum
+from fedspeech.protocol.secure_tally import decode_tally, tally_length
 
 log = logging.getLogger(__name__)
 
@@ -68,7 +71,8 @@ def train(round: int, plan: RoundPlan, context: RoundContext) -> Collected:
     needed = threshold(len(devices), config.secure_threshold)
     deadline = context.started + config.round_timeout_s
     current = inbox.shared(inbox.current)
-    length = sum(current[name].size for name in ss.layout(current))
+    length = sum(current[name].size for name in ss.layout(current))  # the change's, then the tally's
+    classes = inbox.current_spec().num_classes
     samples = {d: (record.num_samples if (record := context.store.device(d)) else 1) for d in devices}
     terms = context.secure_terms or SecureTerms()
     share = weights(samples) if terms.weighted else dict.fromkeys(devices, 1.0)
@@ -84,7 +88,10 @@ def train(round: int, plan: RoundPlan, context: RoundContext) -> Collected:
     try:
         if len(devices) < needed:
             raise ProtocolError(f"{len(devices)} devices with identity keys, fewer than {needed}")
-        desk.open(ServerRound(round, needed, length, keys), {d: identities[d] for d in devices})
+        desk.open(
+            ServerRound(round, needed, length + tally_length(classes), keys),
+            {d: identities[d] for d in devices},
+        )
         for device, task in tasks.items():
             context.link.publish_task(task, device)
         survivors, total, missed = _phases(round, plan, context, len(devices))
@@ -103,7 +110,7 @@ def train(round: int, plan: RoundPlan, context: RoundContext) -> Collected:
         return Collected(closed, [], missed)
     fixed = ss.fixed_point(clip, noise, len(devices))
     denominator = terms.denominator or sum(share[d] for d in survivors)
-    new = ss.with_change(current, fixed.decode(total) / denominator)
+    new = ss.with_change(current, fixed.decode(total[:length]) / denominator)
     for device in survivors:
         closed.updates[device] = (
             Result(device, new, samples[device]),
@@ -114,7 +121,8 @@ def train(round: int, plan: RoundPlan, context: RoundContext) -> Collected:
         "round %d: the secure sum of %d devices' changes, each clipped to %g%s; its mean off by at most "
         "%.3g a weight in fixed point", round, len(survivors), clip, noised, fixed.max_error / denominator,
     )  # fmt: skip
-    return Collected(closed, [closed.updates[d][0] for d in survivors], missed, combined=new)
+    results = [closed.updates[d][0] for d in survivors]
+    return Collected(closed, results, missed, combined=new, tally=decode_tally(total[length:], classes))
 
 
 def _phases(

@@ -128,7 +128,9 @@ function render(o) {
   const round = o.completed_round === null ? "no round yet" : `round ${o.completed_round} of ${o.target_rounds}`;
   const open = o.open_round === null ? (o.finished ? "finished" : o.waiting || "no round open") : `round ${o.open_round} training`;
   const online = `${o.devices_online} of ${o.devices.length} devices online`;
-  document.getElementById("summary").textContent = `${o.task}, ${o.strategy}, ${o.privacy}: ${round}, ${open}, ${online}`;
+  const totals = Object.entries(o.fleet_counts).map(([label, n]) => `${label} ${n}`).join(", ");
+  const summed = totals ? `; clips per label, summed securely over the last round's devices: ${totals}` : "";
+  document.getElementById("summary").textContent = `${o.task}, ${o.strategy}, ${o.privacy}: ${round}, ${open}, ${online}${summed}`;
 
   const model = document.getElementById("model");
   if (o.model) {

@@ -35,6 +35,16 @@ def test_secure_rounds_with_real_devices_store_no_update_of_one_device(
             assert all(u.train_loss is None and u.sha256 == "" for u in updates), "nothing of one update"
             assert 3 * 4 * length < r.bytes_up < 3 * 4 * length * 1.05, "masked vectors and small messages"
         assert not list(store.dir.glob("**/*update*")), "no update is kept on disk"
+        # no device's clips per label, in its status or its registration: the fleet's, summed
+        statuses = service.link.statuses()
+        for speaker in SPEAKERS[:3]:
+            assert statuses[speaker].train_counts == statuses[speaker].test_counts == {}
+            record = store.device(speaker)
+            assert record is not None and record.test_counts == {}
+        assert sum(service.orchestrator.fleet_counts.values()) == 3 * 24
+        first = store.rounds()[1]  # evaluated by round 2's devices before they trained, as one sum
+        assert first.evaluation_reports == 3 and first.federated_accuracy is not None
+        assert store.device_evaluations(1) == []
     for speaker in SPEAKERS[:3]:
         log = (processes.log_dir / f"client-{speaker}.log").read_text()
         assert "round 2 done" in log, log[-2000:]

@@ -2,8 +2,13 @@
 
 import json
 
+import pytest
+
+from fedspeech.coordinator.privacy_budget import noise_multiplier_for
+from fedspeech_bench.dp_curve import CurvePoint, CurveSetting, fleet_sizes
 from fedspeech_bench.label_attack import run_attack
-from fedspeech_bench.privacy import measure, run_privacy_bench
+from fedspeech_bench.privacy import CurveOptions, measure, run_privacy_bench
+from tests.helpers.shared_data import SHARED_DATA, needs_shared
 
 
 def test_a_round_is_measured_and_costs_more_than_plain_fedavg():
@@ -16,15 +21,39 @@ def test_a_round_is_measured_and_costs_more_than_plain_fedavg():
     assert costs.plain_sent_bytes == 4 * 2000 < costs.sent_bytes < 4 * 2000 + 1000
 
 
-def test_the_report_has_a_row_a_size_the_attack_and_their_plots(tmp_path):
-    results = run_privacy_bench(tmp_path, [3, 4], 500, attack_devices=6)
+@needs_shared
+def test_the_report_has_a_row_a_size_the_attack_the_curve_and_their_plots(tmp_path):
+    curve = CurveOptions(SHARED_DATA, (8.0,), rounds=2, sampling_rate=0.02)
+    results = run_privacy_bench(tmp_path, [3, 4], 500, attack_devices=6, curve=curve)
     text = results.read_text()
     assert "| 3 | 2 |" in text and "| 4 | 3 |" in text and "label inference" in text
-    assert (tmp_path / "secure-sum-costs.png").stat().st_size > 1000
-    assert (tmp_path / "label-inference.png").stat().st_size > 1000
+    assert "accuracy against epsilon" in text and "fleet size each epsilon needs" in text
+    for plot in ("secure-sum-costs.png", "label-inference.png", "accuracy-epsilon.png"):
+        assert (tmp_path / plot).stat().st_size > 1000
     report = json.loads((tmp_path / "results.json").read_text())
     assert [row["devices"] for row in report["costs"]] == [3, 4]
-    assert len(report["attack"]) == 4
+    assert len(report["attack"]) == 5, "four views, and one under differential privacy"
+    no_noise, noisy = report["curve"]["points"]
+    assert no_noise["epsilon"] is None and noisy["epsilon"] == pytest.approx(8.0, rel=1e-3)
+    assert report["curve"]["setting"]["devices"] >= 100
+
+
+def test_the_fleet_an_epsilon_needs_keeps_the_noise_on_the_step_the_simulated_fleet_took():
+    setting = CurveSetting(devices=200, clips=3000, sampling_rate=0.2, rounds=30, clip=1.0)
+    points = [
+        CurvePoint(0.0, None, 0.40, [30], [0.40]),
+        CurvePoint(2.0, 2.0, 0.10, [30], [0.10]),  # too noisy: not within 5 points
+        CurvePoint(0.8, 8.0, 0.37, [30], [0.37]),
+    ]
+    ratio, needs = fleet_sizes(setting, points, [1.0, 4.0, 8.0])
+    assert ratio == pytest.approx(0.8 / 40)
+    sizes = [n for _, n in needs]
+    assert all(n is not None for n in sizes) and sizes[0] > sizes[1] > sizes[2]
+    for epsilon, n in needs:
+        assert n is not None
+        assert noise_multiplier_for(epsilon, setting.delta, 40 / n, 30) / 40 <= ratio
+        smaller = int(n * 0.9)  # the grid steps by under 10 %: a fleet a step smaller needs more noise
+        assert noise_multiplier_for(epsilon, setting.delta, min(1.0, 40 / smaller), 30) / 40 > ratio
 
 
 def test_the_attack_reads_labels_from_plain_updates_and_not_from_what_secure_aggregation_shows():
@@ -34,3 +63,9 @@ def test_the_attack_reads_labels_from_plain_updates_and_not_from_what_secure_agg
     assert scores["plain FedAvg: each device's update"] >= 0.85
     assert abs(scores["secure aggregation: each device's masked vector"] - 0.5) < 0.15, "a coin toss"
     assert scores["secure aggregation: the round's sum"] <= baseline + 0.1
+
+
+def test_under_differential_privacy_the_attack_reads_no_more_than_a_coin_toss():
+    noise = {"dp": 0.5}  # far less noise than any epsilon of the curve asks for
+    scores = {s.view: s.accuracy for s in run_attack(devices=12, seed=1, noise=noise, clip=1.0)}
+    assert abs(scores["dp"] - 0.5) < 0.15

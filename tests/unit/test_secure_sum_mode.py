@@ -18,7 +18,9 @@ from fedspeech.edge_client.secure_sum_device import DeviceRound, encode_change
 from fedspeech.protocol import secure_sum as ss
 from fedspeech.protocol import secure_sum_wire as wire
 from fedspeech.protocol import signing, weights
+from fedspeech.protocol.bounds import DECISION_BINS
 from fedspeech.protocol.messages import DeviceStatus, Task
+from fedspeech.protocol.secure_tally import Tally, decode_tally, tally_length
 from fedspeech.protocol.weights import Arrays
 from tests.helpers.fake_fleet import FakeModel, Fleet, profile
 
@@ -43,6 +45,10 @@ class SecureDevice:
         self.fleet, self.device_id, self.value, self.drop = fleet, device_id, value, drop
         self.identity = Ed25519PrivateKey.generate()
         self.masked: list[bytes] = []  # what it sent in the masked phase
+        # its clips per label, and its evaluation of the model it is sent: right a clips, b wrong as a
+        decisions = np.zeros((2, DECISION_BINS), np.int64)
+        decisions[0, -1] = samples
+        self.tally = Tally(np.array([samples, 2]), np.array([[samples, 0], [1, 0]]), decisions, 0.5)
         self.errors: list[str] = []
         key = signing.public_key_text(self.identity)
         fleet.store.register_device(device_id, f"token-{device_id}", samples, {}, identity_key=key)
@@ -79,7 +85,9 @@ class SecureDevice:
             sharers, sealed = wire.read_sharers(outcome("shares"))
             trained = {name: np.full_like(array, self.value) for name, array in received.items()}
             change = ss.change_vector(trained, received, secure.clip)[0]
-            encoded = encode_change(change, secure, np.random.default_rng())
+            encoded = np.concatenate(
+                [encode_change(change, secure, np.random.default_rng()), self.tally.encode()]
+            )
             masked = wire.masked_body(device.masked(encoded, sharers))
             self.masked.append(masked)
             if not post("masked", masked):
@@ -201,3 +209,20 @@ def test_each_devices_noise_keeps_the_sum_private_once_the_threshold_survives():
         assert noise * np.sqrt(needed) >= z * reach  # the sum's noise with only `needed` devices left
         assert noise * np.sqrt(needed) <= z * clip * 1.001  # and hardly more
     assert device_noise(0.0, 1.0, 2, 3, 100) == 0.0
+
+
+def test_the_devices_counts_reach_the_coordinator_only_summed_as_the_fleets_and_its_evaluation(tmp_path):
+    fleet = secure_fleet(tmp_path, rounds=2, secure_clip=50.0)
+    devices = [SecureDevice(fleet, d, 1.0, n) for d, n in (("a", 10), ("b", 20), ("c", 30))]
+    fleet.finish()
+    orchestrator = fleet.orchestrator
+    assert orchestrator.fleet_counts == {"a": 60, "b": 6}  # the last round's three devices, summed
+    # round 2's devices scored round 1's model: 60 of 63 clips right, as one sum of 3 devices
+    first = fleet.store.rounds()[1]
+    assert (first.evaluation_asked, first.evaluation_reports, first.evaluation_clips) == (3, 3, 63)
+    assert first.federated_accuracy == pytest.approx(60 / 63)
+    assert first.federated_loss == pytest.approx(1.5 / 63)
+    assert fleet.store.device_evaluations(1) == [], "no device's own evaluation is stored"
+    for device in devices:  # what each sent: its tally masked with the rest, uniform bytes
+        tail = np.frombuffer(device.masked[-1], np.uint32)[-tally_length(2) :]
+        assert not np.array_equal(decode_tally(tail, 2).train_counts, device.tally.train_counts)

@@ -12,8 +12,10 @@ from fedspeech.edge_client.secure_sum_device import DeviceRound
 from fedspeech.protocol import messages, signing
 from fedspeech.protocol import secure_sum as ss
 from fedspeech.protocol import secure_sum_wire as wire
-from fedspeech.protocol.bounds import ProtocolError
+from fedspeech.protocol.bounds import DECISION_BINS, ProtocolError
+from fedspeech.protocol.message_checks import MAX_SECURE_DEVICES
 from fedspeech.protocol.messages import Profile, Registration, SecureSum
+from fedspeech.protocol.secure_tally import TALLY_MAX, Tally, decode_tally
 
 
 def test_an_advert_reads_back_as_it_was_signed():
@@ -98,3 +100,22 @@ def test_a_registration_s_identity_key_must_be_an_ed25519_key():
     bad = messages.encode(Registration("kitchen", 10, profile, {}, "bm90IGEga2V5"))
     with pytest.raises(ProtocolError, match="identity_key"):
         messages.decode(bad, Registration)
+
+
+def test_a_tally_sums_exactly_and_each_count_is_bounded_so_the_sum_never_wraps():
+    decisions = np.arange(2 * DECISION_BINS).reshape(2, DECISION_BINS)
+    one = Tally(np.array([3, 0, 5]), np.arange(9).reshape(3, 3), decisions, 12.3456)
+    two = Tally(np.array([1, 7, 0]), np.ones((3, 3), np.int64), decisions, 0.5)
+    total = decode_tally(one.encode() + two.encode(), 3)  # summed modulo 2^32, as the secure sum does
+    assert total.train_counts.tolist() == [4, 7, 5]
+    assert np.array_equal(total.confusion, np.arange(9).reshape(3, 3) + 1)
+    assert np.array_equal(total.decisions, 2 * decisions)
+    assert total.loss_sum == pytest.approx(12.846)
+    liar = Tally(np.array([10**12, -5, 0]), np.zeros((3, 3)), decisions, float("inf")).encode()
+    assert liar[:3].tolist() == [TALLY_MAX, 0, 0] and liar[-1] == TALLY_MAX
+    summed = np.zeros(len(liar), np.uint64)
+    for _ in range(MAX_SECURE_DEVICES):
+        summed += liar
+    assert summed.max() < 2**32, "the most devices of a round, every count at its bound, do not wrap"
+    with pytest.raises(ValueError, match="numbers"):
+        decode_tally(liar[:-1], 3)

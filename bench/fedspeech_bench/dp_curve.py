@@ -1,0 +1,215 @@
+"""Accuracy against epsilon, for `fedspeech bench privacy`: user-level DP-FedAvg on a fleet large enough
+for it to mean something, simulated in this process.
+
+Each Speech Commands speaker is a device holding its own clips, so the fleet is label-skewed the way
+people are: a speaker says a few of the words. Every round each device is taken with probability
+`sampling_rate` (Poisson sampling), trains from the global model with the product's own training step and
+settings, and the coordinator's own DP-FedAvg step (`aggregate.dp_mean`: changes clipped, Gaussian noise,
+the expected count as denominator) makes the new model. Epsilon at delta comes from dp-accounting. Each
+arm is one target epsilon, with the least noise multiplier that keeps the rounds within it; one more arm
+clips without noise. Every arm samples the same devices each round, so arms differ by their noise alone.
+The model is scored on every speaker's held-out clips.
+"""
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from fedspeech.coordinator.privacy_budget import epsilon_spent, noise_multiplier_for
+
+EPSILONS = (1.0, 2.0, 4.0, 8.0, 16.0)
+DELTA = 1e-5
+
+
+@dataclass(frozen=True)
+class CurvePoint:
+    """One arm's run: its noise, the epsilon it spent and the accuracy of its model, every few rounds."""
+
+    noise_multiplier: float  # 0: clipped, no noise
+    epsilon: float | None  # None: no guarantee
+    accuracy: float  # the last round's model on the held-out clips
+    rounds: list[int]
+    accuracies: list[float]  # at those rounds
+
+
+@dataclass(frozen=True)
+class CurveSetting:
+    """The fleet and the rounds every arm runs."""
+
+    devices: int
+    clips: int
+    sampling_rate: float
+    rounds: int
+    clip: float
+    delta: float = DELTA
+
+
+def run_curve(
+    data_dir: Path,
+    epsilons: Sequence[float] = EPSILONS,
+    sampling_rate: float = 0.2,
+    rounds: int = 30,
+    clip: float = 1.0,
+    seed: int = 0,
+    every: int = 5,
+) -> tuple[CurveSetting, list[CurvePoint]]:
+    """Train one arm per epsilon (and one without noise) on the Speech Commands speakers as devices."""
+    import torch
+
+    from fedspeech.coordinator.aggregate import dp_mean
+    from fedspeech.coordinator.config import RoundConfig
+    from fedspeech.models import build_model
+    from fedspeech.models.clips.datasets import (
+        client_clips,
+        default_spec,
+        load_corpus,
+        load_waveforms,
+        server_test_clips,
+        speakers,
+    )
+    from fedspeech.models.train import get_arrays, predict, set_arrays, train_local
+
+    torch.set_num_threads(2)
+    corpus = load_corpus("speech_commands", data_dir)
+    spec = default_spec(corpus)
+    settings = RoundConfig()
+    fleet = []
+    for speaker in speakers(corpus):
+        train = client_clips(corpus, speaker)[0]
+        if train:
+            fleet.append(load_waveforms(train, spec.sample_rate, spec.num_samples))
+    test_waveforms, test_labels = load_waveforms(
+        server_test_clips(corpus), spec.sample_rate, spec.num_samples
+    )
+    setting = CurveSetting(len(fleet), sum(len(labels) for _, labels in fleet), sampling_rate, rounds, clip)
+    torch.manual_seed(seed)
+    start = get_arrays(build_model(spec))
+    net = build_model(spec)
+
+    def accuracy(arrays: dict[str, np.ndarray]) -> float:
+        set_arrays(net, arrays)
+        probabilities, _ = predict(net, test_waveforms, test_labels)
+        return float(np.mean(probabilities.argmax(axis=1) == test_labels))
+
+    arms = [0.0] + [noise_multiplier_for(e, DELTA, sampling_rate, rounds) for e in epsilons]
+    points = []
+    for z in arms:
+        current, noise = dict(start), np.random.default_rng([seed, 1])
+        marks, scores = [], []
+        for round in range(1, rounds + 1):
+            draw = np.random.default_rng([seed, round])  # the same devices each round in every arm
+            chosen = [n for n in range(len(fleet)) if draw.random() < sampling_rate]
+            updates = []
+            for n in chosen:
+                waveforms, labels = fleet[n]
+                set_arrays(net, current)
+                train_local(
+                    net, waveforms, labels, epochs=settings.epochs, batch_size=settings.batch_size,
+                    learning_rate=settings.learning_rate, seed=seed * 1000 + round * 7 + n,
+                )  # fmt: skip
+                updates.append(get_arrays(net))
+            if updates:
+                current = dp_mean(current, updates, clip, z, sampling_rate * len(fleet), noise)
+            if round % every == 0 or round == rounds:
+                marks.append(round)
+                scores.append(accuracy(current))
+        epsilon = epsilon_spent(z, sampling_rate, rounds, DELTA) if z else None
+        points.append(CurvePoint(z, epsilon, scores[-1], marks, scores))
+        print(f"noise multiplier {z:.3f}: accuracy {scores[-1]:.3f}", flush=True)
+    return setting, points
+
+
+def curve_table(setting: CurveSetting, points: Sequence[CurvePoint]) -> str:
+    """The arms as a markdown table."""
+    lines = [
+        f"accuracy against epsilon: DP-FedAvg simulated in process, {setting.devices} Speech Commands "
+        f"speakers as devices ({setting.clips} training clips, label-skewed as spoken), each sampled at "
+        f"{setting.sampling_rate:g} a round, {setting.rounds} rounds, changes clipped to {setting.clip:g}; "
+        f"accuracy on every speaker's held-out clips; delta {setting.delta:g}",
+        "",
+        "| epsilon | noise multiplier | noise on the mean step (z x clip / expected devices) | accuracy |",
+        "|---|---|---|---|",
+    ]
+    expected = setting.sampling_rate * setting.devices
+    for p in points:
+        epsilon = "none (no noise)" if p.epsilon is None else f"{p.epsilon:.3g}"
+        lines.append(
+            f"| {epsilon} | {p.noise_multiplier:.3f} | {p.noise_multiplier * setting.clip / expected:.4f} "
+            f"| {p.accuracy:.3f} |"
+        )
+    return "\n".join(lines)
+
+
+def fleet_sizes(
+    setting: CurveSetting, points: Sequence[CurvePoint], epsilons: Sequence[float], within: float = 0.05
+) -> tuple[float, list[tuple[float, int | None]]]:
+    """The fleet each epsilon needs for a model as good as the simulated arms: the largest noise on the
+    mean step whose arm came within `within` of the noiseless arm's accuracy, then for each epsilon the
+    fewest devices N that, with the same expected devices a round, keep the noise on the step within
+    it (the noise multiplier the accountant needs at sampling rate expected / N). None: none up to 10^7.
+    """
+    expected = setting.sampling_rate * setting.devices
+    plain = next(p.accuracy for p in points if p.epsilon is None)
+    good = [
+        p.noise_multiplier / expected
+        for p in points
+        if p.epsilon is not None and p.accuracy >= plain - within
+    ]
+    ratio = max(good, default=0.0)
+    needs: list[tuple[float, int | None]] = []
+    for epsilon in epsilons:
+        found = None
+        for n in np.unique(np.geomspace(expected, 1e7, 120).astype(int)):
+            rate = min(1.0, expected / n)
+            if (
+                ratio
+                and noise_multiplier_for(epsilon, setting.delta, rate, setting.rounds) / expected <= ratio
+            ):
+                found = int(n)
+                break
+        needs.append((epsilon, found))
+    return ratio, needs
+
+
+def sizes_table(setting: CurveSetting, ratio: float, needs: Sequence[tuple[float, int | None]]) -> str:
+    """What fleet size each epsilon needs, as a markdown table."""
+    expected = setting.sampling_rate * setting.devices
+    lines = [
+        f"fleet size each epsilon needs, {setting.rounds} rounds of {expected:.0f} expected devices, delta "
+        f"{setting.delta:g}: the noise on the mean step at most {ratio:.4f} x clip (the most the simulated "
+        "fleet took within 5 points of no noise), the sampling rate falling as the fleet grows",
+        "",
+        "| epsilon | devices needed |",
+        "|---|---|",
+    ]
+    lines += [f"| {e:g} | {'over 10^7' if n is None else n} |" for e, n in needs]
+    return "\n".join(lines)
+
+
+def curve_plot(setting: CurveSetting, points: Sequence[CurvePoint], out: Path) -> Path:
+    """Accuracy against epsilon (the noiseless arm a dashed line), and each arm's accuracy by round."""
+    from fedspeech_bench.report.plots import pyplot
+
+    plt = pyplot()
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
+    noisy = [p for p in points if p.epsilon is not None]
+    plain = next(p for p in points if p.epsilon is None)
+    left.plot([p.epsilon for p in noisy], [p.accuracy for p in noisy], marker="o")
+    left.axhline(plain.accuracy, linestyle="--", color="grey", label="clipped, no noise")
+    left.set(
+        xscale="log", xlabel=f"epsilon at delta {setting.delta:g}", ylabel="held-out accuracy", ylim=(0, 1)
+    )
+    left.legend()
+    for p in points:
+        label = "no noise" if p.epsilon is None else f"epsilon {p.epsilon:.3g}"
+        right.plot(p.rounds, p.accuracies, marker=".", label=label)
+    right.set(xlabel="round", ylabel="held-out accuracy", ylim=(0, 1))
+    right.legend(fontsize=8)
+    fig.suptitle(f"DP-FedAvg, {setting.devices} Speech Commands devices sampled at {setting.sampling_rate:g}")
+    fig.tight_layout()
+    path = out / "accuracy-epsilon.png"
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
