@@ -41,6 +41,12 @@ class SecureSumDesk:
 
     # -- the round mode ---------------------------------------------------------------------------
 
+    @property
+    def answered(self) -> set[str]:
+        """The devices whose message of the open phase has come."""
+        with self._changed:
+            return set(self._came)
+
     def open(self, server: ServerRound, identities: Mapping[str, str]) -> None:
         """Start a round: its first phase open to the devices with identities."""
         with self._changed:

@@ -19,7 +19,7 @@ import numpy as np
 
 from fedspeech.coordinator.privacy_budget import epsilon_spent, noise_multiplier_for
 
-EPSILONS = (1.0, 2.0, 4.0, 8.0, 16.0)
+EPSILONS = (4.0, 16.0, 64.0, 256.0, 1024.0)  # from useless to nearly noiseless, for a fleet of 200
 DELTA = 1e-5
 
 
@@ -184,6 +184,10 @@ def sizes_table(setting: CurveSetting, ratio: float, needs: Sequence[tuple[float
         "| epsilon | devices needed |",
         "|---|---|",
     ]
+    if not ratio:
+        return (
+            f"{lines[0]}\n\nno arm with noise came within 5 points of the one without: no fleet size follows"
+        )
     lines += [f"| {e:g} | {'over 10^7' if n is None else n} |" for e, n in needs]
     return "\n".join(lines)
 

@@ -1,5 +1,6 @@
-"""Secure aggregation with real device processes over Mosquitto: the coordinator stores only sums, and a
-device killed while it trains is masked out of its round's sum.
+"""Secure aggregation with real device processes over Mosquitto: the coordinator stores only sums; a
+device killed while it trains is masked out of its round's sum, and devices killed once they uploaded
+still count in it.
 """
 
 import signal
@@ -8,7 +9,7 @@ from tests.helpers.coordinators import running_coordinator, wait_until_finished
 from tests.helpers.devices import start_clients
 from tests.helpers.waiting import wait_for
 
-SPEAKERS = ["jackson", "nicolas", "theo", "george"]
+SPEAKERS = ["jackson", "nicolas", "theo", "george", "yweweler", "lucas"]
 
 
 def test_secure_rounds_with_real_devices_store_no_update_of_one_device(
@@ -50,26 +51,35 @@ def test_secure_rounds_with_real_devices_store_no_update_of_one_device(
         assert "round 2 done" in log, log[-2000:]
 
 
-def test_a_device_killed_while_it_trains_is_masked_out_of_the_sum(
+def test_two_devices_killed_after_their_upload_and_one_before_and_the_round_sums_the_five_uploads(
     tmp_path, mosquitto_url, topic_root, processes
 ):
     config = {
         "broker_url": mosquitto_url,
         "topic_root": topic_root,
         "rounds": 1,
-        "min_devices": 4,
+        "min_devices": 6,
         "min_results": 2,
         "eval_every": 0,
-        "round_timeout_s": 60.0,
+        "round_timeout_s": 45.0,
+        "secure_keys_timeout_s": 15.0,
         "secure_aggregation": True,
     }
     with running_coordinator(tmp_path, **config) as (service, url):
-        clients = start_clients(processes, SPEAKERS, url, mosquitto_url, topic_root, max_samples=200)
+        clients = dict(
+            zip(
+                SPEAKERS,
+                start_clients(processes, SPEAKERS, url, mosquitto_url, topic_root, max_samples=200),
+                strict=True,
+            )
+        )
         desk = service.orchestrator.desk
         wait_for(lambda: desk.phase == "masked", 120, "the keys agreed and the devices training")
-        clients[-1].send_signal(signal.SIGKILL)
-        finished = service.orchestrator.finished
-        wait_for(finished.is_set, 120, "the round without the killed device")
+        clients["lucas"].send_signal(signal.SIGKILL)  # before its upload
+        wait_for(lambda: {"jackson", "nicolas"} <= desk.answered, 60, "two devices' masked changes")
+        for speaker in ("jackson", "nicolas"):  # after their upload, before they give up their shares
+            clients[speaker].send_signal(signal.SIGKILL)
+        wait_for(service.orchestrator.finished.is_set, 120, "the round, unmasked by the three left")
         (record,) = service.store.rounds()[1:]
-        assert record.results == 3 and record.accuracy is not None
-        assert {u.device_id for u in service.store.updates(1)} == set(SPEAKERS[:3])
+        assert record.results == 5 and record.accuracy is not None
+        assert {u.device_id for u in service.store.updates(1)} == set(SPEAKERS) - {"lucas"}
