@@ -11,6 +11,7 @@ clips without noise. Every arm samples the same devices each round, so arms diff
 The model is scored on every speaker's held-out clips.
 """
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,7 +20,9 @@ import numpy as np
 
 from fedspeech.coordinator.privacy_budget import epsilon_spent, noise_multiplier_for
 
-EPSILONS = (4.0, 16.0, 64.0, 256.0, 1024.0)  # from useless to nearly noiseless, for a fleet of 200
+EPSILONS = (4.0, 16.0, 64.0, 256.0, 1024.0)  # the arms: from useless to nearly noiseless, for 200 devices
+TARGETS = (1.0, 4.0, 8.0)  # the epsilons whose fleet sizes are reported
+RATES = (0.001, 0.003, 0.01, 0.03, 0.1, 0.3, 1.0)  # the sampling rates a fleet size is sought at
 DELTA = 1e-5
 
 
@@ -143,52 +146,49 @@ def curve_table(setting: CurveSetting, points: Sequence[CurvePoint]) -> str:
 
 
 def fleet_sizes(
-    setting: CurveSetting, points: Sequence[CurvePoint], epsilons: Sequence[float], within: float = 0.05
-) -> tuple[float, list[tuple[float, int | None]]]:
-    """The fleet each epsilon needs for a model as good as the simulated arms: the largest noise on the
-    mean step whose arm came within `within` of the noiseless arm's accuracy, then for each epsilon the
-    fewest devices N that, with the same expected devices a round, keep the noise on the step within
-    it (the noise multiplier the accountant needs at sampling rate expected / N). None: none up to 10^7.
+    setting: CurveSetting, points: Sequence[CurvePoint], epsilons: Sequence[float] = TARGETS
+) -> list[tuple[CurvePoint, list[tuple[int, float]]]]:
+    """For each arm with noise, the fleet each epsilon needs to train with that arm's noise on the mean
+    step (noise multiplier over expected devices), and so about its accuracy (McMahan et al. 2018's
+    argument): at each sampling rate q of RATES, the noise multiplier z the accountant needs for the
+    rounds to stay within epsilon, and the devices N = z / (q x the arm's noise); the fewest, with q.
     """
     expected = setting.sampling_rate * setting.devices
-    plain = next(p.accuracy for p in points if p.epsilon is None)
-    good = [
-        p.noise_multiplier / expected
-        for p in points
-        if p.epsilon is not None and p.accuracy >= plain - within
-    ]
-    ratio = max(good, default=0.0)
-    needs: list[tuple[float, int | None]] = []
-    for epsilon in epsilons:
-        found = None
-        for n in np.unique(np.geomspace(expected, 1e7, 120).astype(int)):
-            rate = min(1.0, expected / n)
-            if (
-                ratio
-                and noise_multiplier_for(epsilon, setting.delta, rate, setting.rounds) / expected <= ratio
-            ):
-                found = int(n)
-                break
-        needs.append((epsilon, found))
-    return ratio, needs
+    needed = {
+        (epsilon, rate): noise_multiplier_for(epsilon, setting.delta, rate, setting.rounds)
+        for epsilon in epsilons
+        for rate in RATES
+    }
+    rows = []
+    for point in points:
+        if point.epsilon is None:
+            continue
+        step = point.noise_multiplier / expected
+        rows.append(
+            (point, [min((math.ceil(needed[e, q] / (q * step)), q) for q in RATES) for e in epsilons])
+        )
+    return rows
 
 
-def sizes_table(setting: CurveSetting, ratio: float, needs: Sequence[tuple[float, int | None]]) -> str:
-    """What fleet size each epsilon needs, as a markdown table."""
+def sizes_table(
+    setting: CurveSetting,
+    rows: Sequence[tuple[CurvePoint, list[tuple[int, float]]]],
+    epsilons: Sequence[float] = TARGETS,
+) -> str:
+    """What fleet size each epsilon needs for each arm's accuracy, as a markdown table."""
     expected = setting.sampling_rate * setting.devices
     lines = [
-        f"fleet size each epsilon needs, {setting.rounds} rounds of {expected:.0f} expected devices, delta "
-        f"{setting.delta:g}: the noise on the mean step at most {ratio:.4f} x clip (the most the simulated "
-        "fleet took within 5 points of no noise), the sampling rate falling as the fleet grows",
+        f"fleet size each epsilon needs: devices for the same noise on the mean step as each arm over "
+        f"{setting.rounds} rounds, at the sampling rate that needs the fewest, delta {setting.delta:g}",
         "",
-        "| epsilon | devices needed |",
-        "|---|---|",
+        "| noise on the step | its accuracy | "
+        + " | ".join(f"devices for epsilon {e:g}" for e in epsilons)
+        + " |",
+        "|---|---|" + "---|" * len(epsilons),
     ]
-    if not ratio:
-        return (
-            f"{lines[0]}\n\nno arm with noise came within 5 points of the one without: no fleet size follows"
-        )
-    lines += [f"| {e:g} | {'over 10^7' if n is None else n} |" for e, n in needs]
+    for point, needs in rows:
+        sizes = " | ".join(f"{n:,} (q {q:g})" for n, q in needs)
+        lines.append(f"| {point.noise_multiplier / expected:.4f} | {point.accuracy:.3f} | {sizes} |")
     return "\n".join(lines)
 
 

@@ -19,7 +19,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from fedspeech.coordinator.privacy_budget import noise_multiplier_for
-from fedspeech_bench.dp_curve import DELTA, EPSILONS
+from fedspeech_bench.dp_curve import DELTA, EPSILONS, TARGETS
 
 DEMO_LENGTH = 82459  # weights of the demo's model (cnn, FSDD's 11 classes)
 DEFAULT_DEVICES = (6, 20, 100)
@@ -222,13 +222,13 @@ def run_privacy_bench(
         setting, points = run_curve(
             curve.data_dir, curve.epsilons, curve.sampling_rate, curve.rounds, curve.clip
         )
-        ratio, needs = fleet_sizes(setting, points, curve.epsilons)
-        accuracy, sizes = curve_table(setting, points), sizes_table(setting, ratio, needs)
+        rows = fleet_sizes(setting, points)
+        accuracy, sizes = curve_table(setting, points), sizes_table(setting, rows)
         print(f"{accuracy}\n\n{sizes}")
         figure = curve_plot(setting, points, out)
         parts.append(f"\n{accuracy}\n\n![accuracy against epsilon]({figure.name})\n\n{sizes}\n")
         report["curve"] = {"setting": asdict(setting), "points": [asdict(p) for p in points]}
-        report["fleet_sizes"] = {"noise_on_step": ratio, "needs": needs}
+        report["fleet_sizes"] = {"epsilons": TARGETS, "needs": [needs for _, needs in rows]}
     (out / "results.md").write_text("".join(parts))
     (out / "results.json").write_text(json.dumps(report, indent=1))
     return out / "results.md"

@@ -1,11 +1,12 @@
 """`fedspeech bench privacy`: a secure-sum round of each fleet size, timed, its sum checked, reported."""
 
 import json
+import math
 
 import pytest
 
 from fedspeech.coordinator.privacy_budget import noise_multiplier_for
-from fedspeech_bench.dp_curve import CurvePoint, CurveSetting, fleet_sizes
+from fedspeech_bench.dp_curve import RATES, CurvePoint, CurveSetting, fleet_sizes, sizes_table
 from fedspeech_bench.label_attack import run_attack
 from fedspeech_bench.privacy import CurveOptions, measure, run_privacy_bench
 from tests.helpers.shared_data import SHARED_DATA, needs_shared
@@ -38,22 +39,27 @@ def test_the_report_has_a_row_a_size_the_attack_the_curve_and_their_plots(tmp_pa
     assert report["curve"]["setting"]["devices"] >= 100
 
 
-def test_the_fleet_an_epsilon_needs_keeps_the_noise_on_the_step_the_simulated_fleet_took():
+def test_the_fleet_an_epsilon_needs_keeps_each_arms_noise_on_the_step():
     setting = CurveSetting(devices=200, clips=3000, sampling_rate=0.2, rounds=30, clip=1.0)
     points = [
         CurvePoint(0.0, None, 0.40, [30], [0.40]),
-        CurvePoint(2.0, 2.0, 0.10, [30], [0.10]),  # too noisy: not within 5 points
-        CurvePoint(0.8, 8.0, 0.37, [30], [0.37]),
+        CurvePoint(2.0, 2.0, 0.10, [30], [0.10]),
+        CurvePoint(0.2, 300.0, 0.37, [30], [0.37]),
     ]
-    ratio, needs = fleet_sizes(setting, points, [1.0, 4.0, 8.0])
-    assert ratio == pytest.approx(0.8 / 40)
-    sizes = [n for _, n in needs]
-    assert all(n is not None for n in sizes) and sizes[0] > sizes[1] > sizes[2]
-    for epsilon, n in needs:
-        assert n is not None
-        assert noise_multiplier_for(epsilon, setting.delta, 40 / n, 30) / 40 <= ratio
-        smaller = int(n * 0.9)  # the grid steps by under 10 %: a fleet a step smaller needs more noise
-        assert noise_multiplier_for(epsilon, setting.delta, min(1.0, 40 / smaller), 30) / 40 > ratio
+    rows = fleet_sizes(setting, points, [1.0, 4.0])
+    assert [point.noise_multiplier for point, _ in rows] == [2.0, 0.2], "the arms with noise"
+    for point, needs in rows:
+        step = point.noise_multiplier / 40  # the arm's noise on the mean step: 40 expected devices
+        assert needs[0][0] > needs[1][0], "a smaller epsilon needs a larger fleet"
+        for epsilon, (n, rate) in zip([1.0, 4.0], needs, strict=True):
+            z = noise_multiplier_for(epsilon, setting.delta, rate, 30)  # what epsilon asks at that rate
+            assert z / (rate * n) <= step < z / (rate * (n - 1)), "the fewest devices at that rate"
+            for other in RATES:  # and no other rate needs fewer
+                assert (
+                    math.ceil(noise_multiplier_for(epsilon, setting.delta, other, 30) / (other * step)) >= n
+                )
+    assert rows[1][1][0][0] > rows[0][1][0][0], "less noise on the step needs a larger fleet"
+    assert "| 0.0050 | 0.370 | 4,432 (q 1) |" in sizes_table(setting, rows, [1.0, 4.0])
 
 
 def test_the_attack_reads_labels_from_plain_updates_and_not_from_what_secure_aggregation_shows():
