@@ -18,8 +18,6 @@ from pathlib import Path
 
 import numpy as np
 
-from fedspeech.coordinator.privacy_budget import epsilon_spent, noise_multiplier_for
-
 EPSILONS = (4.0, 16.0, 64.0, 256.0, 1024.0)  # the arms: from useless to nearly noiseless, for 200 devices
 TARGETS = (1.0, 4.0, 8.0)  # the epsilons whose fleet sizes are reported
 RATES = (0.001, 0.003, 0.01, 0.03, 0.1, 0.3, 1.0)  # the sampling rates a fleet size is sought at
@@ -63,6 +61,7 @@ def run_curve(
 
     from fedspeech.coordinator.aggregate import dp_mean
     from fedspeech.coordinator.config import RoundConfig
+    from fedspeech.coordinator.privacy_budget import epsilon_spent, noise_multiplier_for
     from fedspeech.models import build_model
     from fedspeech.models.clips.datasets import (
         client_clips,
@@ -153,6 +152,8 @@ def fleet_sizes(
     argument): at each sampling rate q of RATES, the noise multiplier z the accountant needs for the
     rounds to stay within epsilon, and the devices N = z / (q x the arm's noise); the fewest, with q.
     """
+    from fedspeech.coordinator.privacy_budget import noise_multiplier_for
+
     expected = setting.sampling_rate * setting.devices
     needed = {
         (epsilon, rate): noise_multiplier_for(epsilon, setting.delta, rate, setting.rounds)

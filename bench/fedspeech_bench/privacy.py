@@ -18,7 +18,6 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from fedspeech.coordinator.privacy_budget import noise_multiplier_for
 from fedspeech_bench.dp_curve import DELTA, EPSILONS, TARGETS
 
 DEMO_LENGTH = 82459  # weights of the demo's model (cnn, FSDD's 11 classes)
@@ -193,6 +192,7 @@ def run_privacy_bench(
     of the curve's epsilons) and the accuracy-epsilon curve, then write results.md, results.json and the
     plots into out.
     """
+    from fedspeech.coordinator.privacy_budget import noise_multiplier_for
     from fedspeech_bench.dp_curve import curve_plot, curve_table, fleet_sizes, run_curve, sizes_table
     from fedspeech_bench.label_attack import MISSING, attack_plot, attack_table, run_attack
 
