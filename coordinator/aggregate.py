@@ -279,6 +279,15 @@ def clip_updates(current: Arrays, updates: Sequence[Arrays], max_norm: float) ->
     return clipped
 
 
+def stepped_norms(current: Arrays, updates: Sequence[Arrays]) -> list[float]:
+    """The L2 norm of each update's change from current in the weights training steps."""
+    names = [name for name, array in current.items() if stepped(name, array)]
+    return [
+        math.sqrt(sum(float(np.sum((u[name].astype(np.float64) - current[name]) ** 2)) for name in names))
+        for u in updates
+    ]
+
+
 def dp_mean(
     current: Arrays,
     updates: Sequence[Arrays],
@@ -297,9 +306,8 @@ def dp_mean(
         raise ValueError("need updates, a positive expected count and a noise multiplier of at least 0")
     names = [name for name, array in current.items() if stepped(name, array)]
     total = {name: np.zeros(current[name].shape) for name in names}
-    for update in updates:
+    for update, norm in zip(updates, stepped_norms(current, updates), strict=True):
         change = {name: update[name].astype(np.float64) - current[name] for name in names}
-        norm = math.sqrt(sum(float(np.sum(d**2)) for d in change.values()))
         scale = min(1.0, clip / norm) if norm > 0 else 1.0
         for name in names:
             total[name] += scale * change[name]
@@ -341,3 +349,31 @@ def population_distribution(counts: Sequence[Sequence[int]], num_samples: Sequen
     if (n <= 0).any():
         raise ValueError("sample counts must be positive")
     return (n / n.sum()) @ q
+
+
+# Adaptive clipping (Andrew et al. 2021, "Differentially Private Learning with Adaptive Clipping"): the clip
+# follows a quantile of the changes' norms, learnt from a noised count of the changes within it.
+
+
+def count_noise(expected: float, noise_multiplier: float) -> float:
+    """The deviation of the noise on a round's count of changes within the clip: the paper's expected / 20,
+    and at least the noise multiplier, so that the changes' own noise grows by 1 / sqrt(3/4) at most.
+    """
+    return max(expected / 20, noise_multiplier)
+
+
+def change_noise_multiplier(noise_multiplier: float, count_deviation: float) -> float:
+    """The changes' noise multiplier with which they and a count noised at count_deviation are together
+    one Gaussian mechanism of noise_multiplier (each device counts +1/2 within the clip, -1/2 past it).
+    """
+    if not 0 < noise_multiplier < 2 * count_deviation:
+        raise ValueError(f"the count's noise {count_deviation} is too small for z {noise_multiplier}")
+    return float((noise_multiplier**-2 - (2 * count_deviation) ** -2) ** -0.5)
+
+
+def adapted_clip(clip: float, within: float, expected: float, target: float, learning_rate: float) -> float:
+    """The next round's clip, stepped geometrically towards the target quantile of the changes' norms;
+    within is the round's noised sum of +1/2 for each change within the clip and -1/2 for each past it.
+    """
+    fraction = within / expected + 0.5
+    return clip * math.exp(-learning_rate * (fraction - target))

@@ -162,6 +162,8 @@ class Orchestrator:
         new, kept = aggregated
         if collected.tally is not None:
             self._take_tally(collected.tally, len(results))
+        if collected.within_clip is not None:
+            self.strategy.clip_count(round, collected.within_clip)
         if self.config.server_momentum:
             new, self._velocity = server_momentum(
                 self._current, new, self._velocity, self.config.server_momentum

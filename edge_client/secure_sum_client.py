@@ -59,7 +59,7 @@ class SecureUpload:
         if norm > secure.clip:
             log.info("round %d: the change's norm %.4g clipped to %g", self.task.round, norm, secure.clip)
         encoded = np.concatenate(  # noise no seed can replay
-            [encode_change(change, secure, np.random.default_rng()), tally.encode()]
+            [encode_change(change, norm, secure, np.random.default_rng()), tally.encode()]
         )
         try:
             masked = wire.masked_body(self._round.masked(encoded, self._sharers))

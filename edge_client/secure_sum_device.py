@@ -24,12 +24,16 @@ from fedspeech.protocol.secure_sum_phases import (
 )
 
 
-def encode_change(change: np.ndarray, secure: SecureSum, rng: np.random.Generator) -> np.ndarray:
-    """A clipped change as this device puts it into the sum: weighted, in fixed point, with its part of
-    the sum's noise where the round asks for one.
+def encode_change(change: np.ndarray, norm: float, secure: SecureSum, rng: np.random.Generator) -> np.ndarray:
+    """A clipped change (of `norm` before clipping) as this device puts it into the sum: weighted, with
+    its +1/2 or -1/2 after it where the round counts the changes within the clip, in fixed point, with its
+    part of the sum's noise where the round asks for one.
     """
-    fixed = ss.fixed_point(secure.clip, secure.noise, secure.devices)
-    encoded = fixed.encode(change * secure.weight)
+    vector = change * secure.weight
+    if secure.count_scale:
+        vector = np.append(vector, (0.5 if norm <= secure.clip else -0.5) * secure.count_scale)
+    fixed = ss.fixed_point(ss.vector_bound(secure.clip, secure.count_scale), secure.noise, secure.devices)
+    encoded = fixed.encode(vector)
     return ss.with_noise(encoded, secure.noise, fixed, rng) if secure.noise else encoded
 
 

@@ -162,6 +162,8 @@ def check_secure_sum(secure: "SecureSum") -> None:
         raise ProtocolError(f"a secure sum's clip must be above 0 and at most {MAX_SECURE_CLIP:g}")
     if not (math.isfinite(secure.noise) and 0 <= secure.noise <= MAX_SECURE_CLIP):
         raise ProtocolError(f"a secure sum's noise must be at least 0 and at most {MAX_SECURE_CLIP:g}")
+    if not (math.isfinite(secure.count_scale) and 0 <= secure.count_scale <= MAX_SECURE_CLIP):
+        raise ProtocolError(f"a secure sum's count scale must be at least 0 and at most {MAX_SECURE_CLIP:g}")
     if not 0 < secure.weight <= 1:
         raise ProtocolError("a device's weight in a secure sum must be above 0 and at most 1")
     if not 0 < secure.unmask_s <= MAX_TASK_SECONDS:

@@ -113,7 +113,9 @@ class SecureSum:
     """How a device takes part in its round's secure sum: how many of the round's devices rebuild a
     secret, how many there are (the fixed point's range), the L2 norm its change is clipped to, its
     weight in the sum (its training clips against the round's most), how long past the task's deadline
-    the sum may take to unmask, and the deviation of the Gaussian noise it adds (differential privacy).
+    the sum may take to unmask, the deviation of the Gaussian noise it adds (differential privacy) and
+    the scale of the +1/2 or -1/2 it adds after its change, by whether the change was within the clip
+    before clipping (adaptive clipping; 0: none).
     """
 
     threshold: int
@@ -122,6 +124,7 @@ class SecureSum:
     weight: float
     unmask_s: float
     noise: float = 0.0
+    count_scale: float = 0.0
 
 
 State = Literal["online", "training", "evaluating", "offline"]

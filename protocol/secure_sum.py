@@ -14,6 +14,7 @@ secret is checked against what its owner published, which tells a wrong share fr
 """
 
 import itertools
+import math
 import os
 import random
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -77,6 +78,13 @@ def fixed_point(clip: float, noise: float, devices: int) -> FixedPoint:
     deviation `noise`: its range holds the clip and NOISE_TAILS deviations more, so the sum never wraps.
     """
     return FixedPoint(clip + NOISE_TAILS * noise, devices)
+
+
+def vector_bound(clip: float, count_scale: float) -> float:
+    """The L2 norm of what a device puts into the sum at most: its change clipped to clip, and its
+    +count_scale/2 or -count_scale/2 where the round counts the changes within the clip.
+    """
+    return math.hypot(clip, count_scale / 2)
 
 
 def with_noise(encoded: np.ndarray, noise: float, fixed: FixedPoint, rng: np.random.Generator) -> np.ndarray:

@@ -4,11 +4,12 @@ for it to mean something, simulated in this process.
 Each Speech Commands speaker is a device holding its own clips, so the fleet is label-skewed the way
 people are: a speaker says a few of the words. Every round each device is taken with probability
 `sampling_rate` (Poisson sampling), trains from the global model with the product's own training step and
-settings, and the coordinator's own DP-FedAvg step (`aggregate.dp_mean`: changes clipped, Gaussian noise,
-the expected count as denominator) makes the new model. Epsilon at delta comes from dp-accounting. Each
-arm is one target epsilon, with the least noise multiplier that keeps the rounds within it; one more arm
-clips without noise. Every arm samples the same devices each round, so arms differ by their noise alone.
-The model is scored on every speaker's held-out clips.
+settings, and the coordinator's own dp_fedavg strategy (changes clipped, Gaussian noise, the expected
+count as denominator) makes the new model. Epsilon at delta comes from dp-accounting. Each arm is one
+target epsilon, with the least noise multiplier that keeps the rounds within it; one more arm clips
+without noise (`aggregate.dp_mean` at no noise), and with a clip quantile each epsilon has a second arm
+whose clip adapts to it. Every arm samples the same devices each round, so arms differ by their noise and
+clip alone. The model is scored on every speaker's held-out clips.
 """
 
 import math
@@ -33,6 +34,8 @@ class CurvePoint:
     accuracy: float  # the last round's model on the held-out clips
     rounds: list[int]
     accuracies: list[float]  # at those rounds
+    clip_quantile: float = 0.0  # the quantile the clip adapts to; 0: the setting's fixed clip
+    last_clip: float = 0.0  # the last round's clip
 
 
 @dataclass(frozen=True)
@@ -55,13 +58,18 @@ def run_curve(
     clip: float = 1.0,
     seed: int = 0,
     every: int = 5,
+    clip_quantile: float = 0.0,
 ) -> tuple[CurveSetting, list[CurvePoint]]:
-    """Train one arm per epsilon (and one without noise) on the Speech Commands speakers as devices."""
+    """Train one arm per epsilon (and one without noise; with a clip quantile, one more per epsilon whose
+    clip adapts to it) on the Speech Commands speakers as devices.
+    """
     import torch
 
     from fedspeech.coordinator.aggregate import dp_mean
     from fedspeech.coordinator.config import RoundConfig
     from fedspeech.coordinator.privacy_budget import epsilon_spent, noise_multiplier_for
+    from fedspeech.coordinator.strategies import Result
+    from fedspeech.coordinator.strategies.dp_fedavg import DPFedAvg
     from fedspeech.models import build_model
     from fedspeech.models.clips.datasets import (
         client_clips,
@@ -95,14 +103,18 @@ def run_curve(
         probabilities, _ = predict(net, test_waveforms, test_labels)
         return float(np.mean(probabilities.argmax(axis=1) == test_labels))
 
-    arms = [0.0] + [noise_multiplier_for(e, DELTA, sampling_rate, rounds) for e in epsilons]
+    noisy = [noise_multiplier_for(e, DELTA, sampling_rate, rounds) for e in epsilons]
+    arms = [(0.0, 0.0)] + [(z, 0.0) for z in noisy] + [(z, clip_quantile) for z in noisy if clip_quantile]
+    pool = dict.fromkeys(f"{n:05}" for n in range(len(fleet)))
     points = []
-    for z in arms:
-        current, noise = dict(start), np.random.default_rng([seed, 1])
-        marks, scores = [], []
+    for z, quantile in arms:
+        options = {"noise_multiplier": max(z, 0.01), "clip": clip, "sampling_rate": sampling_rate}
+        strategy = DPFedAvg(1, 1, DPFedAvg.Params(**options, target_quantile=quantile))
+        current, marks, scores = dict(start), [], []
         for round in range(1, rounds + 1):
-            draw = np.random.default_rng([seed, round])  # the same devices each round in every arm
-            chosen = [n for n in range(len(fleet)) if draw.random() < sampling_rate]
+            # the same devices each round in every arm
+            plan = strategy.configure_round(round, pool, np.random.default_rng([seed, round]))  # type: ignore[arg-type]
+            chosen = [int(device) for device in plan.work]
             updates = []
             for n in chosen:
                 waveforms, labels = fleet[n]
@@ -112,14 +124,24 @@ def run_curve(
                     learning_rate=settings.learning_rate, seed=seed * 1000 + round * 7 + n,
                 )  # fmt: skip
                 updates.append(get_arrays(net))
-            if updates:
-                current = dp_mean(current, updates, clip, z, sampling_rate * len(fleet), noise)
+            if updates and z:
+                results = [Result(str(n), u, 1) for n, u in zip(chosen, updates, strict=True)]
+                current = strategy.aggregate(round, results, current)
+            elif updates:
+                current = dp_mean(
+                    current, updates, clip, 0.0, sampling_rate * len(fleet), np.random.default_rng()
+                )
             if round % every == 0 or round == rounds:
                 marks.append(round)
                 scores.append(accuracy(current))
         epsilon = epsilon_spent(z, sampling_rate, rounds, DELTA) if z else None
-        points.append(CurvePoint(z, epsilon, scores[-1], marks, scores))
-        print(f"noise multiplier {z:.3f}: accuracy {scores[-1]:.3f}", flush=True)
+        points.append(CurvePoint(z, epsilon, scores[-1], marks, scores, quantile, strategy.clip))
+        adapting = (
+            f", clip adapting to the {quantile:g} quantile: {strategy.clip:.3g} at the end"
+            if quantile
+            else ""
+        )
+        print(f"noise multiplier {z:.3f}{adapting}: accuracy {scores[-1]:.3f}", flush=True)
     return setting, points
 
 
@@ -131,15 +153,19 @@ def curve_table(setting: CurveSetting, points: Sequence[CurvePoint]) -> str:
         f"{setting.sampling_rate:g} a round, {setting.rounds} rounds, changes clipped to {setting.clip:g}; "
         f"accuracy on every speaker's held-out clips; delta {setting.delta:g}",
         "",
-        "| epsilon | noise multiplier | noise on the mean step (z x clip / expected devices) | accuracy |",
-        "|---|---|---|---|",
+        "| epsilon | noise multiplier | noise on the mean step (z x clip / expected devices) | clip "
+        "| accuracy |",
+        "|---|---|---|---|---|",
     ]
     expected = setting.sampling_rate * setting.devices
     for p in points:
         epsilon = "none (no noise)" if p.epsilon is None else f"{p.epsilon:.3g}"
+        clip = f"{setting.clip:g}, fixed"
+        if p.clip_quantile:
+            clip = f"adapting to the {p.clip_quantile:g} quantile: {p.last_clip:.3g} at the end"
         lines.append(
             f"| {epsilon} | {p.noise_multiplier:.3f} | {p.noise_multiplier * setting.clip / expected:.4f} "
-            f"| {p.accuracy:.3f} |"
+            f"| {clip} | {p.accuracy:.3f} |"
         )
     return "\n".join(lines)
 
@@ -162,7 +188,7 @@ def fleet_sizes(
     }
     rows = []
     for point in points:
-        if point.epsilon is None:
+        if point.epsilon is None or point.clip_quantile:  # the fixed clip's arms: their step's noise is known
             continue
         step = point.noise_multiplier / expected
         rows.append(
@@ -199,9 +225,15 @@ def curve_plot(setting: CurveSetting, points: Sequence[CurvePoint], out: Path) -
 
     plt = pyplot()
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
-    noisy = [p for p in points if p.epsilon is not None]
+    noisy = [p for p in points if p.epsilon is not None and not p.clip_quantile]
+    adapting = [p for p in points if p.clip_quantile]
     plain = next(p for p in points if p.epsilon is None)
-    left.plot([p.epsilon for p in noisy], [p.accuracy for p in noisy], marker="o")
+    left.plot(
+        [p.epsilon for p in noisy], [p.accuracy for p in noisy], marker="o", label=f"clip {setting.clip:g}"
+    )
+    if adapting:
+        label = f"clip adapting to the {adapting[0].clip_quantile:g} quantile"
+        left.plot([p.epsilon for p in adapting], [p.accuracy for p in adapting], marker="s", label=label)
     left.axhline(plain.accuracy, linestyle="--", color="grey", label="clipped, no noise")
     left.set(
         xscale="log", xlabel=f"epsilon at delta {setting.delta:g}", ylabel="held-out accuracy", ylim=(0, 1)
@@ -209,6 +241,7 @@ def curve_plot(setting: CurveSetting, points: Sequence[CurvePoint], out: Path) -
     left.legend()
     for p in points:
         label = "no noise" if p.epsilon is None else f"epsilon {p.epsilon:.3g}"
+        label += ", adapting" if p.clip_quantile else ""
         right.plot(p.rounds, p.accuracies, marker=".", label=label)
     right.set(xlabel="round", ylabel="held-out accuracy", ylim=(0, 1))
     right.legend(fontsize=8)

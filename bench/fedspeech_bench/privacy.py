@@ -183,6 +183,7 @@ class CurveOptions:
     rounds: int = 30
     sampling_rate: float = 0.2
     clip: float = 1.0
+    clip_quantile: float = 0.0  # with it, each epsilon also has an arm whose clip adapts to it
 
 
 def run_privacy_bench(
@@ -220,8 +221,9 @@ def run_privacy_bench(
         print("no accuracy-epsilon curve: it needs Speech Commands (--data-dir DIR: speech_commands_test/)")
     else:
         setting, points = run_curve(
-            curve.data_dir, curve.epsilons, curve.sampling_rate, curve.rounds, curve.clip
-        )
+            curve.data_dir, curve.epsilons, curve.sampling_rate, curve.rounds, curve.clip,
+            clip_quantile=curve.clip_quantile,
+        )  # fmt: skip
         rows = fleet_sizes(setting, points)
         accuracy, sizes = curve_table(setting, points), sizes_table(setting, rows)
         print(f"{accuracy}\n\n{sizes}")
@@ -286,6 +288,13 @@ def add_parser(bench_subparsers: argparse._SubParsersAction) -> None:
         "--sampling-rate", type=float, default=0.2, help="each device's chance of a round (default 0.2)"
     )
     p.add_argument("--dp-clip", type=float, default=1.0, help="each change clipped to this norm (default 1)")
+    p.add_argument(
+        "--dp-clip-quantile",
+        type=float,
+        default=0.0,
+        help="also run each epsilon with the clip adapting to this quantile of the changes' norms, from "
+        "--dp-clip (default: no such arms)",
+    )
     p.add_argument("--out", type=Path, default=Path("fedspeech-bench-privacy"), help="where results go")
     p.set_defaults(run=run_from_args)
 
@@ -298,10 +307,17 @@ def run_from_args(args: argparse.Namespace) -> None:
         raise SystemExit(
             f"fedspeech bench privacy: --attack-devices must be from 2 to 1000, not {args.attack_devices}"
         )
-    if not 1 <= args.rounds <= 10_000 or not 0 < args.sampling_rate <= 1 or not 0 < args.dp_clip <= 1000:
+    if (
+        not 1 <= args.rounds <= 10_000
+        or not 0 < args.sampling_rate <= 1
+        or not 0 < args.dp_clip <= 1000
+        or not 0 <= args.dp_clip_quantile <= 1
+    ):
         raise SystemExit(
             "fedspeech bench privacy: --rounds from 1 to 10000, --sampling-rate in (0, 1], --dp-clip in "
-            "(0, 1000]"
+            "(0, 1000], --dp-clip-quantile in [0, 1]"
         )
-    curve = CurveOptions(args.data_dir, args.epsilons, args.rounds, args.sampling_rate, args.dp_clip)
+    curve = CurveOptions(
+        args.data_dir, args.epsilons, args.rounds, args.sampling_rate, args.dp_clip, args.dp_clip_quantile
+    )
     run_privacy_bench(args.out, args.devices, args.length, args.attack_devices, curve)

@@ -9,7 +9,8 @@ phase closes when every device it expects has answered, or at its time; a device
 keys are agreed is masked out of the sum from its shares. Too few devices left at any phase, and the round
 fails: it is run again, never aggregated from a wrong sum. The strategy's terms say how the sum becomes
 the new model: the changes' clip, their weights (by clips, or alike), the Gaussian noise the devices add
-in parts (distributed differential privacy) and what the sum is divided by. After each change comes the
+in parts (distributed differential privacy), what the sum is divided by, and whether each device says
+with noise if its change was within the clip (adaptive clipping). After each change comes the
 device's tally (protocol.secure_tally): its clips per label and its evaluation of the model it was sent,
 which the coordinator also learns only summed.
 """
@@ -77,11 +78,14 @@ def train(round: int, plan: RoundPlan, context: RoundContext) -> Collected:
     terms = context.secure_terms or SecureTerms()
     share = weights(samples) if terms.weighted else dict.fromkeys(devices, 1.0)
     clip, unmask_s = terms.clip or config.secure_clip, config.secure_keys_timeout_s
-    noise = device_noise(terms.noise_multiplier, clip, needed, len(devices), length)
-    tasks = {
-        d: replace(task, secure_sum=SecureSum(needed, len(devices), clip, share[d], unmask_s, noise))
-        for d, task in context.tasks(devices, deadline).items()
+    counted = length + (1 if terms.count_scale else 0)  # the change, and its count where it has one
+    bound = ss.vector_bound(clip, terms.count_scale)
+    noise = device_noise(terms.noise_multiplier, bound, needed, len(devices), counted)
+    settings = {
+        d: SecureSum(needed, len(devices), clip, share[d], unmask_s, noise, terms.count_scale)
+        for d in devices
     }
+    tasks = {d: replace(task, secure_sum=settings[d]) for d, task in context.tasks(devices, deadline).items()}
     inbox.open(OpenRound(round, context.started, deadline, tasks, plan.needed, frozenset()))
     keys = {d: signing.parse_public_key(identities[d]) for d in devices}
     survivors: list[str] = []
@@ -89,7 +93,7 @@ def train(round: int, plan: RoundPlan, context: RoundContext) -> Collected:
         if len(devices) < needed:
             raise ProtocolError(f"{len(devices)} devices with identity keys, fewer than {needed}")
         desk.open(
-            ServerRound(round, needed, length + tally_length(classes), keys),
+            ServerRound(round, needed, counted + tally_length(classes), keys),
             {d: identities[d] for d in devices},
         )
         for device, task in tasks.items():
@@ -108,9 +112,10 @@ def train(round: int, plan: RoundPlan, context: RoundContext) -> Collected:
     closed.bytes_down += bytes_down
     if context.stop.is_set() or not survivors:
         return Collected(closed, [], missed)
-    fixed = ss.fixed_point(clip, noise, len(devices))
+    fixed = ss.fixed_point(bound, noise, len(devices))
     denominator = terms.denominator or sum(share[d] for d in survivors)
-    new = ss.with_change(current, fixed.decode(total[:length]) / denominator)
+    values = fixed.decode(total[:counted])
+    new = ss.with_change(current, values[:length] / denominator)
     for device in survivors:
         closed.updates[device] = (
             Result(device, new, samples[device]),
@@ -122,7 +127,9 @@ def train(round: int, plan: RoundPlan, context: RoundContext) -> Collected:
         "%.3g a weight in fixed point", round, len(survivors), clip, noised, fixed.max_error / denominator,
     )  # fmt: skip
     results = [closed.updates[d][0] for d in survivors]
-    return Collected(closed, results, missed, combined=new, tally=decode_tally(total[length:], classes))
+    tally = decode_tally(total[counted:], classes)
+    within = float(values[length] / terms.count_scale) if terms.count_scale else None
+    return Collected(closed, results, missed, combined=new, tally=tally, within_clip=within)
 
 
 def _phases(

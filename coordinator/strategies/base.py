@@ -93,6 +93,9 @@ class SecureTerms:
     noise_multiplier: float = 0.0
     weighted: bool = True  # each change weighted by the device's clips; False: all alike
     denominator: float | None = None  # the sum divided by it; None: the weights of the changes summed
+    # adaptive clipping: each device adds +count_scale/2 after its change if it was within the clip
+    # before clipping, -count_scale/2 if not, noised with it; 0: nothing added
+    count_scale: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -154,6 +157,11 @@ class Strategy(ABC):
         own = type(self)
         plain = own.aggregate is Strategy.aggregate and own.before_aggregate is Strategy.before_aggregate
         return SecureTerms() if plain and self.mode == "parallel" else None
+
+    def clip_count(self, round: int, within: float) -> None:  # noqa: B027 - a hook: most ignore it
+        """A secure round's noised sum of +1/2 for each change within the clip, -1/2 for each past it
+        (where secure_terms asks for it): ignored.
+        """
 
     def privacy_after(self, rounds: int) -> PrivacySpent | None:
         """The differential privacy spent once `rounds` rounds are aggregated: none guaranteed."""

@@ -1,10 +1,14 @@
 """Secure aggregation with real device processes over Mosquitto: the coordinator stores only sums; a
 device killed while it trains is masked out of its round's sum, and devices killed once they uploaded
-still count in it.
+still count in it; under DP-FedAvg with adaptive clipping the clip moves by the devices' noised count of
+changes within it.
 """
 
 import signal
 
+import numpy as np
+
+from fedspeech.coordinator.aggregate import count_noise
 from tests.helpers.coordinators import running_coordinator, wait_until_finished
 from tests.helpers.devices import start_clients
 from tests.helpers.waiting import wait_for
@@ -83,3 +87,32 @@ def test_two_devices_killed_after_their_upload_and_one_before_and_the_round_sums
         (record,) = service.store.rounds()[1:]
         assert record.results == 5 and record.accuracy is not None
         assert {u.device_id for u in service.store.updates(1)} == set(SPEAKERS) - {"lucas"}
+
+
+def test_adaptive_clipping_under_secure_aggregation_learns_from_the_devices_noised_count(
+    tmp_path, mosquitto_url, topic_root, processes
+):
+    z, clip, target = 0.05, 1e-3, 0.5  # a clip far below any real change: none of them is within it
+    config = {
+        "broker_url": mosquitto_url,
+        "topic_root": topic_root,
+        "rounds": 1,
+        "min_devices": 3,
+        "min_results": 2,
+        "eval_every": 0,
+        "secure_aggregation": True,
+        "strategy": "dp_fedavg",
+        "strategy_options": {"noise_multiplier": z, "clip": clip, "target_quantile": target},
+    }
+    with running_coordinator(tmp_path, **config) as (service, url):
+        clients = start_clients(processes, SPEAKERS[:3], url, mosquitto_url, topic_root, max_samples=24)
+        wait_until_finished(service, clients)
+        (record,) = service.store.rounds()[1:]
+        assert record.results == 3
+        strategy = service.orchestrator.strategy
+        strategy.configure_round(2, dict.fromkeys(SPEAKERS[:3]), np.random.default_rng(0))
+    # none of 3 within the clip, counted with noise of deviation 3 / 20 (over 3 expected): the clip
+    # steps by about e^(0.2 x 0.5)
+    deviation = count_noise(3, z) / 3
+    grown = np.log(strategy.clip / clip)
+    assert abs(grown - 0.2 * target) < 5 * 0.2 * deviation, f"the clip went from {clip} to {strategy.clip}"

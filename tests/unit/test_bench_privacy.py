@@ -24,7 +24,7 @@ def test_a_round_is_measured_and_costs_more_than_plain_fedavg():
 
 @needs_shared
 def test_the_report_has_a_row_a_size_the_attack_the_curve_and_their_plots(tmp_path):
-    curve = CurveOptions(SHARED_DATA, (8.0,), rounds=2, sampling_rate=0.02)
+    curve = CurveOptions(SHARED_DATA, (8.0,), rounds=2, sampling_rate=0.02, clip_quantile=0.5)
     results = run_privacy_bench(tmp_path, [3, 4], 500, attack_devices=6, curve=curve)
     text = results.read_text()
     assert "| 3 | 2 |" in text and "| 4 | 3 |" in text and "label inference" in text
@@ -34,8 +34,11 @@ def test_the_report_has_a_row_a_size_the_attack_the_curve_and_their_plots(tmp_pa
     report = json.loads((tmp_path / "results.json").read_text())
     assert [row["devices"] for row in report["costs"]] == [3, 4]
     assert len(report["attack"]) == 5, "four views, and one under differential privacy"
-    no_noise, noisy = report["curve"]["points"]
+    no_noise, noisy, adapting = report["curve"]["points"]
     assert no_noise["epsilon"] is None and noisy["epsilon"] == pytest.approx(8.0, rel=1e-3)
+    assert adapting["epsilon"] == noisy["epsilon"] and adapting["clip_quantile"] == 0.5
+    assert adapting["last_clip"] != 1.0 and noisy["last_clip"] == 1.0, "only the adapting arm's clip moves"
+    assert "adapting to the 0.5 quantile" in text
     assert report["curve"]["setting"]["devices"] >= 100
 
 

@@ -229,7 +229,10 @@ def test_every_option_names_a_setting():
     args = vars(_parsed())
     settings = {OPTION_DEST.get(name, name) for name in SECTION_OF}
     # the --dp-* options are dp_fedavg's strategy options under their own names
-    dp = {"dp_epsilon", "dp_delta", "dp_clip", "dp_noise_multiplier", "dp_sampling_rate"}
+    from fedspeech.privacy_options import DP_SETTINGS
+
+    dp = set(DP_SETTINGS)
+    assert dp >= {"dp_epsilon", "dp_delta", "dp_clip", "dp_noise_multiplier", "dp_sampling_rate"}
     assert set(args) - settings == {"command", "config", "run", "verbose"} | dp
     assert set(OPTION_DEST.values()) <= set(args)
 

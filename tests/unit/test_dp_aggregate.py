@@ -5,9 +5,12 @@ import math
 import numpy as np
 import pytest
 
-from fedspeech.coordinator.aggregate import dp_mean
+from fedspeech.coordinator.aggregate import adapted_clip, change_noise_multiplier, count_noise, dp_mean
+from fedspeech.coordinator.strategies import Result, make_strategy
+from fedspeech.coordinator.strategies.dp_fedavg import DPFedAvg
 
 CURRENT = {"w": np.zeros(4000, np.float32), "running_mean": np.ones(3, np.float32)}
+UNIT = np.full(4000, 1 / math.sqrt(4000), np.float32)  # a change of norm 1
 
 
 def update(change: float, seed: int) -> dict[str, np.ndarray]:
@@ -52,3 +55,42 @@ def test_bad_arguments_are_refused():
         dp_mean(CURRENT, [CURRENT], 1.0, 1.0, 0, np.random.default_rng(0))
     with pytest.raises(ValueError, match="need updates"):
         dp_mean(CURRENT, [], 1.0, 1.0, 3, np.random.default_rng(0))
+
+
+def test_adaptive_clippings_two_noises_are_one_gaussian_mechanism_of_the_noise_multiplier():
+    for z, expected in [(0.5, 6), (1.0, 100), (1.3, 1000), (0.05, 20)]:
+        deviation = count_noise(expected, z)
+        assert deviation >= z and deviation >= expected / 20
+        changes = change_noise_multiplier(z, deviation)
+        assert z < changes <= z / math.sqrt(0.75) + 1e-12, "the changes pay for the count, a little"
+        # one device moves (change, its count's +-1/2 scaled to the change's noise) by this much at most:
+        scale = changes / deviation  # the count, in units of the clip, as noisy as the changes
+        reach = math.hypot(1.0, scale / 2)
+        assert changes / reach == pytest.approx(z), "the noise over the reach: the accountant's z"
+    with pytest.raises(ValueError):
+        change_noise_multiplier(1.0, 0.5)  # a count noised below z / 2 cannot be paid for
+
+
+def test_the_clip_steps_geometrically_towards_the_target_quantile():
+    assert adapted_clip(2.0, within=0.0, expected=10, target=0.5, learning_rate=0.2) == pytest.approx(2.0)
+    shrunk = adapted_clip(2.0, within=5.0, expected=10, target=0.5, learning_rate=0.2)  # all 10 within
+    assert shrunk == pytest.approx(2.0 * math.exp(-0.2 * 0.5))
+    grown = adapted_clip(2.0, within=-5.0, expected=10, target=0.9, learning_rate=0.2)  # none within
+    assert grown == pytest.approx(2.0 * math.exp(0.2 * 0.9))
+
+
+def test_adapting_dp_fedavg_finds_the_median_norm_of_the_changes_in_a_few_dozen_rounds():
+    options = {"noise_multiplier": 0.1, "clip": 0.1, "target_quantile": 0.5, "clip_learning_rate": 0.2}
+    strategy = make_strategy("dp_fedavg", 1, 1, options)
+    assert isinstance(strategy, DPFedAvg)
+    pool = {f"d{n:02}": None for n in range(40)}
+    current = {"w": np.zeros(4000, np.float32)}
+    norms = {d: 1.0 + n / 4 for n, d in enumerate(pool)}  # 1 to 10.75: the median is 5.875
+    clips = []
+    for round in range(1, 81):
+        plan = strategy.configure_round(round, pool, np.random.default_rng(round))  # type: ignore[arg-type]
+        clips.append(strategy.clip)
+        results = [Result(d, {"w": UNIT * norms[d]}, 10) for d in plan.work]
+        strategy.aggregate(round, results, current)
+    assert clips[0] == 0.1
+    assert 4.5 < np.mean(clips[-20:]) < 7.5, f"the last clips {clips[-20:]}"

@@ -71,3 +71,14 @@ def test_the_dp_options_pick_dp_fedavg_and_calibrate_its_noise_to_the_epsilon_ov
     assert strategy.stop_before(30) is None and strategy.stop_before(31) is not None
     given = calibrated({"epsilon": 8, "noise_multiplier": 2.0}, 30)
     assert given["noise_multiplier"] == 2.0, "a noise multiplier given is kept, the epsilon its budget"
+
+
+def test_the_clip_quantile_option_makes_the_clip_adapt():
+    parser = argparse.ArgumentParser()
+    add_parser(parser.add_subparsers())
+    args = parser.parse_args(["coordinator", "--dp-noise-multiplier", "1", "--dp-clip-quantile", "0.5"])
+    options = settings(args, {})[0].rounds.strategy_options
+    assert options == {"noise_multiplier": 1.0, "target_quantile": 0.5}
+    strategy = DPFedAvg(1, 1, DPFedAvg.Params(**options))
+    strategy.configure_round(1, dict.fromkeys("abc"), np.random.default_rng(0))  # type: ignore[arg-type]
+    assert strategy.secure_terms().count_scale > 0, "under secure aggregation, devices add their count"

@@ -10,6 +10,7 @@ import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from scipy import stats
 
+from fedspeech.coordinator.aggregate import change_noise_multiplier, count_noise
 from fedspeech.coordinator.errors import NotWanted
 from fedspeech.coordinator.privacy_budget import epsilon_spent
 from fedspeech.coordinator.rounds.secure_sum import device_noise
@@ -84,9 +85,9 @@ class SecureDevice:
                 return
             sharers, sealed = wire.read_sharers(outcome("shares"))
             trained = {name: np.full_like(array, self.value) for name, array in received.items()}
-            change = ss.change_vector(trained, received, secure.clip)[0]
+            change, norm = ss.change_vector(trained, received, secure.clip)
             encoded = np.concatenate(
-                [encode_change(change, secure, np.random.default_rng()), self.tally.encode()]
+                [encode_change(change, norm, secure, np.random.default_rng()), self.tally.encode()]
             )
             masked = wire.masked_body(device.masked(encoded, sharers))
             self.masked.append(masked)
@@ -199,6 +200,31 @@ def test_dp_under_secure_aggregation_noises_the_sum_on_the_devices_and_divides_b
     assert abs(residual.mean()) < 4 * secure.noise / np.sqrt(BIG)  # unbiased
     # four devices' noise, each of deviation secure.noise, over the expected count of 4
     assert np.std(residual) == pytest.approx(secure.noise * 2 / 4, rel=0.05)
+
+
+def test_adaptive_clipping_under_secure_aggregation_counts_the_changes_within_the_clip_with_noise(tmp_path):
+    z, clip, target, rate = 0.01, 0.3, 0.9, 1.0
+    options = {"noise_multiplier": z, "clip": clip, "target_quantile": target, "clip_learning_rate": rate}
+    fleet = secure_fleet(tmp_path, BigModel(), rounds=2, strategy="dp_fedavg", strategy_options=options)
+    values = {"a": 0.001, "b": 0.002, "c": 0.003, "d": 0.004}  # changes of norm 0.14, 0.28, 0.42, 0.57
+    for d, value in values.items():
+        SecureDevice(fleet, d, value, 10)
+    fleet.finish()
+    first, second = fleet.link.tasks_of(1)["a"].secure_sum, fleet.link.tasks_of(2)["a"].secure_sum
+    assert first is not None and second is not None
+    deviation = count_noise(4, z)  # 4 / 20: the count's noise, as Andrew et al. set it
+    changes = change_noise_multiplier(z, deviation)
+    assert first.clip == clip and first.count_scale == pytest.approx(changes * clip / deviation)
+    bound = ss.vector_bound(clip, first.count_scale)
+    assert first.noise == pytest.approx(device_noise(z, bound, 2, 4, BIG + 3))
+    # two of four within the clip: half, against the target's 0.9, so the clip grows by about e^0.4
+    grown = np.log(second.clip / clip)
+    assert abs(grown - rate * (target - 0.5)) < 5 * rate * deviation / 4, "the count's noise, 5 deviations"
+    new = weights.decode(fleet.store.model_path(1, "weights").read_bytes())[0]["v"].astype(np.float64)
+    clipped = (0.001 + 0.002 + 2 * clip / np.sqrt(BIG + 2)) / 4  # c's and d's changes cut to the clip
+    assert abs(new.mean() - clipped) < 5 * first.noise * 2 / 4 / np.sqrt(BIG)  # 4 devices' noise, over 4
+    record = fleet.store.rounds()[2]
+    assert record.dp_epsilon == pytest.approx(epsilon_spent(z, 1.0, 2, 1e-5)), "the count costs no epsilon"
 
 
 def test_each_devices_noise_keeps_the_sum_private_once_the_threshold_survives():
