@@ -32,6 +32,7 @@ from fedspeech.protocol import log_lines
 from fedspeech.protocol.mqtt import BrokerSettings
 from fedspeech.protocol.topics import DEFAULT_ROOT
 from fedspeech.status import add_parser as add_status_parser
+from fedspeech.synthesize import add_parser as add_synthesize_parser
 
 
 def _client(args: argparse.Namespace) -> None:
@@ -293,6 +294,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     li.add_argument("--timings", action="store_true", help="print ms per window for each stage at the end")
     li.set_defaults(run=_listen)
+    add_synthesize_parser(sub)
     return parser
 
 

@@ -3,6 +3,7 @@
 import base64
 import binascii
 import math
+import re
 from collections.abc import Mapping
 from pathlib import PurePosixPath
 from typing import TYPE_CHECKING
@@ -29,7 +30,7 @@ from fedspeech.protocol.bounds import (
     TASK_ID,
     ProtocolError,
 )
-from fedspeech.protocol.labels import none_class
+from fedspeech.protocol.labels import is_word, none_class
 
 if TYPE_CHECKING:
     from fedspeech.protocol.messages import (
@@ -45,6 +46,8 @@ if TYPE_CHECKING:
         TaskWithdrawal,
     )
 
+MAX_SPOKEN_CHARS = 100  # how a label is said
+SPOKEN = re.compile(rf"[^\W\d_][^\W_]*(?:['\- ][^\W_]+){{0,{MAX_SPOKEN_CHARS // 2}}}")
 MAX_SECURE_DEVICES = 255  # Shamir's shares are numbered within a byte
 MAX_SECURE_CLIP = 1e6
 MAX_WITHDRAWN = 64  # task ids one withdrawal names
@@ -72,6 +75,21 @@ def check_definition(definition: "TaskDefinition") -> None:
         limits = f"{MIN_CLIP_SECONDS} and {MAX_CLIP_SECONDS}"
         raise ProtocolError(f"clip_seconds: must be between {limits}, got {seconds}")
     _check_negatives(definition.negatives, labels)
+    _check_say(definition.say, labels)
+
+
+def _check_say(say: Mapping[str, str], labels: list[str]) -> None:
+    """ProtocolError unless each entry says a word label of the task in a short line of words."""
+    if not isinstance(say, Mapping):
+        raise ProtocolError("say: must be a table of label = words")
+    for label, text in say.items():
+        if label not in labels or not is_word(label):
+            raise ProtocolError(f"say: {label[:64]!r} is not a word label of the task")
+        if not (isinstance(text, str) and len(text) <= MAX_SPOKEN_CHARS and SPOKEN.fullmatch(text)):
+            raise ProtocolError(
+                f"say: {label}: {str(text)[:64]!r} must be words (letters, digits, single spaces, ' and -), "
+                f"at most {MAX_SPOKEN_CHARS} characters"
+            )
 
 
 def _check_negatives(negatives: list[str], labels: list[str]) -> None:

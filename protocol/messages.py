@@ -39,7 +39,8 @@ class TaskDefinition:
     """What a fleet learns: the labels (also the names of a device's data folders), rate and clip length.
 
     negatives are folders (or single clips) inside each device's data folder whose clips train the task's
-    none class (protocol.labels.none_class).
+    none class (protocol.labels.none_class). say gives how a label is spoken, where its name does not
+    say it (synthetic speech).
     """
 
     name: str
@@ -47,6 +48,7 @@ class TaskDefinition:
     sample_rate: int
     clip_seconds: float
     negatives: list[str] = field(default_factory=list)
+    say: dict[str, str] = field(default_factory=dict)
 
     @property
     def num_samples(self) -> int:

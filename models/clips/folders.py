@@ -67,9 +67,10 @@ def list_folder(
     """Every file in root/<label>/ for the task's labels, sorted; what is not in a label folder is skipped.
 
     Hidden files (a name starting with '.') are passed over silently: half-written recordings live there;
-    so are the task's negatives, which are read on their own (list_negative). So is anything with an
-    unusable name or a label folder that cannot be listed, with the reason. FileNotFoundError if root is
-    not a folder, OSError if it cannot be listed.
+    so are a corpus' notes beside the label folders (SOURCE.md, README.md, LICENSE), and the task's
+    negatives, which are read on their own (list_negative). So is anything with an unusable name or a
+    label folder that cannot be listed, with the reason. FileNotFoundError if root is not a folder,
+    OSError if it cannot be listed.
     """
     passed_over = {Path(negative).parts[0] for negative in negatives}
     root = Path(root)
@@ -87,7 +88,8 @@ def list_folder(
         if reason := unusable(entry):
             skipped.append(Skipped(entry, reason))
         elif not entry.is_dir():
-            skipped.append(Skipped(entry, "not inside a label folder"))
+            if not entry.name.endswith(".md") and not entry.name.startswith("LICENSE"):  # a corpus' notes
+                skipped.append(Skipped(entry, "not inside a label folder"))
         elif entry.name not in labels:
             skipped.append(Skipped(entry, f"folder {entry.name!r} is not a label of the task"))
         else:

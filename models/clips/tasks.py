@@ -36,7 +36,7 @@ def default_model(definition: TaskDefinition) -> str:
 
 
 _KEYS = {"name": str, "labels": list, "sample_rate": int, "clip_seconds": float}
-_OPTIONAL_KEYS = {"negatives": list}
+_OPTIONAL_KEYS = {"negatives": list, "say": dict}
 
 
 class TaskFileError(ValueError):
@@ -89,7 +89,10 @@ def task_from_mapping(document: dict, where: str = "task") -> TaskDefinition:
     labels, negatives = list(document["labels"]), list(document.get("negatives", []))
     if negatives and none_class(labels) is None:
         labels.append(NONE_LABEL)
-    definition = TaskDefinition(document["name"], labels, document["sample_rate"], seconds, negatives)
+    say = document.get("say", {})
+    if not all(isinstance(text, str) for text in say.values()):
+        raise TaskFileError(f"{where}: key 'say' must be a table of label = \"words\", got {_shown(say)}")
+    definition = TaskDefinition(document["name"], labels, document["sample_rate"], seconds, negatives, say)
     try:
         check_definition(definition)
     except ProtocolError as exc:
@@ -105,7 +108,9 @@ def _shown(value: object) -> str:
         return "a number too large to show"
 
 
-_TYPE_NAMES = {str: "a string", list: "a list of strings", int: "a whole number", float: "a number"}
+_TYPE_NAMES = {
+    str: "a string", list: "a list of strings", int: "a whole number", float: "a number", dict: "a table",
+}  # fmt: skip
 
 
 def spec_for(definition: TaskDefinition, name: str | None = None, depth: int | None = None) -> ModelSpec:
