@@ -125,13 +125,15 @@ def _check_paths(config: "CoordinatorConfig", layers: "Sequence[Layer]") -> None
     from fedspeech.coordinator.config_sources import where
 
     service = config.service
-    for name, path in (("tls_cert", service.tls_cert), ("tls_key", service.tls_key)):
+    init = None if service.init in ("random", "synthetic") else Path(service.init)
+    for name, path in (("tls_cert", service.tls_cert), ("tls_key", service.tls_key), ("init", init)):
         if path is not None and not path.is_file():
             raise SystemExit(f"fedspeech coordinator: {where(name, layers)} {path}: no such file")
     folders = {
         "eval_data": config.evaluation.eval_data,
         "validation_data": service.validation_data,
         "server_data": service.server_data,
+        "init_data": service.init_data,
     }
     for name, folder in folders.items():
         if folder is not None and not folder.is_dir():
@@ -285,6 +287,23 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "(otherwise refused: one broker, one coordinator per topic root)",
     )
     c.add_argument("--task", help="a task file, or a built-in task: fsdd (default), emodb, speech_commands")
+    c.add_argument(
+        "--init",
+        metavar="HOW",
+        help="a new fleet's first model: random (default), synthetic (trained here first on the task's words "
+        "spoken by the machine's speech synthesizers) or FILE.safetensors",
+    )
+    c.add_argument(
+        "--init-data",
+        metavar="DIR",
+        help="a folder DIR/<label>/* of speech the first model also trains on (a public corpus, say)",
+    )
+    c.add_argument(
+        "--init-takes", type=at_least(1), metavar="N", help="synthetic takes of each word (default 300)"
+    )
+    c.add_argument(
+        "--init-epochs", type=at_least(1), metavar="N", help="epochs the first model trains (default 12)"
+    )
     c.add_argument(
         "--eval-every", type=at_least(0), help="devices evaluate every N rounds' model (default 1, 0: never)"
     )

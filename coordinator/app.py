@@ -23,6 +23,7 @@ from fedspeech.coordinator.inbox import Inbox
 from fedspeech.coordinator.metrics import bp as metrics_bp
 from fedspeech.coordinator.mqtt_link import CoordinatorLink, TopicRootTaken
 from fedspeech.coordinator.orchestrator import Orchestrator
+from fedspeech.coordinator.pretraining import Pretraining, start_weights
 from fedspeech.coordinator.shared_validation import SharedValidation
 from fedspeech.coordinator.store import StateError, Store
 from fedspeech.coordinator.upload_outcomes import UploadOutcomes
@@ -194,6 +195,13 @@ def create_app(config: CoordinatorConfig | None = None) -> Flask:
     link = CoordinatorLink(settings, Topics(service.topic_root), key, take_over=service.take_over_topic_root)
     enrolment = Enrolment(store, service.open_enrolment, service.max_devices)
     orchestrator = Orchestrator(config.rounds, store, link, model)
+    if store.latest_round() is None:  # a new fleet: its first model, trained or read here if asked
+        fresh = orchestrator.first_model()
+        start = start_weights(
+            service.init, model.definition, model.spec_of(fresh), fresh, service.state_dir, service.init_data,
+            Pretraining(service.init_takes, service.init_epochs, seed=config.rounds.seed),
+        )  # fmt: skip
+        model.start = start
     app.extensions["fedspeech"] = Service(
         store,
         link,

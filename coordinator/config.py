@@ -90,6 +90,12 @@ class ServiceConfig:
     # (DIR/<label>/*, or a folder of unlabelled clips)
     validation_data: Path | None = None
     server_data: Path | None = None
+    # a new fleet's first model: random, synthetic (trained on the task's words spoken by the machine's
+    # synthesizers) or a safetensors file; init_data, a folder DIR/<label>/* of speech to train it on too
+    init: str = "random"
+    init_data: Path | None = None
+    init_takes: int = 300  # synthetic takes of each word
+    init_epochs: int = 12  # of training the first model
     shared_validation: int = (
         0  # clips a device may share for validation (fedspeech client --share-validation)
     )
@@ -100,6 +106,9 @@ class ServiceConfig:
         for name, low in (("max_devices", 1), ("http_threads", 1), ("max_content_length", 1)):
             _at_least(name, getattr(self, name), low)
         _at_least("shared_validation", self.shared_validation, 0)
+        for name, high in (("init_takes", 5000), ("init_epochs", 1000)):
+            _at_least(name, getattr(self, name), 1)
+            _at_most(name, getattr(self, name), high)
         _at_least("model_depth", self.model_depth, 1)
         _at_least("http_connections_per_client", self.http_connections_per_client, 1)
         # the largest upload must fit the budget, or it could never be taken

@@ -51,6 +51,7 @@ class GlobalModel:
         self._workdir = tempfile.TemporaryDirectory(prefix="fedspeech-onnx-")
         self._predicted: tuple[str, np.ndarray, np.ndarray] | None = None  # weights' digest, held-out output
         self._models: dict[ModelSpec, Any] = {}
+        self.start: Arrays | None = None  # the first model's weights, where they are not fresh (--init)
         self._templates: dict[ModelSpec, Path] = {}
 
     def spec_at(self, depth: int | None) -> ModelSpec:
@@ -64,8 +65,13 @@ class GlobalModel:
         return self.spec_at(depth_of(arrays))
 
     def initial(self, seed: int, depth: int | None = None) -> Arrays:
-        """Freshly initialised weights at a depth (default: full-grown), the same for the same seed."""
+        """The start's weights, where they are of that depth; else freshly initialised weights at a depth
+        (default: full-grown), the same for the same seed.
+        """
         import torch
+
+        if self.start is not None and self.spec_of(self.start) == self.spec_at(depth):
+            return dict(self.start)
 
         from fedspeech.models import build_model
         from fedspeech.models.train import get_arrays

@@ -107,7 +107,7 @@ class Orchestrator:
     def _resume(self) -> RoundRecord:
         latest = self.store.latest_round()
         if latest is None:
-            arrays = self.model.initial(self.config.seed, self._depth(1))
+            arrays = self.first_model()
             latest = self._complete(0, arrays, RoundTally(started=time.time()))
         else:
             data = self.store.model_path(latest.round, "weights").read_bytes()
@@ -368,6 +368,10 @@ class Orchestrator:
         """The devices' learning rate in a round, on the configured schedule."""
         c = self.config
         return learning_rate_for_round(round, c.rounds, c.learning_rate, c.final_lr_fraction)
+
+    def first_model(self) -> Arrays:
+        """Round 0's weights: the model's start (--init), or fresh ones at round 1's depth."""
+        return self.model.initial(self.config.seed, self._depth(1))
 
     def _depth(self, round: int) -> int | None:
         """The depth the schedule gives a round, None for a model that does not grow."""
