@@ -127,6 +127,8 @@ class Orchestrator:
         devices = self._wait_for_devices(round, stop)
         if not devices:
             return None
+        if round == 1 and self.model.start is not None:
+            self._evaluate_first_model(stop)
         busy = self._still_training(devices)
         statuses = self.link.statuses()
         profiles = {d: statuses[d].profile or UNMEASURED for d in devices if d in statuses and d not in busy}
@@ -270,6 +272,20 @@ class Orchestrator:
         onnx = self.model.to_onnx(self._current, record.round, decisions)
         return replace(record, onnx_sha256=self.store.replace_onnx(record.round, onnx))
 
+    def _evaluate_first_model(self, stop: threading.Event) -> None:
+        """A trained first model (--init), evaluated on the devices once they are online, before round 1
+        trains from it; under secure aggregation round 1's tallies evaluate it instead.
+        """
+        first = self.store.latest_round()
+        if first is None or first.round != 0 or self.config.secure_aggregation or not self.config.eval_every:
+            return
+        try:
+            record = self._evaluate_on_devices(first, stop)
+        except StateWriteError as exc:
+            log.error("%s; round 1 trains without it", exc)
+            return
+        self._announce(record)
+
     def _take_tally(self, tally: Tally, devices: int) -> None:
         """A secure round's sums: the clips per label its devices train on, and their evaluation of the
         model they were sent, stored as that model's round's federated evaluation; its word decisions
@@ -365,9 +381,11 @@ class Orchestrator:
         self.link.announce(round_storage.announcement(self.store, self.model, record, self._current))
 
     def _learning_rate(self, round: int) -> float:
-        """The devices' learning rate in a round, on the configured schedule."""
+        """The devices' learning rate in a round, on the configured schedule (round 0's: round 1's; its
+        tasks only evaluate).
+        """
         c = self.config
-        return learning_rate_for_round(round, c.rounds, c.learning_rate, c.final_lr_fraction)
+        return learning_rate_for_round(max(round, 1), c.rounds, c.learning_rate, c.final_lr_fraction)
 
     def first_model(self) -> Arrays:
         """Round 0's weights: the model's start (--init), or fresh ones at round 1's depth."""

@@ -51,6 +51,7 @@ class ModelOps(Protocol):
     spec: ModelSpec  # the full-grown model
     definition: TaskDefinition
     labels: list[str]
+    start: Arrays | None  # the first model's weights where they are not fresh (--init)
 
     def spec_at(self, depth: int | None) -> ModelSpec:
         """The spec at a depth (the spec itself for a model that does not grow)."""

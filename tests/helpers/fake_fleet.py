@@ -40,6 +40,7 @@ class FakeModel:
     definition: TaskDefinition = DEFINITION
     labels: list[str] = field(default_factory=lambda: list(DEFINITION.labels))
     onnx_bytes: int = 0  # the size of its "ONNX export", padded
+    start: Arrays | None = None  # a trained first model: initial() gives it
 
     def spec_at(self, depth: int | None) -> ModelSpec:
         return self.spec
@@ -48,7 +49,7 @@ class FakeModel:
         return self.spec
 
     def initial(self, seed: int, depth: int | None = None) -> Arrays:
-        return {"w": np.zeros(2, np.float32)}
+        return dict(self.start) if self.start is not None else {"w": np.zeros(2, np.float32)}
 
     def grow(self, arrays: Arrays, depth: int, seed: int, new_blocks: str = "fresh") -> Arrays:
         return arrays

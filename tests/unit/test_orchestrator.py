@@ -533,3 +533,32 @@ def test_a_strategy_needing_more_devices_than_the_minimum_names_its_own(tmp_path
     with fleet.running():
         waiting = _waiting_for(fleet)
     assert waiting == "round 1 needs 5 devices, 1 online: start 4 more (the krum strategy needs 5)"
+
+
+def test_a_trained_first_model_is_round_0_and_the_devices_evaluate_it_before_round_1(tmp_path):
+    model = FakeModel(start={"w": np.array([0.7, 0.0], np.float32)})  # --init: a model trained before
+    fleet = Fleet(tmp_path, model, rounds=1, eval_every=1, eval_timeout_s=5.0)
+    fleet.device("a")
+    fleet.device("b")
+    rounds_evaluated: list[int] = []
+
+    def report(device_id: str, task: Task) -> None:
+        from fedspeech.protocol import messages
+        from fedspeech.protocol.messages import EvaluationReport
+
+        if task.action == "evaluate":
+            rounds_evaluated.append(task.round)
+            body = messages.encode(EvaluationReport(task.task_id, task.round, [[3, 1], [0, 4]], 2.0))
+            fleet.inbox.receive_evaluation(task.round, device_id, body)
+        else:
+            fleet.upload(device_id, task, 1.0)
+
+    for device in ("a", "b"):
+        fleet.link.responders[device] = lambda task, d=device: report(d, task)
+    fleet.finish()
+    first, second = fleet.store.rounds()
+    assert first.round == 0 and first.accuracy == pytest.approx(0.7), "round 0 is the trained model"
+    assert (first.evaluation_asked, first.evaluation_reports) == (2, 2)
+    assert first.federated_accuracy == pytest.approx(14 / 16)
+    assert rounds_evaluated == [0, 0, 1, 1], "round 0 on the devices before round 1 trains"
+    assert second.evaluation_reports == 2
