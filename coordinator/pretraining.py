@@ -151,7 +151,7 @@ def _read(path: Path, reference: Arrays) -> Arrays:
     """A safetensors file's weights, if they are the task's model's; InitError otherwise."""
     try:
         arrays = weights.decode(path.read_bytes())[0]
-        weights.check_like({name: arrays[name] for name in reference if name in arrays} | arrays, reference)
+        weights.check_like(arrays, reference)
     except OSError as exc:
         raise InitError(f"--init {path}: cannot read it: {exc.strerror or exc}") from None
     except weights.WeightsError as exc:
