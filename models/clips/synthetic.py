@@ -13,6 +13,7 @@ given a level of its own. Training adds what it adds to every clip: shifts, nois
 import hashlib
 import json
 import os
+from collections import Counter
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
@@ -173,50 +174,40 @@ def synthesize(
         raise SynthesisRefused("no speech synthesizer found: apt-get install espeak-ng (and flite, festival)")
     settings = plan_settings(voices, takes, seed)
     labels = [label for label in definition.labels if is_word(label)]
-    jobs = [(n, label, i, s) for n, label in enumerate(labels) for i, s in enumerate(settings)]
+    jobs = [(label, n, i) for n, label in enumerate(labels) for i in range(len(settings))]
     summary = Summary(
         Path(out), dict.fromkeys(labels, 0), {}, sorted({s.voice.name for s in settings}), versions()
     )
+    dropped: Counter[str] = Counter()
     seen: set[bytes] = set()
 
-    def one(job: tuple[int, str, int, Setting]) -> tuple[str, Setting, np.ndarray | str]:
-        n, label, i, setting = job
-        rng = np.random.default_rng([seed, n, i])
+    def one(job: tuple[str, int, int]) -> np.ndarray | str:
+        """A take of a label in a setting, as 16-bit samples; why not, if it could not be made."""
+        label, n, i = job
+        rng = np.random.default_rng([seed, n, i])  # its room and level: the same for the same seed
+        text = spoken_text(definition, label)
         try:
-            text = spoken_text(definition, label)
-            return (
-                label,
-                setting,
-                make_take(setting, text, definition.sample_rate, definition.clip_seconds, rng),
-            )
+            take = make_take(settings[i], text, definition.sample_rate, definition.clip_seconds, rng)
         except SynthesisError as exc:
-            return label, setting, str(exc).split(": ")[-1]
+            return str(exc).split(": ")[-1]
+        return np.round(take * 32767).astype(np.int16)
 
     for label in labels:
         (Path(out) / label).mkdir(parents=True, exist_ok=True)
-    with ThreadPoolExecutor(max_workers=os.cpu_count() or 2) as pool:
-        for done, (label, setting, take) in enumerate(pool.map(one, jobs), 1):
-            if isinstance(take, str):
-                summary.dropped[take] = summary.dropped.get(take, 0) + 1
+    with ThreadPoolExecutor(max_workers=os.cpu_count() or 2) as pool:  # the synthesizers are processes
+        for done, ((label, _, i), pcm) in enumerate(zip(jobs, pool.map(one, jobs), strict=True), 1):
+            if isinstance(pcm, str):
+                dropped[pcm] += 1
+            elif (fingerprint := hashlib.sha256(label.encode() + pcm.tobytes()).digest()) in seen:
+                dropped["the same as another take"] += 1
             else:
-                pcm = np.round(take * 32767).astype(np.int16)
-                fingerprint = hashlib.sha256(label.encode() + pcm.tobytes()).digest()
-                if fingerprint in seen:
-                    summary.dropped["the same as another take"] = (
-                        summary.dropped.get("the same as another take", 0) + 1
-                    )
-                else:
-                    seen.add(fingerprint)
-                    soundfile.write(
-                        Path(out) / label / f"{setting.name}.flac",
-                        pcm,
-                        definition.sample_rate,
-                        format="FLAC",
-                        subtype="PCM_16",
-                    )
-                    summary.takes[label] += 1
+                seen.add(fingerprint)
+                path = Path(out) / label / f"{settings[i].name}.flac"
+                soundfile.write(path, pcm, definition.sample_rate, format="FLAC", subtype="PCM_16")
+                summary.takes[label] += 1
             if progress is not None:
                 progress(done, len(jobs))
+    summary.dropped.update(dropped)
     (Path(out) / "SOURCE.md").write_text(source_text(definition, summary, settings, seed))
     return summary
 
