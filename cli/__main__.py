@@ -83,6 +83,7 @@ def _start_client(args: argparse.Namespace) -> None:
             torch_threads=args.threads,
             model_dir=args.model_dir / device_id if args.model_dir and len(sources) > 1 else args.model_dir,
             share_validation=args.share_validation,
+            mix_synthetic=args.mix_synthetic,
         )
         for device_id, source in sources
     ]
@@ -225,6 +226,13 @@ def build_parser() -> argparse.ArgumentParser:
         default=0,
         metavar="N",
         help="send N training clips (their audio) to the coordinator to weigh updates by (default 0: none)",
+    )
+    d.add_argument(
+        "--mix-synthetic",
+        type=at_least(0),
+        default=0,
+        metavar="N",
+        help="train on N takes of each word spoken by this machine's speech synthesizers too (default 0)",
     )
     add_coordinator_trust_options(d)
     add_broker_options(d, "the device id, with a password file")

@@ -11,7 +11,6 @@ import hashlib
 import json
 import logging
 import math
-import shutil
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -72,26 +71,19 @@ def pretrained(
 ) -> Arrays:
     """The task's model trained on its synthetic takes (where asked) and the extra folder's clips."""
     from fedspeech.models.clips.synthesizers import available_voices
-    from fedspeech.models.clips.synthetic import SynthesisRefused, digest, synthesize
+    from fedspeech.models.clips.synthetic import SynthesisRefused, takes_folder
 
     folders: list[Path] = []
     key: dict[str, object] = {"spec": asdict(spec), "settings": asdict(settings)}
     if synthetic:
         voices = available_voices()
-        name = digest(definition, voices, settings.takes, settings.seed)
-        folder = state_dir / "synthetic" / name
-        if not folder.is_dir():
-            partial = folder.with_suffix(".partial")
-            shutil.rmtree(partial, ignore_errors=True)
-            log.info("speaking the task's words with %d voices into %s", len(voices), folder)
-            try:
-                progress = progress_logger("takes", log)
-                synthesize(definition, partial, settings.takes, settings.seed, voices, progress)
-            except SynthesisRefused as exc:
-                raise InitError(f"--init synthetic: {exc}") from None
-            partial.rename(folder)
+        root, progress = state_dir / "synthetic", progress_logger("takes", log)
+        try:
+            folder = takes_folder(definition, root, settings.takes, settings.seed, voices, progress)
+        except SynthesisRefused as exc:
+            raise InitError(f"--init synthetic: {exc}") from None
         folders.append(folder)
-        key["synthetic"] = name
+        key["synthetic"] = folder.name
     if extra_data is not None:
         folders.append(extra_data)
         key["extra"] = _listing(extra_data, definition.labels)

@@ -43,6 +43,7 @@ log = logging.getLogger(__name__)
 
 MAX_SECRET_CHARS = 256
 MAX_SHARED_CLIPS = 100
+MAX_MIXED_TAKES = 100  # synthetic takes of a word mixed into a device's clips: more would drown its own
 TOKEN_CHECK_S = 60.0  # between two checks that the coordinator still takes the token (not revoked)
 
 
@@ -62,6 +63,7 @@ class ClientConfig:
     enrolment_secret: str | None = None  # printed by `fedspeech devices add` on the coordinator
     enrolment_secret_file: Path | None = None  # where it was read from, named when it is refused
     share_validation: int = 0  # training clips sent to the coordinator for validation (0: none, ever)
+    mix_synthetic: int = 0  # synthetic takes of each word trained on beside its own clips (0: none)
     coordinator_key: str | None = None  # base64 Ed25519 key to pin (None: the kept one, else the first named)
     coordinator_ca: Path | None = None  # the CA of an HTTPS coordinator's certificate (None: the system's)
     make_trainer: Callable[[str, int], Trainer] = Trainer  # (device_id, torch_threads) -> its trainer
@@ -88,6 +90,10 @@ class ClientConfig:
             raise ValueError("the enrolment secret holds spaces or control characters")
         if not 0 <= self.share_validation <= MAX_SHARED_CLIPS:
             raise ValueError(f"share at most {MAX_SHARED_CLIPS} clips for validation")
+        if not 0 <= self.mix_synthetic <= MAX_MIXED_TAKES:
+            raise ValueError(
+                f"mix in 0 to {MAX_MIXED_TAKES} synthetic takes a word, not {self.mix_synthetic}"
+            )
         if self.max_samples is not None and self.max_samples < 1:
             raise ValueError(f"the most clips to train on must be at least 1, got {self.max_samples}")
         if self.torch_threads < 1:
@@ -188,7 +194,7 @@ def _run(config: ClientConfig, stop: threading.Event) -> None:
     info = http.task_info()
     if info is None:
         return
-    data = LocalData(config.data, config.max_samples)
+    data = LocalData(config.data, config.max_samples, config.mix_synthetic, config.state_dir / "synthetic")
     try:
         data.refresh(info.definition)
     except OSError as exc:  # the folder itself: each task reads it again, and reports the error it meets

@@ -5,6 +5,11 @@ per version. Nothing here leaves the device but the counts per label.
 
 A task's negatives (folders or clips inside the data folder; for a corpus speaker, inside the bundled
 data) are cut into clip-length windows that train its none class, and are the noise mixed into speech.
+
+With `--mix-synthetic N`, N takes of each word spoken by the device's own speech synthesizers join the
+training side (after the device's own clips, never in its counts or its test side): a fleet of a few
+takes a word learns them a little better so (`fedspeech bench coldstart`). They are spoken once per task
+into the device's state folder.
 """
 
 import functools
@@ -25,6 +30,7 @@ from fedspeech.models.clips.datasets import (
     speakers,
 )
 from fedspeech.models.clips.folders import ClipCache, Skipped, list_folder, list_negative, shown
+from fedspeech.models.clips.synthetic import MAX_TAKES, SynthesisRefused, takes_folder
 from fedspeech.protocol.labels import none_class
 from fedspeech.protocol.messages import TaskDefinition
 
@@ -92,10 +98,22 @@ def _listed(corpus: str, corpus_dir: Path | None) -> Corpus:
 class LocalData:
     """The device's train and test clips for a task; refresh() scans again and loads what is new."""
 
-    def __init__(self, source: DataSource, max_samples: int | None = None) -> None:
+    def __init__(
+        self,
+        source: DataSource,
+        max_samples: int | None = None,
+        mix_synthetic: int = 0,
+        synthetic_dir: Path | None = None,
+    ) -> None:
         if (source.folder is None) == (source.corpus is None or source.speaker is None):
             raise ValueError("a data source is a folder, or a corpus and a speaker")
+        if not 0 <= mix_synthetic <= MAX_TAKES or (mix_synthetic and synthetic_dir is None):
+            raise ValueError(
+                f"synthetic takes to mix in: 0 to {MAX_TAKES} a word, with a folder to keep them"
+            )
         self.source, self.max_samples = source, max_samples
+        self.mix_synthetic, self.synthetic_dir = mix_synthetic, synthetic_dir
+        self._spoken: tuple[TaskDefinition, Path | None] | None = None  # the last task's synthetic folder
         self._cache = ClipCache()
         self._negative_cache = ClipCache(functools.partial(load_windows, max_windows=MAX_WINDOWS_PER_FILE))
         self._reported: set[tuple[Path, str]] = set()
@@ -129,6 +147,36 @@ class LocalData:
             train_rows = train_rows[np.sort(picked)]
         self.train = _split(train_waveforms[train_rows], train_labels[train_rows], task, negatives)
         self.test = _split(waveforms[test], labels[test], task)
+        spoken_waveforms, spoken_labels = self._synthetic(task)
+        if len(spoken_labels):
+            self.train = Split(
+                np.concatenate([self.train.waveforms, spoken_waveforms]),
+                np.concatenate([self.train.labels, spoken_labels]),
+                self.train.counts,
+                self.train.negatives,
+            )
+
+    def _synthetic(self, task: TaskDefinition) -> tuple[np.ndarray, np.ndarray]:
+        """The task's synthetic takes to mix in: none unless asked, or where they cannot be spoken (said
+        once a task, at WARNING).
+        """
+        none = _empty(task.num_samples), np.zeros(0, dtype=np.int64)
+        if not self.mix_synthetic or self.synthetic_dir is None:
+            return none
+        if self._spoken is None or self._spoken[0] != task:
+            try:
+                folder: Path | None = takes_folder(task, self.synthetic_dir, self.mix_synthetic)
+            except (SynthesisRefused, OSError) as exc:
+                log.warning("no synthetic takes mixed in: %s", exc)
+                folder = None
+            self._spoken = (task, folder)
+        folder = self._spoken[1]
+        if folder is None:
+            return none
+        kept, waveforms, _ = self._cache.load(
+            list_folder(folder, task.labels)[0], task.sample_rate, task.num_samples
+        )
+        return waveforms, np.array([clip.label for clip in kept], dtype=np.int64)
 
     def _negative_windows(self, task: TaskDefinition) -> tuple[np.ndarray, list[Skipped]]:
         """The windows of the task's negatives (at most MAX_NEGATIVE_WINDOWS), and the files skipped.

@@ -43,6 +43,7 @@ ARMS = (
     Arm("synthetic start", True),
     Arm("synthetic start, lr 1e-3", True, 1e-3),
     Arm("synthetic start, 10 synthetic takes a word mixed in", True, mixed=10),
+    Arm("synthetic start, lr 1e-3, 10 synthetic takes a word mixed in", True, 1e-3, mixed=10),
 )
 
 

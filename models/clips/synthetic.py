@@ -12,7 +12,9 @@ given a level of its own. Training adds what it adds to every clip: shifts, nois
 
 import hashlib
 import json
+import logging
 import os
+import shutil
 from collections import Counter
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -47,6 +49,8 @@ PEAK_DB = (-20.0, -1.0)  # each take's peak level, dB full scale
 SPOKEN_THRESHOLD = 0.05  # a 10 ms frame is spoken above this fraction of the loudest frame's RMS
 MARGIN_S = 0.05  # kept each side of the spoken part
 VERSION = 1  # of how takes are made: a change makes caches of older takes stale
+
+log = logging.getLogger(__name__)
 
 Progress = Callable[[int, int], None]  # (takes done, takes in all)
 
@@ -210,6 +214,30 @@ def synthesize(
     summary.dropped.update(dropped)
     (Path(out) / "SOURCE.md").write_text(source_text(definition, summary, settings, seed))
     return summary
+
+
+def takes_folder(
+    definition: TaskDefinition,
+    root: Path,
+    takes: int,
+    seed: int = 0,
+    voices: Sequence[Voice] | None = None,
+    progress: Progress | None = None,
+) -> Path:
+    """The folder of the task's takes under root, named by their digest: made once, found after.
+
+    It is written beside its final name and renamed into place, so a run stopped half way leaves no
+    folder that looks complete. SynthesisRefused as synthesize says.
+    """
+    voices = available_voices() if voices is None else list(voices)
+    folder = Path(root) / digest(definition, voices, takes, seed)
+    if not folder.is_dir():
+        log.info("speaking the task's words with %d voices into %s", len(voices), folder)
+        partial = folder.with_suffix(".partial")
+        shutil.rmtree(partial, ignore_errors=True)
+        synthesize(definition, partial, takes, seed, voices, progress)
+        partial.rename(folder)
+    return folder
 
 
 def source_text(definition: TaskDefinition, summary: Summary, settings: Sequence[Setting], seed: int) -> str:

@@ -1,7 +1,7 @@
 """A new fleet's first model from its words alone: `fedspeech coordinator --init synthetic` speaks the task
 file's words with the machine's synthesizers and trains round 0 on them before any device is online;
-three real device processes over Mosquitto, each with a small folder of real speech, evaluate it and train
-from it, and a restart neither speaks nor trains again.
+three real device processes over Mosquitto, each with a small folder of real speech (one with synthetic
+takes of its own mixed in), evaluate it and train from it, and a restart neither speaks nor trains again.
 """
 
 import shutil
@@ -69,7 +69,12 @@ def test_a_fleet_starts_from_synthetic_speech_of_its_task_files_words(
     clients = []
     for device, folder in _folders(tmp_path / "devices").items():
         args = ["--data", str(folder), "--device-id", device, "--coordinator", url, *common]
-        clients.append(processes.start(f"device-{device}", "client", *args, "--state", str(tmp_path / "ds")))
+        mixed = (
+            ["--mix-synthetic", "5"] if device == "garage" else []
+        )  # its own synthetic takes beside its own
+        clients.append(
+            processes.start(f"device-{device}", "client", *args, *mixed, "--state", str(tmp_path / "ds"))
+        )
 
     def finished() -> bool:
         assert all(p.poll() is None for p in clients), "a device process died"
@@ -83,6 +88,13 @@ def test_a_fleet_starts_from_synthetic_speech_of_its_task_files_words(
         assert r["evaluation_reports"] == 3 and 0.0 <= r["federated_accuracy"] <= 1.0, r
     print("federated accuracy by round:", [r["federated_accuracy"] for r in rounds])
     assert rounds[0]["federated_accuracy"] > 0.2, "synthetic speech alone beats chance (0.1) on real voices"
+    (spoken,) = (tmp_path / "ds" / "garage" / "synthetic").iterdir()
+    assert all(len(list((spoken / w).glob("*.flac"))) == 5 for w in WORDS)
+    assert not (tmp_path / "ds" / "kitchen" / "synthetic").exists()
+    devices = {d["device_id"]: d for d in get_json(f"{url}/api/devices")}
+    garage = devices["garage"]
+    counted = {w: garage["train_counts"].get(w, 0) + garage["test_counts"].get(w, 0) for w in WORDS}
+    assert counted == dict.fromkeys(WORDS, TAKES_PER_WORD), "only its own clips are counted"
 
     # a restart with the same state resumes: nothing spoken or trained again
     first.terminate()
