@@ -10,6 +10,7 @@ folder the newest round it saw announced, below which it never goes.
 """
 
 import functools
+import hashlib
 import logging
 import queue
 import signal
@@ -25,7 +26,7 @@ from fedspeech.edge_client.broker_link import BrokerLink
 from fedspeech.edge_client.coordinator_http import CoordinatorClient
 from fedspeech.edge_client.credentials import DeviceCredentials, Refused
 from fedspeech.edge_client.http_requests import Dropped, Unwanted, https_context
-from fedspeech.edge_client.local_data import DataSource, LocalData
+from fedspeech.edge_client.local_data import DataSource, LocalData, SyntheticMix
 from fedspeech.edge_client.local_norm import LocalNorm
 from fedspeech.edge_client.model_keeper import ModelKeeper
 from fedspeech.edge_client.profile import measure_profile, measure_rtt_ms
@@ -194,7 +195,7 @@ def _run(config: ClientConfig, stop: threading.Event) -> None:
     info = http.task_info()
     if info is None:
         return
-    data = LocalData(config.data, config.max_samples, config.mix_synthetic, config.state_dir / "synthetic")
+    data = LocalData(config.data, config.max_samples, _mix(config))
     try:
         data.refresh(info.definition)
     except OSError as exc:  # the folder itself: each task reads it again, and reports the error it meets
@@ -271,6 +272,14 @@ def _acknowledge(
         except Dropped as exc:
             log.info("task %s of round %d is not wanted: %s", task.task_id, task.round, exc)
             link.withdraw(task)
+
+
+def _mix(config: ClientConfig) -> SyntheticMix | None:
+    """The synthetic takes the device mixes in, drawn by a seed of its own id, if any."""
+    if not config.mix_synthetic:
+        return None
+    seed = int.from_bytes(hashlib.sha256(config.device_id.encode()).digest()[:4], "big")
+    return SyntheticMix(config.mix_synthetic, config.state_dir / "synthetic", seed)
 
 
 def _log_data(data: LocalData, config: ClientConfig) -> None:

@@ -95,24 +95,30 @@ def _listed(corpus: str, corpus_dir: Path | None) -> Corpus:
     return load_corpus(corpus, corpus_dir)
 
 
+@dataclass(frozen=True)
+class SyntheticMix:
+    """Synthetic takes of each word trained on beside a device's own clips, and where they are kept.
+
+    Each device draws its own voices' variants, rates and pitches by its seed, so a fleet hears more of
+    them than one device does.
+    """
+
+    takes: int
+    folder: Path
+    seed: int = 0
+
+
 class LocalData:
     """The device's train and test clips for a task; refresh() scans again and loads what is new."""
 
     def __init__(
-        self,
-        source: DataSource,
-        max_samples: int | None = None,
-        mix_synthetic: int = 0,
-        synthetic_dir: Path | None = None,
+        self, source: DataSource, max_samples: int | None = None, mix: SyntheticMix | None = None
     ) -> None:
         if (source.folder is None) == (source.corpus is None or source.speaker is None):
             raise ValueError("a data source is a folder, or a corpus and a speaker")
-        if not 0 <= mix_synthetic <= MAX_TAKES or (mix_synthetic and synthetic_dir is None):
-            raise ValueError(
-                f"synthetic takes to mix in: 0 to {MAX_TAKES} a word, with a folder to keep them"
-            )
-        self.source, self.max_samples = source, max_samples
-        self.mix_synthetic, self.synthetic_dir = mix_synthetic, synthetic_dir
+        if mix is not None and not 1 <= mix.takes <= MAX_TAKES:
+            raise ValueError(f"synthetic takes to mix in: 1 to {MAX_TAKES} a word, not {mix.takes}")
+        self.source, self.max_samples, self.mix = source, max_samples, mix
         self._spoken: tuple[TaskDefinition, Path | None] | None = None  # the last task's synthetic folder
         self._cache = ClipCache()
         self._negative_cache = ClipCache(functools.partial(load_windows, max_windows=MAX_WINDOWS_PER_FILE))
@@ -161,11 +167,11 @@ class LocalData:
         once a task, at WARNING).
         """
         none = _empty(task.num_samples), np.zeros(0, dtype=np.int64)
-        if not self.mix_synthetic or self.synthetic_dir is None:
+        if self.mix is None:
             return none
         if self._spoken is None or self._spoken[0] != task:
             try:
-                folder: Path | None = takes_folder(task, self.synthetic_dir, self.mix_synthetic)
+                folder: Path | None = takes_folder(task, self.mix.folder, self.mix.takes, self.mix.seed)
             except (SynthesisRefused, OSError) as exc:
                 log.warning("no synthetic takes mixed in: %s", exc)
                 folder = None

@@ -5,8 +5,9 @@ The fleet is six devices of Speech Commands speakers (`speech_commands_test/`), 
 speakers, at most twenty takes of each of the ten command words; three of them miss three words each.
 The model is scored on speakers no device holds. The fleet is simulated in this process, with the
 product's own training step and settings (2 epochs, batch 16) and FedAvg; the synthetic start is the
-coordinator's own `--init synthetic` model (coordinator.pretraining), made once and cached. Each arm runs
-the same fleets, one per seed.
+coordinator's own `--init synthetic` model (coordinator.pretraining), made once and cached; the takes
+mixed into a device's clips are spoken for it as `fedspeech client --mix-synthetic` speaks them, with a
+seed of its own. Each arm runs the same fleets, one per seed.
 """
 
 import argparse
@@ -105,29 +106,19 @@ def build_fleet(data_dir: Path, seed: int) -> Fleet:
 
 
 def run_arm(
-    arm: Arm, fleet: Fleet, start: dict[str, np.ndarray], synthetic: tuple[np.ndarray, np.ndarray], seed: int,
-    rounds: int,
-) -> Curve:  # fmt: skip
+    arm: Arm, fleet: Fleet, start: dict[str, np.ndarray], synthetic_dir: Path, seed: int, rounds: int
+) -> Curve:
     """Train the fleet for rounds rounds from start, FedAvg, scoring the unseen speakers at MARKS."""
     from fedspeech.coordinator.aggregate import fedavg
     from fedspeech.coordinator.config import RoundConfig
     from fedspeech.models.train import get_arrays, predict, set_arrays, train_local
 
     settings, net = RoundConfig(), _net()
-    mix_rng = np.random.default_rng([seed, 7])
     data = []
-    for waveforms, labels in fleet.devices:
-        if arm.mixed:
-            picks = np.concatenate(
-                [
-                    mix_rng.choice(np.flatnonzero(synthetic[1] == w), arm.mixed, replace=False)
-                    for w in range(len(WORDS))
-                ]
-            )
-            waveforms, labels = (
-                np.concatenate([waveforms, synthetic[0][picks]]),
-                np.concatenate([labels, synthetic[1][picks]]),
-            )
+    for n, (waveforms, labels) in enumerate(fleet.devices):
+        if arm.mixed:  # what `fedspeech client --mix-synthetic` trains on: the device's own takes
+            spoken = device_takes(arm.mixed, synthetic_dir, seed * DEVICES + n)
+            waveforms, labels = np.concatenate([waveforms, spoken[0]]), np.concatenate([labels, spoken[1]])
         data.append((waveforms, labels))
 
     def accuracy(arrays: dict[str, np.ndarray]) -> float:
@@ -153,6 +144,16 @@ def run_arm(
             marks.append(round)
             scores.append(accuracy(current))
     return Curve(arm.name, seed, marks, scores, 2 * size * len(data) * rounds)
+
+
+def device_takes(takes: int, root: Path, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """A device's synthetic takes of each word, spoken as `fedspeech client --mix-synthetic` speaks them."""
+    from fedspeech.models.clips.folders import ClipCache, list_folder
+    from fedspeech.models.clips.synthetic import takes_folder
+
+    folder = takes_folder(task(), root, takes, seed)
+    kept, waveforms, _ = ClipCache().load(list_folder(folder, WORDS)[0], 16000, 16000)
+    return waveforms, np.array([c.label for c in kept], dtype=np.int64)
 
 
 def _net() -> Any:
@@ -183,7 +184,6 @@ def run_coldstart(
     import torch
 
     from fedspeech.coordinator.pretraining import Pretraining, pretrained
-    from fedspeech.models.clips.folders import ClipCache, list_folder
     from fedspeech.models.clips.tasks import spec_for
     from fedspeech.models.train import get_arrays, predict, set_arrays
 
@@ -195,9 +195,6 @@ def run_coldstart(
         definition, spec_for(definition), out / "state", True, None, Pretraining(takes, epochs)
     )
     pretrain_s = time.monotonic() - started
-    folder = next((out / "state" / "synthetic").iterdir())
-    kept, waveforms, _ = ClipCache().load(list_folder(folder, WORDS)[0], 16000, 16000)
-    synthetic = (waveforms, np.array([c.label for c in kept], dtype=np.int64))
     torch.manual_seed(0)
     scratch = get_arrays(_net())
     curves: list[Curve] = []
@@ -209,7 +206,7 @@ def run_coldstart(
             flush=True,
         )
         for arm in arms:
-            curve = run_arm(arm, fleet, start if arm.synthetic else scratch, synthetic, seed, rounds)
+            curve = run_arm(arm, fleet, start if arm.synthetic else scratch, out / "devices", seed, rounds)
             curves.append(curve)
             print(f"  {arm.name}: {curve.accuracies[-1]:.3f} after {rounds} rounds", flush=True)
     # the synthetic-only model on every clip of the ten words in the corpus' speakers
@@ -218,7 +215,7 @@ def run_coldstart(
     everyone = build_fleet(data_dir, 0).test  # unseen speakers of seed 0
     probabilities, _ = predict(net, *everyone)
     synthetic_only = float(np.mean(probabilities.argmax(axis=1) == everyone[1]))
-    text = report(curves, arms, rounds, synthetic_only, pretrain_s, len(synthetic[1]))
+    text = report(curves, arms, rounds, synthetic_only, pretrain_s, takes * len(WORDS))
     print(text)
     plot = accuracy_plot(curves, arms, out)
     (out / "results.md").write_text(

@@ -8,7 +8,7 @@ import shutil
 import numpy as np
 import pytest
 
-from fedspeech.edge_client.local_data import DataSource, LocalData
+from fedspeech.edge_client.local_data import DataSource, LocalData, SyntheticMix
 from fedspeech.models.clips.tasks import task_from_mapping
 from tests.helpers.recordings import copy_takes
 
@@ -26,7 +26,7 @@ def test_synthetic_takes_join_the_training_side_only_and_are_spoken_once(tmp_pat
     folder = copy_takes(tmp_path / "data", "012", range(5))
     plain = LocalData(DataSource(folder=folder))
     plain.refresh(DIGITS)
-    mixed = LocalData(DataSource(folder=folder), mix_synthetic=3, synthetic_dir=tmp_path / "synthetic")
+    mixed = LocalData(DataSource(folder=folder), mix=SyntheticMix(3, tmp_path / "synthetic"))
     with caplog.at_level(logging.INFO):
         mixed.refresh(DIGITS)
     assert "speaking the task's words" in caplog.text
@@ -43,9 +43,7 @@ def test_synthetic_takes_join_the_training_side_only_and_are_spoken_once(tmp_pat
     caplog.clear()
     with caplog.at_level(logging.INFO):
         mixed.refresh(DIGITS)  # the next task
-        LocalData(DataSource(folder=folder), mix_synthetic=3, synthetic_dir=tmp_path / "synthetic").refresh(
-            DIGITS
-        )
+        LocalData(DataSource(folder=folder), mix=SyntheticMix(3, tmp_path / "synthetic")).refresh(DIGITS)
     assert list((tmp_path / "synthetic").iterdir()) == [made]
     assert "speaking" not in caplog.text, "the next task, and a restarted device, find the takes made"
 
@@ -55,7 +53,7 @@ def test_without_a_synthesizer_the_device_trains_on_its_own_clips_and_says_so_on
 ):
     folder = copy_takes(tmp_path / "data", "012", range(5))
     monkeypatch.setenv("PATH", str(tmp_path / "nothing"))  # no espeak-ng, flite or festival to be found
-    data = LocalData(DataSource(folder=folder), mix_synthetic=3, synthetic_dir=tmp_path / "synthetic")
+    data = LocalData(DataSource(folder=folder), mix=SyntheticMix(3, tmp_path / "synthetic"))
     with caplog.at_level(logging.WARNING, "fedspeech.edge_client.local_data"):
         data.refresh(DIGITS)
         data.refresh(DIGITS)
@@ -70,19 +68,30 @@ def test_a_task_of_emotions_mixes_in_nothing(tmp_path, caplog):
         {"name": "emodb", "labels": ["0", "1"], "sample_rate": 8000, "clip_seconds": 1.0}
     )
     folder = copy_takes(tmp_path / "data", "01", range(4))
-    data = LocalData(DataSource(folder=folder), mix_synthetic=2, synthetic_dir=tmp_path / "synthetic")
+    data = LocalData(DataSource(folder=folder), mix=SyntheticMix(2, tmp_path / "synthetic"))
     with caplog.at_level(logging.WARNING, "fedspeech.edge_client.local_data"):
         data.refresh(emotions)
     assert len(data.train.labels) == sum(data.train.counts.values())
     assert "feelings" in caplog.text
 
 
-@pytest.mark.parametrize(("takes", "folder"), [(-1, "synthetic"), (3, None), (10_000, "synthetic")])
-def test_a_bad_mix_is_refused(tmp_path, takes, folder):
+@pytest.mark.parametrize("takes", [0, -1, 10_000])
+def test_a_bad_mix_is_refused(tmp_path, takes):
     with pytest.raises(ValueError, match="synthetic takes to mix in"):
-        LocalData(
-            DataSource(folder=tmp_path), mix_synthetic=takes, synthetic_dir=folder and tmp_path / folder
-        )
+        LocalData(DataSource(folder=tmp_path), mix=SyntheticMix(takes, tmp_path / "synthetic"))
+
+
+def test_devices_of_other_seeds_mix_in_other_takes(tmp_path):
+    folder = copy_takes(tmp_path / "data", "012", range(5))
+    first, second = (
+        LocalData(DataSource(folder=folder), mix=SyntheticMix(3, tmp_path / "synthetic", seed))
+        for seed in (1, 2)
+    )
+    first.refresh(DIGITS)
+    second.refresh(DIGITS)
+    assert len(list((tmp_path / "synthetic").iterdir())) == 2
+    own = sum(first.train.counts.values())
+    assert not np.array_equal(first.train.waveforms[own:], second.train.waveforms[own:])
 
 
 def test_a_device_mixes_in_a_bounded_number_of_takes(tmp_path):
