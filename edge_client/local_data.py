@@ -172,6 +172,7 @@ class LocalData:
         if self._spoken is None or self._spoken[0] != task:
             try:
                 folder: Path | None = takes_folder(task, self.mix.folder, self.mix.takes, self.mix.seed)
+                log.info("training on %d synthetic takes of each word too, from %s", self.mix.takes, folder)
             except (SynthesisRefused, OSError) as exc:
                 log.warning("no synthetic takes mixed in: %s", exc)
                 folder = None

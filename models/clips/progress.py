@@ -9,7 +9,8 @@ EVERY_S = 5.0  # between two lines
 
 def progress_logger(what: str, log: logging.Logger, every_s: float = EVERY_S) -> Callable[[int, int], None]:
     """A callback (done, total) that logs "<what>: done of total, N s left" now and then, and at the end."""
-    start, last = time.monotonic(), [0.0]
+    start = time.monotonic()
+    last = [start]  # the first line after every_s too: a time left from the first item alone is a guess
 
     def report(done: int, total: int) -> None:
         now = time.monotonic()

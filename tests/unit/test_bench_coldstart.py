@@ -73,4 +73,6 @@ def test_a_short_run_writes_the_table_the_json_and_the_plot(tmp_path):
     scratch, synthetic = saved["curves"]
     assert scratch["rounds"] == synthetic["rounds"] == [0, 1]
     assert scratch["accuracies"] != synthetic["accuracies"], "the two arms start from different models"
-    assert 0.0 <= saved["synthetic_only"] <= 1.0 and saved["pretrain_s"] > 0
+    assert 0.0 <= saved["synthetic_only"] <= 1.0 and saved["pretrain_s"] > 0 and "made in" in text
+    again = run_coldstart(SHARED_DATA, tmp_path, seeds=1, rounds=0, arms=ARMS[:1], takes=2, epochs=1)
+    assert "taken from an earlier run's cache" in again.read_text()

@@ -2,6 +2,7 @@
 
 import io
 import json
+import logging
 from dataclasses import asdict
 
 import numpy as np
@@ -205,3 +206,17 @@ def test_bench_listen_counts_its_conditions_as_it_makes_them(real, talk):
     # one level, own, brisk; the noise clips stand in for talk
     made = conditions(stream, stream, stream, cfg, noise if real else None, noise if talk else None)
     assert len(made) == condition_count(real, talk)
+
+
+def test_a_long_jobs_lines_come_every_few_seconds_with_the_time_left_and_one_at_the_end(monkeypatch, caplog):
+    from fedspeech.models.clips import progress
+
+    now = [100.0]
+    monkeypatch.setattr(progress.time, "monotonic", lambda: now[0])
+    report = progress.progress_logger("takes", logging.getLogger("job"), every_s=5.0)
+    with caplog.at_level(logging.INFO, "job"):
+        for done in range(1, 11):
+            now[0] += 1.0  # a take a second
+            report(done, 10)
+    # none from the first take alone; at 5 s, 5 to go at a second each; then the end
+    assert [r.message for r in caplog.records] == ["takes: 5 of 10, about 5 s left", "takes: 10 of 10, done"]
