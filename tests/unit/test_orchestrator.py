@@ -259,23 +259,25 @@ def test_a_restarted_orchestrator_resumes_after_the_last_round(tmp_path):
     assert set(again.link.tasks_of(3)) == {"a", "b"} and not again.link.tasks_of(1)
 
 
+def _train_or_evaluate(fleet: Fleet, device_id: str, task: Task) -> None:
+    """A device's answer: its evaluation (7 of 8 right, loss 2), or an upload of 1.0."""
+    from fedspeech.protocol import messages
+    from fedspeech.protocol.messages import EvaluationReport
+
+    if task.action == "evaluate":
+        body = messages.encode(EvaluationReport(task.task_id, task.round, [[3, 1], [0, 4]], 2.0))
+        fleet.inbox.receive_evaluation(task.round, device_id, body)
+    else:
+        fleet.upload(device_id, task, 1.0)
+
+
 def test_the_devices_evaluate_the_new_model(tmp_path):
     fleet = Fleet(tmp_path, rounds=1, eval_every=1, eval_timeout_s=5.0)
     fleet.device("a")
     fleet.device("b")
 
-    def report(device_id: str, task: Task) -> None:
-        from fedspeech.protocol import messages
-        from fedspeech.protocol.messages import EvaluationReport
-
-        if task.action == "evaluate":
-            body = messages.encode(EvaluationReport(task.task_id, task.round, [[3, 1], [0, 4]], 2.0))
-            fleet.inbox.receive_evaluation(task.round, device_id, body)
-        else:
-            fleet.upload(device_id, task, 1.0)
-
     for device in ("a", "b"):
-        fleet.link.responders[device] = lambda task, d=device: report(d, task)
+        fleet.link.responders[device] = lambda task, d=device: _train_or_evaluate(fleet, d, task)
     fleet.finish()
     record = fleet.store.rounds()[1]
     assert (record.evaluation_asked, record.evaluation_reports) == (2, 2)
@@ -543,15 +545,9 @@ def test_a_trained_first_model_is_round_0_and_the_devices_evaluate_it_before_rou
     rounds_evaluated: list[int] = []
 
     def report(device_id: str, task: Task) -> None:
-        from fedspeech.protocol import messages
-        from fedspeech.protocol.messages import EvaluationReport
-
         if task.action == "evaluate":
             rounds_evaluated.append(task.round)
-            body = messages.encode(EvaluationReport(task.task_id, task.round, [[3, 1], [0, 4]], 2.0))
-            fleet.inbox.receive_evaluation(task.round, device_id, body)
-        else:
-            fleet.upload(device_id, task, 1.0)
+        _train_or_evaluate(fleet, device_id, task)
 
     for device in ("a", "b"):
         fleet.link.responders[device] = lambda task, d=device: report(d, task)
