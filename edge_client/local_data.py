@@ -31,13 +31,14 @@ from fedspeech.models.clips.datasets import (
 )
 from fedspeech.models.clips.folders import ClipCache, Skipped, list_folder, list_negative, shown
 from fedspeech.models.clips.synthetic import MAX_TAKES, SynthesisRefused, takes_folder
-from fedspeech.protocol.labels import none_class
+from fedspeech.protocol.labels import is_word, none_class
 from fedspeech.protocol.messages import TaskDefinition
 
 log = logging.getLogger(__name__)
 
 MAX_WINDOWS_PER_FILE = 30  # clip-length windows cut from one negative file: the start of a long recording
 MAX_NEGATIVE_WINDOWS = 1000  # negative windows in all, over all of a task's negatives
+MAX_MIXED_BYTES = 256 * 2**20  # of synthetic takes held decoded: fewer takes a word for long clips
 
 
 def _empty(num_samples: int = 0) -> np.ndarray:
@@ -170,9 +171,11 @@ class LocalData:
         if self.mix is None:
             return none
         if self._spoken is None or self._spoken[0] != task:
+            words = max(1, sum(is_word(label) for label in task.labels))
+            takes = max(1, min(self.mix.takes, MAX_MIXED_BYTES // (4 * task.num_samples * words)))
             try:
-                folder: Path | None = takes_folder(task, self.mix.folder, self.mix.takes, self.mix.seed)
-                log.info("training on %d synthetic takes of each word too, from %s", self.mix.takes, folder)
+                folder: Path | None = takes_folder(task, self.mix.folder, takes, self.mix.seed)
+                log.info("training on %d synthetic takes of each word too, from %s", takes, folder)
             except (SynthesisRefused, OSError) as exc:
                 log.warning("no synthetic takes mixed in: %s", exc)
                 folder = None

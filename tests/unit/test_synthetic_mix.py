@@ -106,3 +106,16 @@ def test_a_device_mixes_in_a_bounded_number_of_takes(tmp_path):
     for takes in (-1, MAX_MIXED_TAKES + 1):
         with pytest.raises(ValueError, match="synthetic takes a word"):
             config(takes).check()
+
+
+def test_long_clips_get_fewer_takes_so_that_what_is_held_stays_bounded(tmp_path, monkeypatch, caplog):
+    from fedspeech.edge_client import local_data
+
+    monkeypatch.setattr(local_data, "MAX_MIXED_BYTES", 2 * 3 * DIGITS.num_samples * 4)  # two takes a word
+    folder = copy_takes(tmp_path / "data", "012", range(4))
+    data = LocalData(DataSource(folder=folder), mix=SyntheticMix(5, tmp_path / "synthetic"))
+    with caplog.at_level(logging.INFO):
+        data.refresh(DIGITS)
+    own = sum(data.train.counts.values())
+    assert np.bincount(data.train.labels[own:]).tolist() == [2, 2, 2]
+    assert "training on 2 synthetic takes of each word" in caplog.text
