@@ -26,7 +26,7 @@ from fedspeech.edge_client.broker_link import BrokerLink
 from fedspeech.edge_client.coordinator_http import CoordinatorClient
 from fedspeech.edge_client.credentials import DeviceCredentials, Refused
 from fedspeech.edge_client.http_requests import Dropped, Unwanted, https_context
-from fedspeech.edge_client.local_data import DataSource, LocalData, SyntheticMix
+from fedspeech.edge_client.local_data import MAX_MIXED_TAKES, DataSource, LocalData, SyntheticMix
 from fedspeech.edge_client.local_norm import LocalNorm
 from fedspeech.edge_client.model_keeper import ModelKeeper
 from fedspeech.edge_client.profile import measure_profile, measure_rtt_ms
@@ -44,7 +44,6 @@ log = logging.getLogger(__name__)
 
 MAX_SECRET_CHARS = 256
 MAX_SHARED_CLIPS = 100
-MAX_MIXED_TAKES = 100  # synthetic takes of a word mixed into a device's clips: more would drown its own
 TOKEN_CHECK_S = 60.0  # between two checks that the coordinator still takes the token (not revoked)
 
 

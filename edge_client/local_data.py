@@ -15,22 +15,24 @@ into the device's state folder.
 import functools
 import logging
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
 
 from fedspeech.models.clips.datasets import (
+    AudioError,
     Clip,
     Corpus,
     bundled_data_dir,
     client_clips,
     load_corpus,
+    load_waveforms,
     load_windows,
     speakers,
 )
 from fedspeech.models.clips.folders import ClipCache, Skipped, list_folder, list_negative, shown
-from fedspeech.models.clips.synthetic import MAX_TAKES, SynthesisRefused, takes_folder
+from fedspeech.models.clips.synthetic import SynthesisRefused, takes_folder
 from fedspeech.protocol.labels import is_word, none_class
 from fedspeech.protocol.messages import TaskDefinition
 
@@ -38,6 +40,7 @@ log = logging.getLogger(__name__)
 
 MAX_WINDOWS_PER_FILE = 30  # clip-length windows cut from one negative file: the start of a long recording
 MAX_NEGATIVE_WINDOWS = 1000  # negative windows in all, over all of a task's negatives
+MAX_MIXED_TAKES = 100  # synthetic takes of a word mixed into a device's clips: more would drown its own
 MAX_MIXED_BYTES = 256 * 2**20  # of synthetic takes held decoded: fewer takes a word for long clips
 
 
@@ -108,6 +111,10 @@ class SyntheticMix:
     folder: Path
     seed: int = 0
 
+    def __post_init__(self) -> None:
+        if not 1 <= self.takes <= MAX_MIXED_TAKES:
+            raise ValueError(f"synthetic takes to mix in: 1 to {MAX_MIXED_TAKES} a word, not {self.takes}")
+
 
 class LocalData:
     """The device's train and test clips for a task; refresh() scans again and loads what is new."""
@@ -117,10 +124,8 @@ class LocalData:
     ) -> None:
         if (source.folder is None) == (source.corpus is None or source.speaker is None):
             raise ValueError("a data source is a folder, or a corpus and a speaker")
-        if mix is not None and not 1 <= mix.takes <= MAX_TAKES:
-            raise ValueError(f"synthetic takes to mix in: 1 to {MAX_TAKES} a word, not {mix.takes}")
         self.source, self.max_samples, self.mix = source, max_samples, mix
-        self._spoken: tuple[TaskDefinition, Path | None] | None = None  # the last task's synthetic folder
+        self._spoken: tuple[TaskDefinition, np.ndarray, np.ndarray] | None = None  # the last task's takes
         self._cache = ClipCache()
         self._negative_cache = ClipCache(functools.partial(load_windows, max_windows=MAX_WINDOWS_PER_FILE))
         self._reported: set[tuple[Path, str]] = set()
@@ -156,37 +161,31 @@ class LocalData:
         self.test = _split(waveforms[test], labels[test], task)
         spoken_waveforms, spoken_labels = self._synthetic(task)
         if len(spoken_labels):
-            self.train = Split(
-                np.concatenate([self.train.waveforms, spoken_waveforms]),
-                np.concatenate([self.train.labels, spoken_labels]),
-                self.train.counts,
-                self.train.negatives,
+            self.train = replace(
+                self.train,
+                waveforms=np.concatenate([self.train.waveforms, spoken_waveforms]),
+                labels=np.concatenate([self.train.labels, spoken_labels]),
             )
 
     def _synthetic(self, task: TaskDefinition) -> tuple[np.ndarray, np.ndarray]:
-        """The task's synthetic takes to mix in: none unless asked, or where they cannot be spoken (said
-        once a task, at WARNING).
+        """The task's synthetic takes to mix in, spoken and loaded once a task: none unless asked, or
+        where they cannot be spoken (said once a task, at WARNING).
         """
-        none = _empty(task.num_samples), np.zeros(0, dtype=np.int64)
         if self.mix is None:
-            return none
+            return _empty(task.num_samples), np.zeros(0, dtype=np.int64)
         if self._spoken is None or self._spoken[0] != task:
             words = max(1, sum(is_word(label) for label in task.labels))
             takes = max(1, min(self.mix.takes, MAX_MIXED_BYTES // (4 * task.num_samples * words)))
             try:
-                folder: Path | None = takes_folder(task, self.mix.folder, takes, self.mix.seed)
+                folder = takes_folder(task, self.mix.folder, takes, self.mix.seed)
+                clips = list_folder(folder, task.labels)[0]
+                waveforms, labels = load_waveforms(clips, task.sample_rate, task.num_samples)
                 log.info("training on %d synthetic takes of each word too, from %s", takes, folder)
-            except (SynthesisRefused, OSError) as exc:
+            except (SynthesisRefused, AudioError, OSError) as exc:
                 log.warning("no synthetic takes mixed in: %s", exc)
-                folder = None
-            self._spoken = (task, folder)
-        folder = self._spoken[1]
-        if folder is None:
-            return none
-        kept, waveforms, _ = self._cache.load(
-            list_folder(folder, task.labels)[0], task.sample_rate, task.num_samples
-        )
-        return waveforms, np.array([clip.label for clip in kept], dtype=np.int64)
+                waveforms, labels = _empty(task.num_samples), np.zeros(0, dtype=np.int64)
+            self._spoken = (task, waveforms, labels)
+        return self._spoken[1], self._spoken[2]
 
     def _negative_windows(self, task: TaskDefinition) -> tuple[np.ndarray, list[Skipped]]:
         """The windows of the task's negatives (at most MAX_NEGATIVE_WINDOWS), and the files skipped.

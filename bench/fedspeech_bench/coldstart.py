@@ -148,12 +148,11 @@ def run_arm(
 
 def device_takes(takes: int, root: Path, seed: int) -> tuple[np.ndarray, np.ndarray]:
     """A device's synthetic takes of each word, spoken as `fedspeech client --mix-synthetic` speaks them."""
-    from fedspeech.models.clips.folders import ClipCache, list_folder
+    from fedspeech.models.clips.datasets import load_waveforms
+    from fedspeech.models.clips.folders import list_folder
     from fedspeech.models.clips.synthetic import takes_folder
 
-    folder = takes_folder(task(), root, takes, seed)
-    kept, waveforms, _ = ClipCache().load(list_folder(folder, WORDS)[0], 16000, 16000)
-    return waveforms, np.array([c.label for c in kept], dtype=np.int64)
+    return load_waveforms(list_folder(takes_folder(task(), root, takes, seed), WORDS)[0], 16000, 16000)
 
 
 def _net() -> Any:

@@ -69,9 +69,8 @@ def test_a_fleet_starts_from_synthetic_speech_of_its_task_files_words(
     clients = []
     for device, folder in _folders(tmp_path / "devices").items():
         args = ["--data", str(folder), "--device-id", device, "--coordinator", url, *common]
-        mixed = (
-            ["--mix-synthetic", "5"] if device == "garage" else []
-        )  # its own synthetic takes beside its own
+        # one device trains on synthetic takes of its own beside its recordings
+        mixed = ["--mix-synthetic", "5"] if device == "garage" else []
         clients.append(
             processes.start(f"device-{device}", "client", *args, *mixed, "--state", str(tmp_path / "ds"))
         )
