@@ -25,7 +25,7 @@ import soundfile
 
 from fedspeech.edge_client.runtime.microphone import MicrophoneError, microphone_frames
 from fedspeech.edge_client.runtime.voice_activity import MIN_VOICE, peak_probability
-from fedspeech.protocol.labels import is_word
+from fedspeech.protocol.labels import UNKNOWN_LABEL, is_word, other_speech_class
 from fedspeech.protocol.messages import TaskDefinition
 
 FRAME_S = 0.01
@@ -70,9 +70,12 @@ def run_record(config: RecordConfig, out: TextIO | None = None, meter: TextIO | 
     """Prompt for and record config.count good takes (fewer if interrupted); return the files saved."""
     out, meter = out or sys.stdout, meter or sys.stderr  # prompts and results; the level meter
     task, label = config.task, config.label
-    if label not in task.labels:
+    # other words, in Speech Commands' folder for them, train a task's none class (folders.list_folder)
+    other = label == UNKNOWN_LABEL and other_speech_class(task.labels) is not None
+    if label not in task.labels and not other:
         labels = ", ".join(task.labels)
-        raise RecordError(f"label {label!r} is not one of task {task.name}'s labels: {labels}")
+        hint = f", or {UNKNOWN_LABEL} (words that are no command)" if other_speech_class(task.labels) else ""
+        raise RecordError(f"label {label!r} is not one of task {task.name}'s labels: {labels}{hint}")
     if config.count < 1:
         raise RecordError(f"--count must be at least 1, got {config.count}")
     window = config.window_seconds
@@ -94,10 +97,11 @@ def run_record(config: RecordConfig, out: TextIO | None = None, meter: TextIO | 
     saved: list[Path] = []
     try:
         while len(saved) < config.count:
-            print(f"take {len(saved) + 1} of {config.count}: say '{label}'", file=out, flush=True)
+            say = "a word or two that is no command" if other else f"'{label}'"
+            print(f"take {len(saved) + 1} of {config.count}: say {say}", file=out, flush=True)
             audio = listen_take(frames, buffer, frame_size, Meter(meter))
             try:
-                take = trim_take(audio, rate, task.clip_seconds, voice=is_word(label))
+                take = trim_take(audio, rate, task.clip_seconds, voice=is_word(label) or other)
             except TakeRefused as exc:
                 print(f"  refused, {exc}; once more", file=out, flush=True)
                 continue

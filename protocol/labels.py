@@ -9,6 +9,7 @@ from collections.abc import Sequence
 
 NONE_LABEL = "_none_"  # the class of a task's negatives: noise, other words, anything it does not know
 SILENCE_LABEL = "_silence_"  # Speech Commands' class of background noise
+UNKNOWN_LABEL = "_unknown_"  # Speech Commands' class of other words
 
 
 def is_word(label: str) -> bool:
@@ -19,6 +20,14 @@ def is_word(label: str) -> bool:
 def none_class(labels: Sequence[str]) -> int | None:
     """The index of the class background windows are trained as: NONE_LABEL, else SILENCE_LABEL, else None."""
     for name in (NONE_LABEL, SILENCE_LABEL):
+        if name in labels:
+            return list(labels).index(name)
+    return None
+
+
+def other_speech_class(labels: Sequence[str]) -> int | None:
+    """The index of the class speech that is no command is trained as: UNKNOWN_LABEL, else NONE_LABEL."""
+    for name in (UNKNOWN_LABEL, NONE_LABEL):
         if name in labels:
             return list(labels).index(name)
     return None

@@ -264,6 +264,13 @@ def _add_listen_bench_parser(bench_subparsers: argparse._SubParsersAction) -> No
     )
     p.add_argument("--out", type=Path, default=Path("fedspeech-bench-listen"), help="where results go")
     p.add_argument("--seed", type=int, default=0, help="word order and noise (default 0)")
+    p.add_argument(
+        "--seeds",
+        type=int,
+        default=1,
+        help="hear every model with this many seeds from --seed on; with several runs, a table of the mean "
+        "and spread over all of them (default 1)",
+    )
     p.add_argument("--pause-s", type=float, default=0.6, help="silence around each word (default 0.6)")
     p.add_argument("--noise-minutes", type=float, default=5.0, help="of each noise alone (default 5)")
     p.add_argument(

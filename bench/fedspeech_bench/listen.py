@@ -52,11 +52,20 @@ from fedspeech.models.clips.datasets import AudioError, bundled_data_dir, load_c
 from fedspeech.models.clips.tasks import BACKGROUND_NOISE
 from fedspeech.protocol.labels import is_word
 from fedspeech_bench.commands import DEMO_MODEL
-from fedspeech_bench.listen_report import ConditionScore, plot, result_json, spoken_json, summary, table
+from fedspeech_bench.listen_report import (
+    ConditionScore,
+    mean_table,
+    plot,
+    result_json,
+    spoken_json,
+    summary,
+    table,
+)
 from fedspeech_bench.listen_streams import (
     Stream,
     at_level,
     build_stream,
+    other_word_paths,
     real_noise,
     real_noise_paths,
     reverberant,
@@ -65,6 +74,7 @@ from fedspeech_bench.listen_streams import (
     talk_paths,
     white_noise,
     with_noise,
+    words_alone,
 )
 from fedspeech_bench.progress import Progress
 from fedspeech_bench.word_alignment import align
@@ -75,7 +85,9 @@ BRISK_PAUSE_S = 0.3  # the pause between words of brisk speech
 REVERB_RT60_S = (0.3, 0.6)  # the rooms' reverberation times
 NOISE_ALONE_SNR_DB = 10.0  # noise alone is played at its level in this condition
 MAX_MINUTES = 60.0  # of noise alone and of talk
+MAX_SEEDS = 10
 TALK = "talk, no digits"
+OTHER_WORDS = "other words alone"
 
 
 @dataclass(frozen=True)
@@ -86,6 +98,7 @@ class ListenBenchConfig:
     out: Path = Path("fedspeech-bench-listen")
     data_dir: Path | None = None  # holds speech_commands_test/_silence_ for real noise; None: skip it
     seed: int = 0
+    seeds: int = 1  # each model heard with seeds seed, seed + 1, ...
     pause_s: float = 0.6
     noise_minutes: float = 5.0
     talk_minutes: float = 30.0  # 0: no talk
@@ -120,7 +133,9 @@ def score(condition: str, stream: Stream, detections: list[Detection], seconds: 
     """Align the detections, in time order, with the words spoken."""
     detected = [d.label for d in sorted(detections, key=lambda d: d.time_s)]
     alignment = align([w.label for w in stream.words], detected)
-    return ConditionScore(condition, len(stream.words), stream.minutes, alignment, detections, seconds)
+    return ConditionScore(
+        condition, len(stream.words), stream.minutes, alignment, detections, seconds, stream.others
+    )
 
 
 def conditions(
@@ -130,10 +145,12 @@ def conditions(
     cfg: ListenBenchConfig,
     noise_paths: list[Path] | None,
     talk_sources: list[Path] | None,
+    other_sources: list[Path] | None = None,
 ) -> list[tuple[str, Stream]]:
     """Each condition named, with its stream: the words at one level clean and in noise; the same words at
     their speakers' own levels in noise (SNR over the whole stream); brisk speech clean; the words at one
-    level in reverberant rooms; noise alone; talk without a task word (none when talk_sources is None).
+    level in reverberant rooms; noise alone; talk without a task word (none when talk_sources is None);
+    other words said alone (none when other_sources is None).
     """
     rate = stream.sample_rate
     alone = round(cfg.noise_minutes * 60 * rate)
@@ -157,15 +174,18 @@ def conditions(
         named.append((f"{kind} noise alone", Stream(alone_noise, rate, [])))
     if talk_sources is not None:
         named.append((TALK, talk(talk_sources, rate, round(cfg.talk_minutes * 60 * rate), cfg.seed)))
+    if other_sources is not None:
+        named.append((OTHER_WORDS, words_alone(other_sources, rate, cfg.seed)))
     return named
 
 
-def condition_count(real: bool, talk: bool) -> int:
+def condition_count(real: bool, talk: bool, others: bool = False) -> int:
     """How many conditions conditions() makes: clean, each noise at each SNR (one level, then the speakers'
-    own), brisk speech, each room, each noise alone, and talk.
+    own), brisk speech, each room, each noise alone, talk, and other words alone.
     """
     noises = 2 if real else 1
-    return 1 + noises * (len(SNRS_DB) + len(OWN_LEVEL_SNRS_DB) + 1) + 1 + len(REVERB_RT60_S) + int(talk)
+    rest = 1 + len(REVERB_RT60_S) + int(talk) + int(others)
+    return 1 + noises * (len(SNRS_DB) + len(OWN_LEVEL_SNRS_DB) + 1) + rest
 
 
 def bench_model(
@@ -176,6 +196,7 @@ def bench_model(
     talk_sources: list[Path] | None,
     audio_dir: Path,
     progress: Progress,
+    other_sources: list[Path] | None = None,
 ) -> tuple[Stream, list[ConditionScore]]:
     """Build the model's stream and hear it in every condition (a run of progress each); a line each."""
     corpus = load_corpus("fsdd")
@@ -185,7 +206,8 @@ def bench_model(
     own_level = build_stream(clips, labels, rate, cfg.pause_s, cfg.seed, cfg.words, level=None)
     brisk = build_stream(clips, labels, rate, BRISK_PAUSE_S, cfg.seed, cfg.words)
     results = []
-    for condition, heard in conditions(stream, own_level, brisk, cfg, noise_paths, talk_sources):
+    named = conditions(stream, own_level, brisk, cfg, noise_paths, talk_sources, other_sources)
+    for condition, heard in named:
         progress.start_run(f"{name}: {condition}")
         start = time.monotonic()
         wav = audio_dir / f"{name}-{condition.replace(' ', '-').replace(',', '')}.wav"
@@ -218,6 +240,8 @@ def check_config(cfg: ListenBenchConfig) -> None:
         raise ValueError(f"--noise-minutes must be in (0, {MAX_MINUTES:g}], got {cfg.noise_minutes}")
     if not 0 <= cfg.talk_minutes <= MAX_MINUTES:
         raise ValueError(f"--talk-minutes must be in [0, {MAX_MINUTES:g}], got {cfg.talk_minutes}")
+    if not 1 <= cfg.seeds <= MAX_SEEDS:
+        raise ValueError(f"--seeds must be from 1 to {MAX_SEEDS}, got {cfg.seeds}")
     if cfg.words is not None and cfg.words < 1:
         raise ValueError(f"--words must be at least 1, got {cfg.words}")
     if cfg.data_dir is not None:
@@ -228,7 +252,7 @@ def check_config(cfg: ListenBenchConfig) -> None:
 
 def run_listen_bench(cfg: ListenBenchConfig) -> Path:
     """Hear every model (checked: check_config) in every condition; write results.md, .json and plots."""
-    noise_paths, talk_sources = None, None
+    noise_paths, talk_sources, other_sources = None, None, None
     if cfg.data_dir is None:
         print("real-noise conditions skipped: no --data-dir (needs DIR/speech_commands_test/_silence_)")
         if cfg.talk_minutes > 0:
@@ -236,30 +260,42 @@ def run_listen_bench(cfg: ListenBenchConfig) -> Path:
     else:
         noise_paths = real_noise_paths(cfg.data_dir, bundled_data_dir() / BACKGROUND_NOISE)
         talk_sources = talk_paths(cfg.data_dir) if cfg.talk_minutes > 0 else None
+        other_sources = other_word_paths(cfg.data_dir, load_corpus("fsdd").labels)
     cfg.out.mkdir(parents=True, exist_ok=True)
     runs: dict[str, list[ConditionScore]] = {}
     report: dict[str, Any] = {"command": cfg.command, "config": _config_json(cfg), "models": {}}
-    progress = Progress(len(cfg.models) * condition_count(noise_paths is not None, talk_sources is not None))
+    counted = condition_count(noise_paths is not None, talk_sources is not None, other_sources is not None)
+    progress = Progress(len(cfg.models) * cfg.seeds * counted)
+    heard: dict[str, Path] = {}  # a run's name -> its model
     with tempfile.TemporaryDirectory() as scratch, progress:
         audio_dir = cfg.out / "audio" if cfg.keep_audio else Path(scratch)
         audio_dir.mkdir(exist_ok=True)
-        for name, path in cfg.models.items():
-            start = time.monotonic()
-            stream, runs[name] = bench_model(name, path, cfg, noise_paths, talk_sources, audio_dir, progress)
-            seconds = time.monotonic() - start
-            progress.say(f"{name}: whole bench in {seconds:.0f} s")
-            report["models"][name] = {
-                "path": str(path),
-                "seconds": seconds,
-                "spoken": spoken_json(stream),
-                "results": [result_json(r) for r in runs[name]],
-            }
+        for model, path in cfg.models.items():
+            for seed in range(cfg.seed, cfg.seed + cfg.seeds):
+                name = model if cfg.seeds == 1 else f"{model} seed {seed}"
+                start = time.monotonic()
+                seeded = replace(cfg, seed=seed)
+                stream, runs[name] = bench_model(
+                    name, path, seeded, noise_paths, talk_sources, audio_dir, progress, other_sources
+                )
+                seconds = time.monotonic() - start
+                progress.say(f"{name}: whole bench in {seconds:.0f} s")
+                heard[name] = path
+                report["models"][name] = {
+                    "path": str(path),
+                    "seed": seed,
+                    "seconds": seconds,
+                    "spoken": spoken_json(stream),
+                    "results": [result_json(r) for r in runs[name]],
+                }
     plots = plot(runs, cfg.out)
     lines = ["# bench listen", "", f"`{cfg.command}`", ""]
     if noise_paths is None:
         skipped = f"Real-noise conditions and {TALK}" if cfg.talk_minutes > 0 else "Real-noise conditions"
         lines += [f"{skipped} skipped: no --data-dir.", ""]
-    for name, path in cfg.models.items():
+    if len(runs) > 1:
+        lines += [mean_table(list(runs.values())), ""]
+    for name, path in heard.items():
         lines += [
             table(name, path, runs[name]),
             f"Whole bench: {report['models'][name]['seconds']:.0f} s.",
@@ -301,6 +337,7 @@ def run_from_args(args: argparse.Namespace) -> None:
             out=args.out,
             data_dir=args.data_dir,
             seed=args.seed,
+            seeds=args.seeds,
             pause_s=args.pause_s,
             noise_minutes=args.noise_minutes,
             talk_minutes=args.talk_minutes,

@@ -24,16 +24,21 @@ class ConditionScore:
     alignment: Alignment
     detections: list[Detection]
     seconds: float  # wall time to hear it
+    others: int = 0  # words said that are none of the task's: every detection is false
 
     @property
     def false_per_hour(self) -> float | None:
         """Detections per hour of a stream without words (all false); None when words were spoken."""
-        return false_per_hour(self) if self.words == 0 else None
+        return false_per_hour(self) if self.words == 0 and not self.others else None
 
 
 def summary(result: ConditionScore) -> str:
     """One line of what a result says."""
     a = result.alignment
+    if result.others:
+        return (
+            f"{a.insertions} of {result.others} other words detected ({percent(a.insertions, result.others)})"
+        )
     if result.words == 0:
         return (
             f"{a.insertions} false detections in {result.minutes:.1f} min ({result.false_per_hour:.1f}/hour)"
@@ -58,7 +63,10 @@ def table(name: str, path: Path, results: Sequence[ConditionScore]) -> str:
     ]
     for r in results:
         a = r.alignment
-        if r.words == 0:
+        if r.others:
+            detected = f"{a.insertions} of {r.others} other words ({percent(a.insertions, r.others)})"
+            lines.append(f"| {r.condition} | - | - | - | - | {detected} |")
+        elif r.words == 0:
             lines.append(f"| {r.condition} ({r.minutes:.1f} min) | - | - | - | - | {r.false_per_hour:.1f} |")
         else:
             lines.append(
@@ -74,15 +82,29 @@ def plot(runs: dict[str, list[ConditionScore]], out: Path) -> list[Path]:
     """
     first = next(iter(runs.values()))  # the conditions are the same for every model
     spoken = [r.condition for r in first if r.words]
-    unspoken = [r.condition for r in first if not r.words]
+    unspoken = [r.condition for r in first if not r.words and not r.others]
+    others = [r.condition for r in first if r.others]
     of_words = "% of words spoken"
-    return [
+    plots = [
         _bars(runs, out / "detected-in-order.png", "detected in order", of_words, 100, spoken, hits_percent),
         _bars(runs, out / "wrong-or-extra.png", "wrong or extra", of_words, None, spoken, wrong_percent),
         _bars(
             runs, out / "false-per-hour.png", "false detections", "per hour", None, unspoken, false_per_hour
         ),
     ]
+    if others:
+        of_others = "% of the other words said"
+        plots.append(
+            _bars(
+                runs, out / "other-words.png", "other words detected", of_others, None, others, others_percent
+            )
+        )
+    return plots
+
+
+def others_percent(r: ConditionScore) -> float:
+    """Other words detected (all falsely), % of those said."""
+    return 100 * r.alignment.insertions / r.others
 
 
 def hits_percent(r: ConditionScore) -> float:
@@ -136,6 +158,7 @@ def result_json(result: ConditionScore) -> dict[str, Any]:
         "minutes": result.minutes,
         **asdict(result.alignment),
         "false_per_hour": result.false_per_hour,
+        "others": result.others,
         "seconds": result.seconds,
         "detections": [
             {"label": d.label, "confidence": float(d.confidence), "time_s": float(d.time_s)}
@@ -148,3 +171,32 @@ def spoken_json(stream: Stream) -> list[dict[str, Any]]:
     """The words spoken in a stream, with their start and end in seconds, as JSON."""
     rate = stream.sample_rate
     return [{"label": w.label, "start_s": w.start / rate, "end_s": w.end / rate} for w in stream.words]
+
+
+def mean_table(runs: Sequence[Sequence[ConditionScore]]) -> str:
+    """The mean and spread (SD) of every condition's figure over runs (each a list of the same conditions)."""
+    lines = [
+        f"### mean ± SD over {len(runs)} runs",
+        "",
+        "| condition | detected in order | wrong or extra | false detections/hour | other words detected |",
+        "|---|---|---|---|---|",
+    ]
+    for results in zip(*runs, strict=True):
+        first = results[0]
+        if first.others:
+            cells = ["-", "-", "-", _spread(results, others_percent, "%")]
+        elif first.words == 0:
+            cells = ["-", "-", _spread(results, false_per_hour), "-"]
+        else:
+            cells = [_spread(results, hits_percent, "%"), _spread(results, wrong_percent, "%"), "-", "-"]
+        lines.append(f"| {first.condition} | {' | '.join(cells)} |")
+    return "\n".join(lines) + "\n"
+
+
+def _spread(
+    results: Sequence[ConditionScore], value: Callable[[ConditionScore], float], unit: str = ""
+) -> str:
+    """The mean ± SD of a figure over results (SD 0 for one)."""
+    values = [value(r) for r in results]
+    sd = float(np.std(values, ddof=1)) if len(values) > 1 else 0.0
+    return f"{np.mean(values):.1f}{unit} ± {sd:.1f}"

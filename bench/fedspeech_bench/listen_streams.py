@@ -1,5 +1,5 @@
 """The listening benchmark's streams: held-out words at one level, pauses between them, noise at an SNR,
-a reverberant room, and talk that holds no task word.
+a reverberant room, talk that holds no task word, and other words said alone.
 
 Words are brought to WORD_RMS each (FSDD's speakers were recorded up to 19 dB apart); the SNR is
 10 log10(P_speech / P_noise), P_speech the mean power of the words' samples, pauses excluded. Real noise
@@ -9,7 +9,9 @@ order), each at one level, those under QUIET_NOISE_RMS left out.
 A room is a synthetic impulse response: the direct path, then Gaussian noise decaying by 60 dB in RT60
 (the statistical model of late reverberation), its energy against the direct path's that of a speaker
 DISTANCE_M from the device in a room of ROOM_M3. Talk is EmoDB's German sentences by 10 actors, but for
-a07, "In sieben Stunden wird es soweit sein": "sieben" is seven, a task word in another language.
+a07, "In sieben Stunden wird es soweit sein": "sieben" is seven, a task word in another language. Other
+words are Speech Commands' test `_unknown_` takes (239 speakers' "bed", "bird", "happy", "marvin", ...)
+but for those of the task's own words, each said alone with OTHER_PAUSE_S of silence around it.
 """
 
 import itertools
@@ -29,6 +31,8 @@ ROOM_M3 = 50.0  # a living room
 DISTANCE_M = 2.0  # from the speaker to the device
 TALK_PAUSE_S = (0.2, 0.8)  # the range of the pauses between utterances of talk
 TASK_WORD_SENTENCES = ("a07",)  # EmoDB's sentence codes that hold a digit in German ("sieben")
+OTHER_PAUSE_S = 1.0  # of silence around each other word said alone
+DIGIT_NAMES = ("zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine")
 
 
 @dataclass(frozen=True)
@@ -47,6 +51,7 @@ class Stream:
     audio: np.ndarray
     sample_rate: int
     words: list[Word]
+    others: int = 0  # words said in it that are none of the task's
 
     @property
     def minutes(self) -> float:
@@ -175,3 +180,22 @@ def talk(paths: Sequence[Path], sample_rate: int, num_samples: int, seed: int) -
         parts += [pause, utterance]
         length += len(pause) + len(utterance)
     return Stream(np.concatenate(parts)[:num_samples], sample_rate, [])
+
+
+def other_word_paths(data_dir: Path, labels: Sequence[str]) -> list[Path]:
+    """Speech Commands' test `_unknown_` takes of words that are none of the labels (a digit's name is its
+    label's word).
+    """
+    folder = data_dir / "speech_commands_test" / "_unknown_"
+    own = {label.lower() for label in labels} | {DIGIT_NAMES[int(x)] for x in labels if x in "0123456789"}
+    paths = [p for p in sorted(folder.glob("*.flac")) if p.name.split("_")[0] not in own]
+    if not paths:
+        raise FileNotFoundError(f"other words: no .flac files of other words in {folder}")
+    return paths
+
+
+def words_alone(paths: Sequence[Path], sample_rate: int, seed: int) -> Stream:
+    """Each take at WORD_RMS, in a seeded shuffled order, with OTHER_PAUSE_S of silence around it."""
+    clips = [Clip(path, 0, "", True) for path in paths]
+    said = build_stream(clips, ["other"], sample_rate, OTHER_PAUSE_S, seed)
+    return Stream(said.audio, sample_rate, [], others=len(said.words))

@@ -11,6 +11,7 @@ import soundfile
 
 from fedspeech.models.clips.datasets import TEST_FRACTION, AudioError, Clip, load_audio
 from fedspeech.protocol import log_lines
+from fedspeech.protocol.labels import UNKNOWN_LABEL, other_speech_class
 
 Reader = Callable[[Path, int, int], np.ndarray]  # (path, sample_rate, num_samples) -> audio
 
@@ -66,6 +67,9 @@ def list_folder(
 ) -> tuple[list[Clip], list[Skipped]]:
     """Every file in root/<label>/ for the task's labels, sorted; what is not in a label folder is skipped.
 
+    A task with a none class but no `_unknown_` label trains root/_unknown_/ (Speech Commands' folder of
+    other words) as its none class.
+
     Hidden files (a name starting with '.') are passed over silently: half-written recordings live there;
     so are a corpus' notes beside the label folders (SOURCE.md, README.md, LICENSE), and the task's
     negatives, which are read on their own (list_negative). So is anything with an unusable name or a
@@ -73,6 +77,9 @@ def list_folder(
     OSError if it cannot be listed.
     """
     passed_over = {Path(negative).parts[0] for negative in negatives}
+    index = {name: i for i, name in enumerate(labels)}
+    if (other := other_speech_class(labels)) is not None:  # other words train the none class
+        index.setdefault(UNKNOWN_LABEL, other)
     root = Path(root)
     if not root.is_dir():
         raise FileNotFoundError(f"no data folder {shown(root)}")
@@ -90,10 +97,10 @@ def list_folder(
         elif not entry.is_dir():
             if not entry.name.endswith(".md") and not entry.name.startswith("LICENSE"):  # a corpus' notes
                 skipped.append(Skipped(entry, "not inside a label folder"))
-        elif entry.name not in labels:
+        elif entry.name not in index:
             skipped.append(Skipped(entry, f"folder {entry.name!r} is not a label of the task"))
         else:
-            label = labels.index(entry.name)
+            label = index[entry.name]
             for path in _listed(entry, skipped):
                 if path.name.startswith("."):
                     continue

@@ -8,6 +8,11 @@ their espeak-ng variants, rates, pitches and intonations after, the same for eve
 resampled to the task's rate, cut to its spoken part, put in a synthetic room for a third of them (an
 impulse response of decaying noise: Lehmann and Johansson's exponential model of a room's tail), and
 given a level of its own. Training adds what it adds to every clip: shifts, noise, background windows.
+
+A task with a class for speech that is no command (`_unknown_`, else `_none_`) gets as many takes of
+other speech in it as all its words have together: common English words that are none of the task's and
+sound like none of them (other_words), one said alone in half the takes, two or three in a row in the
+rest, cut to a clip's length where longer, by the same voices and settings.
 """
 
 import hashlib
@@ -26,6 +31,7 @@ import soundfile
 import soxr
 
 from fedspeech.models.clips.augment import frame_length, spoken_extents
+from fedspeech.models.clips.other_words import bundled_words, other_words
 from fedspeech.models.clips.synthesizers import (
     ENDINGS,
     Setting,
@@ -36,7 +42,7 @@ from fedspeech.models.clips.synthesizers import (
     versions,
 )
 from fedspeech.models.clips.tasks import default_model
-from fedspeech.protocol.labels import is_word
+from fedspeech.protocol.labels import is_word, other_speech_class
 from fedspeech.protocol.messages import TaskDefinition
 
 RATES = (0.8, 1.0, 1.25)  # of each voice's own speaking rate
@@ -48,7 +54,9 @@ RT60_S = (0.15, 0.7)  # the rooms' reverberation times
 PEAK_DB = (-20.0, -1.0)  # each take's peak level, dB full scale
 SPOKEN_THRESHOLD = 0.05  # a 10 ms frame is spoken above this fraction of the loudest frame's RMS
 MARGIN_S = 0.05  # kept each side of the spoken part
-VERSION = 1  # of how takes are made: a change makes caches of older takes stale
+OTHER_ALONE_SHARE = 0.5  # takes of other speech that say one word alone; the others say two or three
+OTHER_MOST_WORDS = 3
+VERSION = 2  # of how takes are made: a change makes caches of older takes stale
 
 log = logging.getLogger(__name__)
 
@@ -64,6 +72,17 @@ class Summary:
     dropped: dict[str, int] = field(default_factory=dict)  # reason -> takes
     voices: list[str] = field(default_factory=list)
     synthesizers: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Job:
+    """One take to make: its label, what it says, how, a key for its randomness and its file's name."""
+
+    label: str
+    text: str
+    setting: Setting
+    key: tuple[int, int]
+    name: str
 
 
 class SynthesisRefused(ValueError):
@@ -108,19 +127,42 @@ def digest(definition: TaskDefinition, voices: Sequence[Voice], takes: int, seed
     settings, and how takes are made.
     """
     words = {label: spoken_text(definition, label) for label in definition.labels if is_word(label)}
+    other = other_label(definition)
+    other_list = hashlib.sha256("\n".join(bundled_words()).encode()).hexdigest() if other else None
     key = {
         "words": words, "rate": definition.sample_rate, "seconds": definition.clip_seconds,
         "voices": [asdict(v) for v in voices], "synthesizers": versions(), "takes": takes, "seed": seed,
-        "version": VERSION,
+        "other": other, "other_words": other_list, "version": VERSION,
     }  # fmt: skip
     return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
 
 
+def other_label(definition: TaskDefinition) -> str | None:
+    """The task's class for speech that is no command, or None if it has none."""
+    index = other_speech_class(definition.labels)
+    return None if index is None else definition.labels[index]
+
+
+def other_phrases(definition: TaskDefinition, count: int, seed: int) -> list[str]:
+    """count texts of other speech for the task: a word alone, or two or three in a row."""
+    commands = [spoken_text(definition, label) for label in definition.labels if is_word(label)]
+    words = other_words(commands)
+    rng = np.random.default_rng([seed, len(words)])
+    lengths = np.where(rng.random(count) < OTHER_ALONE_SHARE, 1, rng.integers(2, OTHER_MOST_WORDS + 1, count))
+    return [" ".join(rng.choice(words, n)) for n in lengths]
+
+
 def make_take(
-    setting: Setting, text: str, sample_rate: int, clip_seconds: float, rng: np.random.Generator
+    setting: Setting,
+    text: str,
+    sample_rate: int,
+    clip_seconds: float,
+    rng: np.random.Generator,
+    crop: bool = False,
 ) -> np.ndarray:
     """One take at the task's rate: spoken, cut to its spoken part with a margin, in a room for some,
-    at a level of its own. SynthesisError if it cannot be made, or is longer than the task's clips.
+    at a level of its own. SynthesisError if it cannot be made, or is longer than the task's clips
+    (crop: a clip's length of it, at random, instead).
     """
     audio, rate = speak(setting, text)
     if rate != sample_rate:
@@ -130,6 +172,9 @@ def make_take(
     margin = round(MARGIN_S * sample_rate)
     audio = audio[max(0, int(starts[0]) - margin) : int(ends[0]) + margin]
     limit = round(clip_seconds * sample_rate)
+    if len(audio) > limit and crop:
+        start = int(rng.integers(len(audio) - limit + 1))
+        audio = audio[start : start + limit]
     if len(audio) > limit:
         raise SynthesisError(f"longer than the task's {clip_seconds:g} s clips")
     if rng.random() < ROOM_SHARE:
@@ -178,37 +223,56 @@ def synthesize(
         raise SynthesisRefused("no speech synthesizer found: apt-get install espeak-ng (and flite, festival)")
     settings = plan_settings(voices, takes, seed)
     labels = [label for label in definition.labels if is_word(label)]
-    jobs = [(label, n, i) for n, label in enumerate(labels) for i in range(len(settings))]
+    jobs = [
+        Job(label, spoken_text(definition, label), settings[i], (n, i), settings[i].name)
+        for n, label in enumerate(labels)
+        for i in range(len(settings))
+    ]
+    other = other_label(definition)
+    if other is not None:
+        phrases = other_phrases(definition, len(jobs), seed)
+        spread = plan_settings(voices, len(phrases), seed + 1)
+        jobs += [
+            Job(
+                other, text, (setting := spread[i % len(spread)]), (len(labels), i), f"{i:05d}-{setting.name}"
+            )
+            for i, text in enumerate(phrases)
+        ]
     summary = Summary(
-        Path(out), dict.fromkeys(labels, 0), {}, sorted({s.voice.name for s in settings}), versions()
+        Path(out),
+        dict.fromkeys(labels + ([other] if other else []), 0),
+        {},
+        sorted({job.setting.voice.name for job in jobs}),
+        versions(),
     )
     dropped: Counter[str] = Counter()
     seen: set[bytes] = set()
 
-    def one(job: tuple[str, int, int]) -> np.ndarray | str:
-        """A take of a label in a setting, as 16-bit samples; why not, if it could not be made."""
-        label, n, i = job
-        rng = np.random.default_rng([seed, n, i])  # its room and level: the same for the same seed
-        text = spoken_text(definition, label)
+    def one(job: Job) -> np.ndarray | str:
+        """A take of a job, as 16-bit samples; why not, if it could not be made."""
+        rng = np.random.default_rng([seed, *job.key])  # its room and level: the same for the same seed
+        crop = job.label == other
         try:
-            take = make_take(settings[i], text, definition.sample_rate, definition.clip_seconds, rng)
+            take = make_take(
+                job.setting, job.text, definition.sample_rate, definition.clip_seconds, rng, crop
+            )
         except SynthesisError as exc:
             return str(exc).split(": ")[-1]
         return np.round(take * 32767).astype(np.int16)
 
-    for label in labels:
+    for label in summary.takes:
         (Path(out) / label).mkdir(parents=True, exist_ok=True)
     with ThreadPoolExecutor(max_workers=os.cpu_count() or 2) as pool:  # the synthesizers are processes
-        for done, ((label, _, i), pcm) in enumerate(zip(jobs, pool.map(one, jobs), strict=True), 1):
+        for done, (job, pcm) in enumerate(zip(jobs, pool.map(one, jobs), strict=True), 1):
             if isinstance(pcm, str):
                 dropped[pcm] += 1
-            elif (fingerprint := hashlib.sha256(label.encode() + pcm.tobytes()).digest()) in seen:
+            elif (fingerprint := hashlib.sha256(job.label.encode() + pcm.tobytes()).digest()) in seen:
                 dropped["the same as another take"] += 1
             else:
                 seen.add(fingerprint)
-                path = Path(out) / label / f"{settings[i].name}.flac"
+                path = Path(out) / job.label / f"{job.name}.flac"
                 soundfile.write(path, pcm, definition.sample_rate, format="FLAC", subtype="PCM_16")
-                summary.takes[label] += 1
+                summary.takes[job.label] += 1
             if progress is not None:
                 progress(done, len(jobs))
     summary.dropped.update(dropped)
@@ -244,6 +308,9 @@ def source_text(definition: TaskDefinition, summary: Summary, settings: Sequence
     """SOURCE.md of a synthetic folder: how it was made, from what, and what it holds."""
     words = "\n".join(
         f'- `{label}`: "{spoken_text(definition, label)}", {count} takes'
+        if is_word(label)
+        else f"- `{label}`: other speech, {count} takes: common English words that sound like none of the "
+        "task's (the list in fedspeech's data/other_words), alone or two or three in a row"
         for label, count in summary.takes.items()
     )
     tools = "\n".join(f"- {name}: {version}" for name, version in summary.synthesizers.items())
@@ -267,6 +334,6 @@ def source_text(definition: TaskDefinition, summary: Summary, settings: Sequence
   about {ROOM_SHARE:.0%} of them, peak level {PEAK_DB[0]:g} to {PEAK_DB[1]:g} dB full scale, 16-bit FLAC.
 - Dropped:
 {dropped}
-- Licence: the audio is what the synthesizers said of the task's own words; their licences cover the
-  programs and voices, not what they say.
+- Licence: the audio is what the synthesizers said of the task's own words and of common words; their
+  licences cover the programs and voices, not what they say.
 """

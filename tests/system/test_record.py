@@ -116,7 +116,8 @@ def record(*args: str) -> subprocess.CompletedProcess:
     [
         (
             ["--label", "four"],
-            "label 'four' is not one of task fsdd's labels: 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, _none_",
+            "label 'four' is not one of task fsdd's labels: 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, _none_, "
+            "or _unknown_ (words that are no command)",
         ),
         (["--label", "4", "--count", "0"], "--count must be at least 1, got 0"),
     ],

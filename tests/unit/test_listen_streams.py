@@ -1,6 +1,8 @@
-"""The listening benchmark's rooms and talk: the room's decay and energy, the reverberant stream's level and
-timing, and talk that leaves out the sentence with a task word in it."""
+"""The listening benchmark's rooms, talk and other words: the room's decay and energy, the reverberant
+stream's level and timing, talk that leaves out the sentence with a task word in it, and other words that
+leave out the task's."""
 
+import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -8,10 +10,12 @@ import pytest
 import soundfile
 
 from fedspeech_bench.listen_streams import (
+    OTHER_PAUSE_S,
     TALK_PAUSE_S,
     WORD_RMS,
     Stream,
     Word,
+    other_word_paths,
     reverberant,
     reverberant_to_direct,
     rms,
@@ -19,6 +23,7 @@ from fedspeech_bench.listen_streams import (
     speech_power,
     talk,
     talk_paths,
+    words_alone,
 )
 
 RATE = 16000
@@ -111,3 +116,39 @@ def test_talk_is_every_utterance_at_the_words_level_with_pauses_between_looped_t
     assert full == pytest.approx([WORD_RMS] * len(full), rel=1e-3)
     np.testing.assert_array_equal(stream.audio, talk(paths, RATE, length, seed=0).audio)
     assert not np.array_equal(stream.audio, talk(paths, RATE, length, seed=1).audio)
+
+
+def _unknown(tmp_path: Path, words: list[str]) -> Path:
+    """A data folder with speech_commands_test/_unknown_/<word>_<hash>_nohash_0.flac of a second's tone."""
+    folder = tmp_path / "speech_commands_test" / "_unknown_"
+    folder.mkdir(parents=True)
+    tone = (0.1 + 0.05 * np.sin(np.arange(RATE // 2) / 5)).astype(np.float32)  # never a zero sample
+    for n, word in enumerate(words):
+        soundfile.write(folder / f"{word}_{n:08x}_nohash_0.flac", tone, RATE)
+    return tmp_path
+
+
+def test_other_words_leave_out_the_tasks_own_words_and_a_digits_name():
+    words = ["bed", "one", "seven", "yes", "happy", "nine"]
+    data = _unknown(Path(tempfile.mkdtemp()), words)
+    digits = [str(d) for d in range(10)] + ["_none_"]
+    assert [p.name.split("_")[0] for p in other_word_paths(data, digits)] == ["bed", "happy", "yes"]
+    commands = ["yes", "no", "_unknown_"]
+    assert [p.name.split("_")[0] for p in other_word_paths(data, commands)] == [
+        "bed", "happy", "nine", "one", "seven",
+    ]  # fmt: skip
+    with pytest.raises(FileNotFoundError, match="other words"):
+        other_word_paths(_unknown(Path(tempfile.mkdtemp()), ["one"]), digits)
+
+
+def test_other_words_are_said_alone_at_the_words_level_with_a_pause_around_each(tmp_path):
+    paths = other_word_paths(_unknown(tmp_path, ["bed", "cat", "dog"]), ["0"])
+    stream = words_alone(paths, RATE, seed=0)
+    assert stream.words == [] and stream.others == 3  # no task word, three other words
+    spoken = np.flatnonzero(np.diff(np.concatenate([[0], stream.audio != 0, [0]]).astype(int)))
+    starts, ends = spoken[::2], spoken[1::2]
+    assert len(starts) == 3 and starts[0] == OTHER_PAUSE_S * RATE
+    assert np.diff(starts).min() >= RATE // 2 + OTHER_PAUSE_S * RATE - 2
+    assert [rms(stream.audio[s:e]) for s, e in zip(starts, ends, strict=True)] == pytest.approx(
+        [WORD_RMS] * 3
+    )

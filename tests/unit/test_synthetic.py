@@ -49,8 +49,8 @@ def test_a_task_says_how_a_label_is_spoken_and_labels_like_this_are_never_spoken
     task = task_from_mapping(document)
     assert spoken_text(task, "stop") == "halt" and spoken_text(task, "lights_on") == "lights on"
     summary = synthesize(task, tmp_path, takes=5, voices=espeak_voices()[:5])
-    assert sorted(summary.takes) == ["lights_on", "stop"]
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["SOURCE.md", "lights_on", "stop"]
+    assert sorted(summary.takes) == ["_unknown_", "lights_on", "stop"]  # other speech: _unknown_
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["SOURCE.md", "_unknown_", "lights_on", "stop"]
     assert soundfile.info(next((tmp_path / "stop").glob("*.flac"))).samplerate == 8000
     assert '`stop`: "halt"' in (tmp_path / "SOURCE.md").read_text()
 
@@ -87,3 +87,22 @@ def test_flite_and_festival_voices_add_takes_when_installed(tmp_path):
     summary = synthesize(COMMANDS, tmp_path, takes=len(voices), voices=voices)
     names = {p.name.split("-")[0] for p in (tmp_path / "stop").glob("*.flac")}
     assert names == {"flite", "festival"} and summary.takes["stop"] == len(voices)
+
+
+def test_a_task_with_a_none_class_gets_other_speech_in_it_as_many_takes_as_its_words_together(tmp_path):
+    task = BUILTIN_TASKS["fsdd"]  # the digits and _none_
+    summary = synthesize(task, tmp_path, takes=6, voices=espeak_voices())
+    assert summary.takes["_none_"] >= 0.9 * 6 * 10 and all(summary.takes[d] >= 5 for d in "0123456789")
+    clips, skipped = list_folder(tmp_path, task.labels)
+    others = [c for c in clips if task.labels[c.label] == "_none_"]
+    assert not skipped and len(others) == summary.takes["_none_"]
+    for clip in others:  # cut to a clip where two or three words in a row are longer
+        info = soundfile.info(clip.path)
+        assert info.samplerate == 8000 and info.frames <= 8000
+    assert "`_none_`: other speech" in (tmp_path / "SOURCE.md").read_text()
+    assert not any((tmp_path / label).exists() for label in ("_silence_", "_unknown_"))
+
+
+def test_a_task_of_words_alone_gets_no_other_speech(tmp_path):
+    summary = synthesize(COMMANDS, tmp_path, takes=2, voices=espeak_voices()[:2])
+    assert sorted(summary.takes) == sorted(WORDS)  # no none class to put it in
