@@ -333,6 +333,7 @@ def _demo(args: argparse.Namespace) -> None:
             max_samples=args.max_samples,
             eval_every=args.eval_every if args.eval_every is not None else DemoConfig.eval_every,
             secure_aggregation=args.secure_aggregation,
+            synthetic=args.synthetic,
         )
     )
 
@@ -359,6 +360,13 @@ def add_demo_parser(subparsers: argparse._SubParsersAction) -> None:
         "pi-mix has two Pi 3s, whose pace every round waits for)",
     )
     m.add_argument("--full-speed", action="store_true", help="one unthrottled device per speaker instead")
+    m.add_argument(
+        "--synthetic",
+        action="store_true",
+        help="start from a model of the digits and other words spoken by this machine's synthesizers, and "
+        "mix such takes into each device's training, so that the none class hears speech that is no digit "
+        "(needs espeak-ng; minutes more)",
+    )
     m.add_argument(
         "--secure-aggregation",
         action="store_true",

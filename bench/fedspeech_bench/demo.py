@@ -30,6 +30,12 @@ DEMO_STRATEGY = "epochs_only"
 # this fleet's data from 0.970 to 0.990 in 30 rounds.
 DEMO_FINAL_LR_FRACTION = 0.1
 DEMO_SERVER_MOMENTUM = 0.8
+# With --synthetic its none class hears speech that is no digit, so that fewer words said near the listener
+# are taken for one: the first model is trained on the digits and common other words spoken by the
+# machine's synthesizers, and each device trains on a few takes of them beside its own clips (README: A
+# first model from synthetic speech)
+DEMO_INIT_TAKES = 100  # of each digit, and ten times as many of other speech
+DEMO_MIX_SYNTHETIC = 10  # takes of each digit on each device, and ten times as many of other speech
 LISTEN_WORDS = 10  # held-out digits in the file the demo listens to
 LISTEN_PAUSE_S = 0.6  # of silence around each, as in `fedspeech bench listen`
 
@@ -51,6 +57,7 @@ class DemoConfig:
     # coordinator's held-out set scores every round anyway
     eval_every: int = 5
     secure_aggregation: bool = False  # the coordinator sees only each round's sum of updates
+    synthetic: bool = False  # a first model from synthetic speech, synthetic takes mixed in on the devices
     strategy_options: Mapping[str, float] = field(default_factory=dict)  # e.g. dp_fedavg's noise
 
 
@@ -142,6 +149,36 @@ def durations(t0: float, ends: dict[str, float]) -> dict[str, float]:
     return seconds
 
 
+def synthesizers_found() -> bool:
+    """Whether the machine has a speech synthesizer; if not, says once what the demo does without."""
+    from fedspeech.models.clips.synthesizers import available_voices
+
+    if available_voices():
+        return True
+    print(
+        "no speech synthesizer (apt-get install espeak-ng): the demo starts from random weights, and its "
+        "none class hears no speech that is no digit, so other words said near the listener are heard as "
+        "digits"
+    )
+    return False
+
+
+def fresh_state(out: Path) -> None:
+    """A new fleet in out: a new coordinator key and new device tokens, but the synthetic takes and the
+    first model trained on them kept from a run before (they depend on nothing of the fleet's).
+    """
+    kept = {"synthetic", "pretrained"}
+    for folder in [out / "state", *(out / "devices").glob("*")]:
+        if folder.is_dir():
+            for entry in folder.iterdir():
+                if entry.name in kept:
+                    continue
+                if entry.is_dir():
+                    shutil.rmtree(entry)
+                else:
+                    entry.unlink()
+
+
 def run_demo(cfg: DemoConfig) -> dict:
     """Train on a fleet of FSDD speaker devices, check and listen; write the model, audio, metrics, plot."""
     if cfg.fleet is None:
@@ -149,10 +186,16 @@ def run_demo(cfg: DemoConfig) -> dict:
     else:
         fleet = load_fleet(cfg.fleet)
         check_fleet(fleet)
-    for state in ("state", "devices"):  # a new fleet: a new coordinator key, new device tokens
-        shutil.rmtree(cfg.out / state, ignore_errors=True)
+    fresh_state(cfg.out)
     cfg.out.mkdir(parents=True, exist_ok=True)
     config = fleet_config(fleet, "fsdd", cfg.out, broker_url=cfg.broker_url)
+    synthetic = cfg.synthetic and synthesizers_found()
+    if synthetic:
+        config = config.changed(init="synthetic", init_takes=DEMO_INIT_TAKES)
+        print(
+            "the first model: the digits and other words spoken by this machine's synthesizers, then "
+            f"trained on (minutes, once: kept in {cfg.out / 'state'}); each device speaks its own takes too"
+        )
     rounds = replace(
         config.rounds,
         rounds=cfg.rounds,
@@ -166,6 +209,7 @@ def run_demo(cfg: DemoConfig) -> dict:
         secure_aggregation=cfg.secure_aggregation,
     )
     device_args = ["--max-samples", str(cfg.max_samples)] if cfg.max_samples else []
+    device_args += ["--mix-synthetic", str(DEMO_MIX_SYNTHETIC)] if synthetic else []
     t0 = time.time()
     with fleet_run(
         fleet, "fsdd", cfg.out, replace(config, rounds=rounds), port=cfg.port, device_args=device_args

@@ -1,6 +1,7 @@
 """`fedspeech bench listen`: scoring by alignment, noise at an SNR, the real-noise clips, a long stream heard
 in parts, and a short run."""
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -12,7 +13,15 @@ from fedspeech.edge_client.runtime.audio_file import read_audio
 from fedspeech.models.clips.datasets import bundled_data_dir, load_corpus, server_test_clips
 from fedspeech.models.clips.tasks import BACKGROUND_NOISE
 from fedspeech_bench import listen
-from fedspeech_bench.listen import TALK, ListenBenchConfig, check_config, hear, parse_models, run_listen_bench
+from fedspeech_bench.listen import (
+    OTHER_WORDS,
+    TALK,
+    ListenBenchConfig,
+    check_config,
+    hear,
+    parse_models,
+    run_listen_bench,
+)
 from fedspeech_bench.listen_streams import (
     WORD_RMS,
     Stream,
@@ -204,7 +213,7 @@ def test_a_short_bench_writes_its_table_and_plots_and_hears_most_clean_words(fsd
         + [f"own level, {k} {snr} dB" for k in kinds for snr in (20, 10, 5)]
         + ["0.3 s gaps, clean", "reverb 0.3 s", "reverb 0.6 s"]
         + [f"{k} noise alone" for k in kinds]
-        + ([TALK] if data_dir else [])
+        + ([TALK, OTHER_WORDS] if data_dir else [])
     )
     assert list(results) == expected
     assert len(list((cfg.out / "audio").glob("*.wav"))) == len(expected)
@@ -236,3 +245,27 @@ def test_a_short_bench_writes_its_table_and_plots_and_hears_most_clean_words(fsd
         assert talk["words"] == 0 and talk["minutes"] == pytest.approx(0.2)
         assert talk["false_per_hour"] == pytest.approx(talk["insertions"] * 60 / 0.2)
         assert (cfg.out / "audio" / "trained-talk-no-digits.wav").is_file()
+        others = results[OTHER_WORDS]
+        assert others["words"] == 0 and others["others"] == 168 and others["false_per_hour"] is None
+        assert others["insertions"] == len(others["detections"]) <= 2 * 168
+        assert f"of 168 other words ({100 * others['insertions'] / 168:.1f}%)" in text
+        assert (cfg.out / "other-words.png").stat().st_size > 1000
+
+
+def test_several_seeds_are_each_a_run_with_a_table_of_their_mean_and_spread(fsdd_model, tmp_path):
+    cfg = ListenBenchConfig(
+        models={"trained": fsdd_model.onnx_path}, out=tmp_path, words=4, seeds=2, noise_minutes=0.05,
+        talk_minutes=0, command="fedspeech bench listen --words 4 --seeds 2",
+    )  # fmt: skip
+    check_config(cfg)
+    text = run_listen_bench(cfg).read_text()
+    report = json.loads((tmp_path / "results.json").read_text())["models"]
+    assert list(report) == ["trained seed 0", "trained seed 1"]
+    assert [run["seed"] for run in report.values()] == [0, 1]
+    orders = [[w["label"] for w in run["spoken"]] for run in report.values()]
+    assert orders[0] != orders[1]  # each seed its own word order
+    hits = [{r["condition"]: r["hits"] for r in run["results"]}["clean"] for run in report.values()]
+    mean = f"{np.mean([100 * h / 4 for h in hits]):.1f}% ± {np.std([100 * h / 4 for h in hits], ddof=1):.1f}"
+    assert "### mean ± SD over 2 runs" in text and f"| clean | {mean} |" in text
+    with pytest.raises(ValueError, match="--seeds"):
+        check_config(dataclasses.replace(cfg, seeds=0))

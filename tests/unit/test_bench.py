@@ -185,3 +185,21 @@ def test_inference_engines_take_turns_in_blocks_each_with_every_window():
     assert {name: len(t) for name, t in times.items()} == {"fp32": BLOCK + 10, "int8": BLOCK + 10}
     timed = calls[2 * 20 :]  # after 20 warm-up calls each
     assert timed == ["fp32"] * BLOCK + ["int8"] * BLOCK + ["fp32"] * 10 + ["int8"] * 10
+
+
+def test_a_new_demo_fleet_forgets_keys_and_tokens_but_keeps_its_synthetic_speech(tmp_path):
+    from fedspeech_bench.demo import fresh_state
+
+    made = [
+        "state/coordinator.key", "state/state.sqlite3", "state/models/1.onnx", "state/synthetic/a/0/t.flac",
+        "state/pretrained/b.safetensors", "devices/pi4-a/token", "devices/pi4-a/synthetic/c/0/t.flac",
+    ]  # fmt: skip
+    for name in made:
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text("x")
+    fresh_state(tmp_path)
+    left = sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*") if p.is_file())
+    assert left == [
+        "devices/pi4-a/synthetic/c/0/t.flac", "state/pretrained/b.safetensors", "state/synthetic/a/0/t.flac",
+    ]  # fmt: skip
+    fresh_state(tmp_path / "nothing yet")  # a first run: nothing to forget
