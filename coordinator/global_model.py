@@ -1,5 +1,6 @@
 """The coordinator's torch side: initial and grown weights, held-out evaluation and ONNX export."""
 
+import logging
 import tempfile
 from dataclasses import replace
 from pathlib import Path
@@ -7,8 +8,9 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from fedspeech.coordinator.ports import Evaluation
+from fedspeech.coordinator.ports import Evaluation, OnnxFiles
 from fedspeech.models.calibration import Decisions, calibrate, decision_counts
+from fedspeech.protocol import onnx_metadata as meta
 from fedspeech.protocol import weights
 from fedspeech.protocol.labels import word_classes
 from fedspeech.protocol.messages import ModelSpec, TaskDefinition
@@ -18,6 +20,8 @@ if TYPE_CHECKING:
     from fedspeech.coordinator.shared_validation import SharedValidation
     from fedspeech.export.onnx_export import Parity
 
+
+log = logging.getLogger(__name__)
 
 Clips = tuple[np.ndarray, np.ndarray]  # waveforms (N, num_samples) and labels (N,)
 
@@ -52,7 +56,7 @@ class GlobalModel:
         self._predicted: tuple[str, np.ndarray, np.ndarray] | None = None  # weights' digest, held-out output
         self._models: dict[ModelSpec, Any] = {}
         self.start: Arrays | None = None  # the first model's weights, where they are not fresh (--init)
-        self._templates: dict[ModelSpec, Path] = {}
+        self._templates: dict[ModelSpec, dict[str, Path]] = {}  # by kind: "model", frontend, classifier
 
     def spec_at(self, depth: int | None) -> ModelSpec:
         """The spec of this model at a depth (the spec itself for a model that does not grow)."""
@@ -172,24 +176,41 @@ class GlobalModel:
         )
         return get_arrays(model)
 
-    def to_onnx(self, arrays: Arrays, round: int, devices: Decisions | None = None) -> bytes:
-        """The model as ONNX bytes: labels, round, and its threshold calibrated on the held-out set and the
-        devices' decisions (their latest evaluation's), if any, with where it came from.
+    def to_onnx(self, arrays: Arrays, round: int, devices: Decisions | None = None) -> OnnxFiles:
+        """The model as ONNX files, one and a pair: labels, round, and its threshold calibrated on the
+        held-out set and the devices' decisions (their latest evaluation's), if any, with where it came from.
         """
-        from fedspeech.export.onnx_export import export_onnx, update_onnx_weights
+        from fedspeech.export.onnx_export import update_onnx_weights
 
         spec = self.spec_of(arrays)
-        out = Path(self._workdir.name) / "model.onnx"
         if spec not in self._templates:
-            # Exporting takes over a second; later rounds at this depth only swap the graph's weights.
-            template = Path(self._workdir.name) / f"template-{spec.depth}.onnx"
-            model = self._model(arrays)
-            self._templates[spec] = export_onnx(model, spec, self.labels, template, task=self.task)
+            # Exporting takes seconds; later rounds at this depth only swap the graphs' weights.
+            self._templates[spec] = self._export_templates(arrays, spec)
         parts = [part for part in (self.heldout_decisions(arrays), devices) if part is not None]
         threshold, source = calibrate(parts)
-        return update_onnx_weights(
-            self._templates[spec], arrays, out, round=round, threshold=threshold, threshold_from=source
-        ).read_bytes()
+        files = []
+        for kind, template in self._templates[spec].items():
+            out = Path(self._workdir.name) / f"{kind}.onnx"
+            # the front-end has no weights: only its metadata changes
+            given = {} if kind == meta.FRONTEND else arrays
+            update_onnx_weights(template, given, out, round=round, threshold=threshold, threshold_from=source)
+            files.append(out.read_bytes())
+        return OnnxFiles(files[0], (files[1], files[2]) if len(files) == 3 else None)
+
+    def _export_templates(self, arrays: Arrays, spec: ModelSpec) -> dict[str, Path]:
+        """The ONNX templates of a spec by kind: the one file ('model'), and its pair where it splits."""
+        from fedspeech.export.onnx_export import export_classifier, export_frontend, export_onnx
+
+        model = self._model(arrays)
+        folder = Path(self._workdir.name)
+        templates = {"model": export_onnx(model, spec, self.labels, folder / f"template-{spec.depth}.onnx")}
+        try:
+            frontend = export_frontend(model, spec, self.labels, folder / f"frontend-{spec.depth}.onnx")
+        except ValueError as exc:  # a model without a LogMel front-end travels as one file
+            log.info("the model travels as one ONNX file only: %s", exc)
+            return templates
+        classifier = export_classifier(model, spec, self.labels, folder / f"classifier-{spec.depth}.onnx")
+        return templates | {meta.FRONTEND: frontend, meta.CLASSIFIER: classifier}
 
     def heldout_decisions(self, arrays: Arrays) -> Decisions | None:
         """The model's word decisions on the held-out set (None without one)."""

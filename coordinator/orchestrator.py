@@ -9,7 +9,6 @@ import logging
 import threading
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -270,7 +269,7 @@ class Orchestrator:
             return record
         self._device_decisions = decisions
         onnx = self.model.to_onnx(self._current, record.round, decisions)
-        return replace(record, onnx_sha256=self.store.replace_onnx(record.round, onnx))
+        return self.store.replace_onnx(record, onnx.model, onnx.pair)
 
     def _evaluate_first_model(self, stop: threading.Event) -> None:
         """A trained first model (--init), evaluated on the devices once they are online, before round 1

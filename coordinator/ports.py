@@ -21,6 +21,16 @@ class Evaluation:
     loss: float
 
 
+@dataclass(frozen=True)
+class OnnxFiles:
+    """A model exported for listeners: the one file, and the same model as two graphs (front-end and
+    classifier, see protocol.onnx_metadata) where it can be split, else None.
+    """
+
+    model: bytes
+    pair: tuple[bytes, bytes] | None = None
+
+
 class DeviceLink(Protocol):
     """The control plane as the coordinator sees it: device statuses in, tasks and announcements out."""
 
@@ -73,8 +83,8 @@ class ModelOps(Protocol):
         """Scores on the coordinator's held-out set, or None without one."""
         ...
 
-    def to_onnx(self, arrays: Arrays, round: int, devices: Decisions | None = None) -> bytes:
-        """The model as ONNX bytes, its threshold calibrated with the devices' word decisions if given."""
+    def to_onnx(self, arrays: Arrays, round: int, devices: Decisions | None = None) -> OnnxFiles:
+        """The model as ONNX files, its threshold calibrated with the devices' word decisions if given."""
         ...
 
     # what some methods need: FedBN the normalisation layers' names, quality-weighted aggregation a

@@ -39,7 +39,9 @@ CREATE TABLE IF NOT EXISTS rounds (
     withdrawn INTEGER NOT NULL DEFAULT 0,
     stragglers INTEGER NOT NULL DEFAULT 0,
     dp_epsilon REAL,
-    dp_delta REAL
+    dp_delta REAL,
+    frontend_sha256 TEXT,
+    classifier_sha256 TEXT
 );
 CREATE TABLE IF NOT EXISTS updates (
     round INTEGER NOT NULL,
@@ -93,6 +95,9 @@ class RoundRecord:
     # differential privacy spent once this round's model is out: epsilon at delta (None: no guarantee)
     dp_epsilon: float | None = None
     dp_delta: float | None = None
+    # the ONNX model as two graphs, front-end and classifier (None: stored as one file only)
+    frontend_sha256: str | None = None
+    classifier_sha256: str | None = None
     # federated evaluation: devices asked and reporting, and their pooled scores (None: too few reports)
     evaluation_asked: int | None = None  # None: the round's model was not evaluated on the devices
     evaluation_reports: int | None = None
@@ -155,6 +160,8 @@ _ADDED_COLUMNS = {
         "stragglers": "INTEGER NOT NULL DEFAULT 0",
         "dp_epsilon": "REAL",
         "dp_delta": "REAL",
+        "frontend_sha256": "TEXT",
+        "classifier_sha256": "TEXT",
     },
     "federated_evaluations": {"clips": "INTEGER"},
 }

@@ -49,6 +49,7 @@ def store_round(
     blob = weights.encode(arrays, metadata=metadata)
     evaluation = model.evaluate(arrays)
     onnx = model.to_onnx(arrays, round, decisions)
+    pair = onnx.pair
     finished = time.time()
     record = RoundRecord(
         round=round,
@@ -63,14 +64,16 @@ def store_round(
         bytes_up=tally.bytes_up,
         bytes_down=tally.bytes_down,
         weights_sha256=weights.sha256(blob),
-        onnx_sha256=weights.sha256(onnx),
+        onnx_sha256=weights.sha256(onnx.model),
         withdrawn=tally.withdrawn,
         stragglers=tally.stragglers,
         dp_epsilon=tally.privacy.epsilon if tally.privacy else None,
         dp_delta=tally.privacy.delta if tally.privacy else None,
+        frontend_sha256=weights.sha256(pair[0]) if pair else None,
+        classifier_sha256=weights.sha256(pair[1]) if pair else None,
     )
     teacher_blob = weights.encode(teacher, metadata={"round": str(round)}) if teacher is not None else None
-    store.save_round(record, blob, onnx, tally.updates, teacher_blob)
+    store.save_round(record, blob, onnx.model, tally.updates, teacher_blob, pair)
     log.info(
         "round %d complete: %d/%d updates, accuracy %s, %.1f s",
         round, record.results, record.devices,
@@ -91,12 +94,16 @@ def announcement(store: Store, model: ModelOps, record: RoundRecord, arrays: Arr
         size = store.model_path(record.round, kind).stat().st_size
         return BlobRef(routes.model(record.round, kind), digest, size)
 
+    # a state folder from before the pair, or a model that does not split, has none: the one file only
+    pair = (record.frontend_sha256, record.classifier_sha256)
     return ModelAnnouncement(
         round=record.round,
         spec=model.spec_of(arrays),
         labels=model.labels,
         weights=address("weights", record.weights_sha256),
         onnx=address("onnx", record.onnx_sha256) if record.onnx_sha256 else None,
+        frontend=address("frontend", pair[0]) if pair[0] and pair[1] else None,
+        classifier=address("classifier", pair[1]) if pair[0] and pair[1] else None,
         metrics={k: v for k in ("accuracy", "macro_f1", "loss") if (v := getattr(record, k)) is not None},
         issued_at=record.finished_at,
     )

@@ -8,7 +8,7 @@ import sqlite3
 import time
 from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 
 from fedspeech.coordinator.evaluation import DeviceEvaluation
@@ -27,6 +27,7 @@ from fedspeech.coordinator.records import (
 from fedspeech.protocol.files import write_atomically
 from fedspeech.protocol.weights import sha256
 
+PAIR_KINDS = ("frontend", "classifier")  # the ONNX model's two graphs, as model_path names them
 # tokens of revoked devices, kept so that the device holding one can be told (the newest are kept)
 MAX_REVOKED_TOKENS = 10_000
 DATABASE = "state.sqlite3"
@@ -241,12 +242,16 @@ class Store:
             return db.execute("SELECT COUNT(*) FROM devices").fetchone()[0]
 
     def model_path(self, round: int, kind: str) -> Path:
-        """Where a round's model lives: kind weights (safetensors), float16 (in half), onnx or teacher."""
+        """Where a round's model lives: kind weights (safetensors), float16 (in half), onnx, teacher, or the
+        ONNX model's two graphs, frontend and classifier.
+        """
         suffix = {
             "weights": "safetensors",
             "float16": "float16.safetensors",
             "onnx": "onnx",
             "teacher": "teacher.safetensors",
+            "frontend": "frontend.onnx",
+            "classifier": "classifier.onnx",
         }[kind]
         return self.models_dir / f"round-{round:05d}.{suffix}"
 
@@ -281,8 +286,11 @@ class Store:
         onnx: bytes | None,
         updates: list[UpdateRecord],
         teacher: bytes | None = None,
+        pair: tuple[bytes, bytes] | None = None,
     ) -> None:
         """Write the round's model files, then commit its record: a crash in between leaves no round.
+
+        pair: the ONNX model's front-end and classifier graphs, whose digests the record holds.
 
         StateWriteError if the disk does not take them; the files and records of earlier rounds stay as
         they were. ValueError for a round that is already stored.
@@ -296,6 +304,8 @@ class Store:
             files.append((self.model_path(record.round, "onnx"), onnx))
         if teacher is not None:
             files.append((self.model_path(record.round, "teacher"), teacher))
+        if pair is not None:
+            files += zip((self.model_path(record.round, kind) for kind in PAIR_KINDS), pair, strict=True)
         columns = ROUND_COLUMNS
         try:
             for path, data in files:
@@ -314,24 +324,39 @@ class Store:
                 path.unlink(missing_ok=True)
             raise StateWriteError(f"could not store round {record.round} in {self.dir}: {exc}") from None
 
-    def replace_onnx(self, round: int, onnx: bytes) -> str:
-        """Put a new ONNX file in place of a stored round's (the same weights, new metadata); its sha256.
+    def replace_onnx(
+        self, record: RoundRecord, onnx: bytes, pair: tuple[bytes, bytes] | None = None
+    ) -> RoundRecord:
+        """Put new ONNX files in place of a stored round's (the same weights, new metadata): the one file and
+        the pair (front-end and classifier; None removes the round's); the record with their digests.
 
-        StateWriteError if the disk does not take it; then the round keeps its file and digest.
+        StateWriteError if the disk does not take them; then the round keeps its files and digests.
         """
-        digest = sha256(onnx)
-        path = self.model_path(round, "onnx")
-        previous = path.read_bytes() if path.exists() else None
+        round = record.round
+        files = {"onnx": onnx} | dict(zip(PAIR_KINDS, pair or (None, None), strict=True))
+        digests = {f"{kind}_sha256": None if data is None else sha256(data) for kind, data in files.items()}
+        paths = {kind: self.model_path(round, kind) for kind in files}
+        previous = {kind: path.read_bytes() for kind, path in paths.items() if path.exists()}
         try:
-            write_atomically(path, onnx)
+            for kind, data in files.items():
+                if data is None:
+                    paths[kind].unlink(missing_ok=True)
+                else:
+                    write_atomically(paths[kind], data)
             with self._connect() as db:
-                db.execute("UPDATE rounds SET onnx_sha256 = ? WHERE round = ?", (digest, round))
+                assignments = ", ".join(f"{column} = ?" for column in digests)
+                db.execute(f"UPDATE rounds SET {assignments} WHERE round = ?", [*digests.values(), round])
         except (OSError, sqlite3.Error) as exc:
-            if previous is not None:
-                with contextlib.suppress(OSError):
-                    write_atomically(path, previous)
+            with contextlib.suppress(OSError):
+                for kind, data in previous.items():
+                    write_atomically(paths[kind], data)
             raise StateWriteError(f"could not store the new ONNX model of round {round}: {exc}") from None
-        return digest
+        return replace(
+            record,
+            onnx_sha256=digests["onnx_sha256"],
+            frontend_sha256=digests["frontend_sha256"],
+            classifier_sha256=digests["classifier_sha256"],
+        )
 
     def save_evaluation(
         self,

@@ -115,7 +115,7 @@ def _check_size(ref: "BlobRef", kind: str) -> None:
 
 
 def _check_blob(ref: "BlobRef", kind: str) -> int:
-    """The round a blob of a kind ('weights', 'onnx') belongs to; ProtocolError unless it is well formed."""
+    """The round a blob of a kind (routes.MODEL_KINDS) belongs to; ProtocolError unless it is well formed."""
     _check_size(ref, kind)
     try:
         return routes.model_round(ref.path, kind)
@@ -192,7 +192,11 @@ def check_secure_sum(secure: "SecureSum") -> None:
 
 def check_announcement(announcement: "ModelAnnouncement") -> None:
     """ProtocolError unless an announcement's files are of its round and its labels and metrics bounded."""
-    refs = [("weights", announcement.weights)] + ([("onnx", announcement.onnx)] if announcement.onnx else [])
+    if (announcement.frontend is None) != (announcement.classifier is None):
+        raise ProtocolError("an announcement names both graphs of a pair (frontend, classifier) or neither")
+    optional = [("onnx", announcement.onnx), ("frontend", announcement.frontend)]
+    optional.append(("classifier", announcement.classifier))
+    refs = [("weights", announcement.weights)] + [(kind, ref) for kind, ref in optional if ref is not None]
     for kind, ref in refs:
         if _check_blob(ref, kind) != announcement.round:
             raise ProtocolError(

@@ -211,6 +211,10 @@ class ModelAnnouncement:
     metrics: dict[str, float] = field(default_factory=dict)
     # when the coordinator made the model (Unix time); the round is the announcements' sequence
     issued_at: float = 0.0
+    # the same model as two graphs, both or neither: its log-mel front-end and its classifier (see
+    # protocol.onnx_metadata), so that a listener computes the features of new frames only
+    frontend: BlobRef | None = None
+    classifier: BlobRef | None = None
 
 
 @dataclass(frozen=True)

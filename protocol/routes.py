@@ -13,7 +13,7 @@ PREFIX = "/api"
 TASK_RULE = "/task"
 DEVICES_RULE = "/devices"
 DEVICE_RULE = "/devices/<device_id>"
-MODEL_RULE = "/models/<int:round>/<any(weights, float16, onnx, teacher):kind>"
+MODEL_RULE = "/models/<int:round>/<any(weights, float16, onnx, teacher, frontend, classifier):kind>"
 LATEST_MODEL_RULE = "/models/latest"
 UPDATES_RULE = "/rounds/<int:round>/updates"
 EVALUATIONS_RULE = "/rounds/<int:round>/evaluations"
@@ -41,11 +41,13 @@ OVERVIEW = PREFIX + OVERVIEW_RULE
 ANNOUNCEMENT = PREFIX + ANNOUNCEMENT_RULE
 
 
-MODEL_KINDS = ("weights", "float16", "onnx", "teacher")
+MODEL_KINDS = ("weights", "float16", "onnx", "teacher", "frontend", "classifier")
 
 
 def model(round: int, kind: str) -> str:
-    """A completed round's model: kind weights (safetensors), float16 (in half), onnx or teacher."""
+    """A completed round's model: kind weights (safetensors), float16 (in half), onnx, teacher, or the
+    ONNX model's two graphs, frontend and classifier.
+    """
     if kind not in MODEL_KINDS:
         raise ValueError(f"kind must be one of {', '.join(MODEL_KINDS)}, got {kind!r}")
     return f"{PREFIX}/models/{round}/{kind}"
@@ -86,7 +88,7 @@ def relay(round: int, step: int) -> str:
     return f"{PREFIX}/rounds/{round}/relays/{step}"
 
 
-_MODEL_PATH = re.compile(rf"^{PREFIX}/models/(\d{{1,9}})/(weights|float16|onnx|teacher)$")
+_MODEL_PATH = re.compile(rf"^{PREFIX}/models/(\d{{1,9}})/(weights|float16|onnx|teacher|frontend|classifier)$")
 _ROUND_PATH = re.compile(rf"^{PREFIX}/rounds/(\d{{1,9}})/(updates|evaluations)$")
 _RELAY_PATH = re.compile(rf"^{PREFIX}/rounds/(\d{{1,9}})/relays/(\d{{1,9}})$")
 

@@ -157,7 +157,9 @@ def fsdd_model(tmp_path_factory) -> TrainedModel:
     words = word_classes(labels)
     threshold = calibrate_threshold(probabilities, heldout[1], words)
     folder = tmp_path_factory.mktemp("fsdd-model")
-    path = export_onnx(model, spec, labels, folder / "model.onnx", round=1, task="fsdd", threshold=threshold)
+    path = export_onnx(
+        model, spec, labels, folder / "model.onnx", round=1, task="fsdd", threshold=threshold, pair=True
+    )
     calibration = waveforms[np.random.default_rng(0).choice(len(waveforms), 300, replace=False)]
     return TrainedModel(model.eval(), spec, list(labels), path, heldout, calibration)
 

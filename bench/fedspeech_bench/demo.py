@@ -232,11 +232,15 @@ def run_demo(cfg: DemoConfig) -> dict:
 
 def _write_results(store, model, out: Path, t0: float, ends: dict[str, float]) -> dict:
     from fedspeech.protocol import weights
+    from fedspeech.protocol.onnx_metadata import pair_paths
     from fedspeech_bench.word_alignment import align
 
     rounds = store.rounds()
     final = rounds[-1]
     shutil.copyfile(store.model_path(final.round, "onnx"), out / "model.onnx")
+    # its two graphs beside it, which `fedspeech listen --model` takes: the front-end runs on new frames only
+    for kind, path in zip(("frontend", "classifier"), pair_paths(out / "model.onnx"), strict=True):
+        shutil.copyfile(store.model_path(final.round, kind), path)
     arrays, _ = weights.decode(store.model_path(final.round, "weights").read_bytes())
     check = model.parity(arrays, out / "model.onnx")
     ends["ONNX check"] = time.time()
@@ -273,6 +277,9 @@ def _write_results(store, model, out: Path, t0: float, ends: dict[str, float]) -
     )
     phases = ", ".join(f"{name} {seconds:.1f} s" for name, seconds in summary["phases_s"].items())
     print(f"time: {phases}; {summary['wall_s']:.0f} s in all")
-    print(f"wrote {out / 'model.onnx'}, {out / 'digits.wav'}, {out / 'metrics.json'}, {out / 'accuracy.png'}")
+    print(
+        f"wrote {out / 'model.onnx'} (and its two graphs beside it), {out / 'digits.wav'}, "
+        f"{out / 'metrics.json'}, {out / 'accuracy.png'}"
+    )
     print(f"listen yourself: fedspeech listen --model {out / 'model.onnx'} --input {out / 'digits.wav'}")
     return summary

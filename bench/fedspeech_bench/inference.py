@@ -1,7 +1,9 @@
 """`fedspeech bench inference`: how fast and light the exported model runs on one core.
 
-In one run, on the same windows of real audio: per-window latency of the fp32 and int8 ONNX models and
-of torch eager, taking turns in blocks of BLOCK windows so that machine noise falls on all three alike
+In one run, on the same windows of real audio: per-window latency of the fp32 and int8 ONNX models, of
+the fp32 model as two graphs as a stream runs them (the front-end on one hop's new frames, then the
+classifier on the window's frames; the graphs beside the model's file, else exported from it) and of
+torch eager, taking turns in blocks of BLOCK windows so that machine noise falls on all three alike
 while each runs with its own data in the caches (turns window by window made ONNX fp32 about 1.4x
 slower than alone, torch evicting its caches between every two calls); the floor (the model's
 FLOPs over this core's single-thread matrix-multiply rate, measured now); and `fedspeech listen` as a
@@ -26,14 +28,17 @@ import numpy as np
 import onnx
 import soundfile
 
-from fedspeech.edge_client.runtime.session import ModelError, OnnxModel, load_model
+from fedspeech.edge_client.runtime.session import ModelError, OnnxModel, PairedModel, load_local, load_model
+from fedspeech.edge_client.runtime.streaming import DetectorConfig
 from fedspeech.export.graph import initializers
 from fedspeech.export.quantize import quantize
+from fedspeech.protocol import onnx_metadata as meta
 from fedspeech.protocol.messages import ModelSpec
 
 GAP_S = 0.8  # silence between the words of the listening test
 SETTLE_S = 3.0  # the listener has started and loaded its model by then (cold start: about 0.4 s)
 BLOCK = 50  # windows an engine runs in a row before the next takes its turn
+PAIR_ENGINE = "onnx fp32 pair, one hop"  # the front-end on a hop's new frames, then the classifier
 # onnxruntime's advice to whoever writes a quantisation script, logged on the root logger at every call
 _QUANTISATION_ADVICE = re.compile(r"Please consider (to run )?pre-processing before quantization")
 
@@ -123,6 +128,49 @@ def latencies(
                 predict(window)
                 times[name].append(time.perf_counter() - start)
     return times
+
+
+@dataclass(frozen=True)
+class _Pair:
+    """The model as two graphs, and the one file they lie beside."""
+
+    model: PairedModel
+    path: Path
+
+
+def _pair_of(model_path: Path, model: Any, spec: ModelSpec, labels: list[str], out: Path) -> _Pair:
+    """The model's two graphs: those beside its file (as `fedspeech listen --model` takes them), else
+    exported into out from the torch model rebuilt from it.
+    """
+    from fedspeech.export.onnx_export import export_onnx
+
+    local = load_local(model_path)
+    if isinstance(local, PairedModel):
+        return _Pair(local, model_path)
+    path = export_onnx(model, spec, labels, out / "model.onnx", pair=True)
+    paired = load_local(path)
+    if not isinstance(paired, PairedModel):
+        raise BenchError(f"{model_path}: its two graphs, exported afresh, are not the same model")
+    return _Pair(paired, path)
+
+
+def hop_of(pair: _Pair | PairedModel, hop_ms: float = DetectorConfig().hop_ms) -> Callable[[np.ndarray], Any]:
+    """A pair's work for one window of a stream, one hop after the last: the front-end on the samples of
+    the hop's new frames, the window's frames copied (as the detector's ring does), the classifier.
+    """
+    model = pair.model if isinstance(pair, _Pair) else pair
+    new = max(1, min(model.frames, round(model.sample_rate * hop_ms / 1000) // model.hop_samples))
+    length = (new - 1) * model.hop_samples + model.fft_samples
+    frames = np.zeros((1, model.n_mels, model.frames), np.float32)
+    window_frames = np.zeros_like(frames)
+
+    def one_hop(window: np.ndarray) -> np.ndarray:
+        features = model.features(np.ascontiguousarray(window[:, window.shape[1] - length :]))
+        frames[:, :, -new:] = features
+        window_frames[:] = frames  # the ring's copy into the window, oldest frame first
+        return model.classify(window_frames)
+
+    return one_hop
 
 
 def _matmul_gflops(seconds: float = 0.5, size: int = 256) -> float:
@@ -274,9 +322,13 @@ def run_inference_bench(
     def eager(window: np.ndarray) -> np.ndarray:
         return torch.softmax(model(torch.from_numpy(window)), dim=-1).numpy()
 
-    engines = {"onnx fp32": fp32.predict, "onnx int8": int8.predict, "torch eager": eager}
+    pair = _pair_of(model_path, model, spec, fp32.labels, out)
+    engines = {"onnx fp32": fp32.predict, PAIR_ENGINE: hop_of(pair), "onnx int8": int8.predict}
+    engines["torch eager"] = eager
     times = latencies(engines, heldout, repeats)
     sizes = {"onnx fp32": model_path.stat().st_size, "onnx int8": int8_path.stat().st_size}
+    sizes[PAIR_ENGINE] = sum(path.stat().st_size for path in meta.pair_paths(pair.path))
+    whole = {**engines, PAIR_ENGINE: pair.model.predict}  # accuracy: the pair on whole windows
     rows = [
         Engine(
             name,
@@ -285,7 +337,7 @@ def run_inference_bench(
             float(np.mean(predict(heldout).argmax(axis=1) == labels)),
             sizes.get(name),
         )
-        for name, predict in engines.items()
+        for name, predict in whole.items()
     ]
     with FlopCounterMode(display=False) as counter:
         eager(heldout[:1])

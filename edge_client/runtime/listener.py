@@ -5,7 +5,7 @@ from collections.abc import Callable, Generator
 
 import numpy as np
 
-from fedspeech.edge_client.runtime.session import OnnxModel
+from fedspeech.edge_client.runtime.session import OnnxModel, PairedModel
 from fedspeech.edge_client.runtime.streaming import Detection, StreamingDetector
 
 log = logging.getLogger(__name__)
@@ -26,9 +26,10 @@ def listen(
     called with each detection as it is made. The frames are closed at the end, which stops a microphone.
     """
     log.info(
-        "listening to %s with %s: a window of %d samples classified every %d frames of %d in speech",
+        "listening to %s with %s%s: a window of %d samples classified every %d frames of %d in speech",
         source,
         detector.model.describe(),
+        ", its front-end on new frames only" if isinstance(detector.model, PairedModel) else "",
         detector.num_samples,
         detector.hop_frames,
         detector.frame_size,

@@ -9,7 +9,8 @@ has a model it asks again every few seconds (a bounded backoff), so that it take
 model even if the broker's message never reaches it, and says why it waits, once each time the reason
 changes: the coordinator does not answer, has announced no model yet, or the announcement retained on the
 broker is signed by another key (another coordinator on the same topic root). Each model is downloaded on
-a thread of the follower's own (its size and sha256 checked, as the device daemon does) and loaded, then
+a thread of the follower's own (its size and sha256 checked, as the device daemon does; its two graphs,
+front-end and classifier, where the announcement names them, else its one file) and loaded, then
 handed over: the listening thread takes it with `take` and swaps it in between two frames, so no audio is
 dropped. A model that cannot be downloaded, does not match its announcement or does not load is logged,
 the current one kept, and tried again RETRY_S later unless a newer one is announced.
@@ -37,10 +38,10 @@ from fedspeech.edge_client.http_requests import (
     request,
 )
 from fedspeech.edge_client.runtime.announcements import FLOOR_FILE, Floor, worth_fetching
-from fedspeech.edge_client.runtime.session import ModelError, OnnxModel, load_model
+from fedspeech.edge_client.runtime.session import ModelError, OnnxModel, PairedModel, load_model, load_pair
 from fedspeech.protocol import messages, routes, signing
 from fedspeech.protocol.bounds import ProtocolError
-from fedspeech.protocol.messages import ModelAnnouncement
+from fedspeech.protocol.messages import BlobRef, ModelAnnouncement
 from fedspeech.protocol.mqtt import BrokerSettings, connect, make_client, route
 from fedspeech.protocol.topics import DEFAULT_ROOT, Topics
 
@@ -273,22 +274,51 @@ class ModelFollower:
             self._wake.clear()
 
     def _load(self, announcement: ModelAnnouncement) -> bool:
-        """Download, check and load an announced model and hand it over; False (logged) if it cannot be."""
+        """Download, check and load an announced model and hand it over; False (logged) if it cannot be.
+
+        Where the announcement names the model's two graphs, the pair is taken (its front-end then runs on
+        new frames only); a pair that cannot be had leaves the one file to take.
+        """
         assert announcement.onnx is not None
-        ref = announcement.onnx
-        try:
-            data = fetch_blob(self.coordinator_url, ref, self._stop, self._context)
-            model = load_model(data, self.coordinator_url + ref.path)
-        except (Dropped, ValueError, ModelError) as exc:  # ValueError: weights.WeightsError
-            log.warning("round %d: ignoring its model: %s", announcement.round, exc)
-            return False
-        log.info("downloaded %s (%d bytes) from %s", model.describe(), len(data), ref.path)
+        model: OnnxModel | None = self._load_pair(announcement)
+        if model is None:
+            ref = announcement.onnx
+            try:
+                data = self._fetch(ref)
+                model = load_model(data, self.coordinator_url + ref.path)
+            except (Dropped, ValueError, ModelError) as exc:  # ValueError: weights.WeightsError
+                log.warning("round %d: ignoring its model: %s", announcement.round, exc)
+                return False
+            log.info("downloaded %s (%d bytes) from %s", model.describe(), len(data), ref.path)
         with self._lock:
             self._pending, self._round = model, announcement.round
             if self._wanted is announcement:
                 self._wanted = None
             self._ready.set()
         return True
+
+    def _fetch(self, ref: BlobRef) -> bytes:
+        """A blob of the coordinator's, its size and sha256 checked."""
+        return fetch_blob(self.coordinator_url, ref, self._stop, self._context)
+
+    def _load_pair(self, announcement: ModelAnnouncement) -> PairedModel | None:
+        """The announced model's two graphs, downloaded (size and sha256 checked) and loaded; None if it
+        names none, or (logged) if they cannot be had.
+        """
+        if announcement.frontend is None or announcement.classifier is None:
+            return None
+        refs = (announcement.frontend, announcement.classifier)
+        try:
+            frontend, classifier = (self._fetch(ref) for ref in refs)
+            model = load_pair(frontend, classifier, f"{self.coordinator_url}{refs[1].path}")
+        except (Dropped, ValueError, ModelError) as exc:  # ValueError: weights.WeightsError
+            log.warning("round %d: taking its one ONNX file, not its two graphs: %s", announcement.round, exc)
+            return None
+        log.info(
+            "downloaded %s as its front-end (%d bytes) and classifier (%d bytes) from %s and %s",
+            model.describe(), len(frontend), len(classifier), refs[0].path, refs[1].path,
+        )  # fmt: skip
+        return model
 
 
 def _key_text(body: bytes) -> str:

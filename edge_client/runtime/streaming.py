@@ -36,11 +36,15 @@ sample rate and is written into a preallocated ring buffer that holds exactly on
    The VAD rests while the gate hears no sound (see `_hear_voice`). `voice=False` leaves the energy gate
    alone.
 
+A model exported as two graphs (session.PairedModel) runs its log-mel front-end only on the frames a
+window has that the window before did not (see windows): the same probabilities, for less.
+
 `swap` replaces the model between two frames: the ring buffer, the gate and the frame count go on
-untouched, so no audio is lost. The windows of the open segment are kept when the new model has the same
-labels (successive rounds of one task) and dropped otherwise, so a word is decided once, by one model's
-view of it. A model with another sample rate or window length is refused with a ValueError: its windows
-would be different audio, and whatever feeds the detector runs at the old rate.
+untouched, so no audio is lost (a pair's frames are computed afresh for the next window). The windows of
+the open segment are kept when the new model has the same labels (successive rounds of one task) and
+dropped otherwise, so a word is decided once, by one model's view of it. A model with another sample rate
+or window length is refused with a ValueError: its windows would be different audio, and whatever feeds
+the detector runs at the old rate.
 
 The detector has no threads of its own: whoever owns the audio calls `push` for every frame, and `swap`
 between two calls.
@@ -55,6 +59,7 @@ import numpy as np
 from fedspeech.edge_client.runtime.session import OnnxModel
 from fedspeech.edge_client.runtime.speech_gate import GateConfig, SpeechGate
 from fedspeech.edge_client.runtime.voice_activity import CHUNK_SECONDS, MIN_VOICE, VoiceActivity
+from fedspeech.edge_client.runtime.windows import window_source
 from fedspeech.protocol import onnx_metadata as meta
 from fedspeech.protocol.labels import is_word
 
@@ -90,7 +95,9 @@ class DetectorConfig:
 
 @dataclass
 class StageTimes:
-    """Seconds spent per classified window in each stage: ring-buffer copy, inference, post-processing."""
+    """Seconds spent per classified window in each stage: its input (the ring buffer's samples copied, or
+    a pair's front-end run on the new frames and the window's frames copied), inference, post-processing.
+    """
 
     windows: int = 0
     copy_s: float = 0.0
@@ -117,7 +124,7 @@ class StageTimes:
         n = self.windows
         return (
             f"{n} windows classified, ms per window (mean/max): "
-            f"copy {1e3 * self.copy_s / n:.3f}/{1e3 * self.max_copy_s:.3f}, "
+            f"input {1e3 * self.copy_s / n:.3f}/{1e3 * self.max_copy_s:.3f}, "
             f"inference {1e3 * self.inference_s / n:.3f}/{1e3 * self.max_inference_s:.3f}, "
             f"post {1e3 * self.post_s / n:.3f}/{1e3 * self.max_post_s:.3f}"
         )
@@ -176,7 +183,8 @@ class StreamingDetector:
         self.voice = VoiceActivity(self.sample_rate) if self.config.voice else None
         self._ring = np.zeros(self.num_samples, dtype=np.float32)
         self._pos = 0  # where the next sample goes; also the oldest sample of the window
-        self._window = np.zeros((1, self.num_samples), dtype=np.float32)
+        self._hop_size = hop_size
+        self._windows = window_source(model, hop_size)  # the window's samples, or a pair's log-mel frames
         window_frames = self.num_samples // self.frame_size
         self._speech = np.zeros(window_frames, dtype=bool)  # ring: is frame n % window_frames speech
         self._voice = np.zeros(window_frames, dtype=np.float32)  # ring: the speech probability after frame n
@@ -225,6 +233,7 @@ class StreamingDetector:
             self._collected, self._cut, self._piece_word = 0, False, None
             self._probabilities = np.zeros((self._max_windows, len(model.labels)), dtype=np.float32)
         self._model = model
+        self._windows = window_source(model, self._hop_size)
         self._labels = model.labels
         self.threshold, self.threshold_origin = threshold
 
@@ -314,11 +323,9 @@ class StreamingDetector:
     def _classify(self) -> None:
         """Run the model on the current window and keep its probabilities with the segment's."""
         start = time.perf_counter()
-        tail = self.num_samples - self._pos
-        self._window[0, :tail] = self._ring[self._pos :]  # oldest sample first
-        self._window[0, tail:] = self._ring[: self._pos]
+        window = self._windows.window(self._ring, self.samples)
         copied = time.perf_counter()
-        probabilities = self._model.predict(self._window)[0]
+        probabilities = self._windows.classify(window)[0]
         inferred = time.perf_counter()
         self._probabilities[self._collected] = probabilities
         self._collected += 1

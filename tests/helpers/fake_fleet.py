@@ -14,7 +14,7 @@ from fedspeech.coordinator.evaluation_phase import EvaluationPhase
 from fedspeech.coordinator.inbox import Inbox
 from fedspeech.coordinator.influence import SampleLimits
 from fedspeech.coordinator.orchestrator import Orchestrator
-from fedspeech.coordinator.ports import Evaluation
+from fedspeech.coordinator.ports import Evaluation, OnnxFiles
 from fedspeech.coordinator.store import Store
 from fedspeech.models.calibration import Decisions
 from fedspeech.protocol import weights
@@ -41,6 +41,7 @@ class FakeModel:
     labels: list[str] = field(default_factory=lambda: list(DEFINITION.labels))
     onnx_bytes: int = 0  # the size of its "ONNX export", padded
     start: Arrays | None = None  # a trained first model: initial() gives it
+    pair: bool = False  # exported as two graphs too
 
     def spec_at(self, depth: int | None) -> ModelSpec:
         return self.spec
@@ -57,9 +58,12 @@ class FakeModel:
     def evaluate(self, arrays: Arrays) -> Evaluation:
         return Evaluation(float(arrays["w"][0]), 0.0, 1.0)
 
-    def to_onnx(self, arrays: Arrays, round: int, devices: Decisions | None = None) -> bytes:
+    def to_onnx(self, arrays: Arrays, round: int, devices: Decisions | None = None) -> OnnxFiles:
         calibrated = f", calibrated on {devices.on}" if devices is not None else ""
-        return f"onnx of round {round}{calibrated}".encode().ljust(self.onnx_bytes, b"\0")
+        model = f"onnx of round {round}{calibrated}".encode().ljust(self.onnx_bytes, b"\0")
+        if not self.pair:
+            return OnnxFiles(model)
+        return OnnxFiles(model, (f"frontend of round {round}".encode(), b"classifier of " + model))
 
 
 Responder = Callable[[Task], None]

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from fedspeech.coordinator.global_model import GlobalModel
-from fedspeech.edge_client.runtime.session import OnnxModel
+from fedspeech.edge_client.runtime.session import OnnxModel, PairedModel
 from fedspeech.export.onnx_export import export_onnx, update_onnx_weights
 from fedspeech.models.calibration import (
     BINS,
@@ -108,8 +108,11 @@ def test_coordinator_calibrates_with_a_held_out_set(fsdd_model, tmp_path):
     definition = TaskDefinition("fsdd", list(fsdd_model.labels), 8000, 1.0)
     arrays = get_arrays(fsdd_model.model)
     heldout = GlobalModel(fsdd_model.spec, definition, fsdd_model.heldout)
-    (tmp_path / "heldout.onnx").write_bytes(heldout.to_onnx(arrays, round=1))
+    files = heldout.to_onnx(arrays, round=1)
+    (tmp_path / "heldout.onnx").write_bytes(files.model)
     threshold = float(OnnxModel(tmp_path / "heldout.onnx").metadata["threshold"])
+    assert files.pair is not None  # the pair is calibrated as the one file is
+    assert PairedModel(*files.pair).metadata["threshold"] == OnnxModel(files.model).metadata["threshold"]
     # the same, from the probabilities a device computes with the exported model
     waveforms, labels = fsdd_model.heldout
     probabilities = OnnxModel(fsdd_model.onnx_path).predict(waveforms)
@@ -117,7 +120,7 @@ def test_coordinator_calibrates_with_a_held_out_set(fsdd_model, tmp_path):
     assert threshold == pytest.approx(calibrate_threshold(probabilities, labels, words), abs=2e-4)
 
     without = GlobalModel(fsdd_model.spec, definition, None)
-    (tmp_path / "without.onnx").write_bytes(without.to_onnx(arrays, round=1))
+    (tmp_path / "without.onnx").write_bytes(without.to_onnx(arrays, round=1).model)
     assert "threshold" not in OnnxModel(tmp_path / "without.onnx").metadata
 
 

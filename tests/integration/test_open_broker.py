@@ -161,7 +161,7 @@ def test_a_replayed_old_announcement_rolls_back_neither_a_new_listener_nor_a_new
                 assert first_model(follower).describe().endswith("round 2")
             finally:
                 follower.stop()
-            assert downloads == [routes.model(2, "onnx")]
+            assert downloads == [routes.model(2, "frontend"), routes.model(2, "classifier")]  # its pair
 
             downloads.clear()
             kept = _keep(url, mosquitto_url, topics, key, tmp_path / "device", tmp_path / "models")

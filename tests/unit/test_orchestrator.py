@@ -12,6 +12,7 @@ import pytest
 from fedspeech.coordinator import orchestrator as orchestrator_module
 from fedspeech.coordinator.config import RoundConfig
 from fedspeech.coordinator.errors import BadUpload, NotWanted
+from fedspeech.coordinator.ports import OnnxFiles
 from fedspeech.models.calibration import Decisions
 from fedspeech.protocol import bounds, messages, routes, weights
 from fedspeech.protocol.messages import (
@@ -196,7 +197,7 @@ def test_a_buffered_round_does_not_wait_for_a_slow_device_and_counts_its_late_up
     slow_tasks: list[Task] = []
 
     class Model(FakeModel):
-        def to_onnx(self, arrays: Arrays, round: int, devices: Decisions | None = None) -> bytes:
+        def to_onnx(self, arrays: Arrays, round: int, devices: Decisions | None = None) -> OnnxFiles:
             if round == 1 and when.startswith("between"):  # no round is open while one is exported
                 fleet.upload("slow", slow_tasks[0], 5.0)
             return super().to_onnx(arrays, round, devices)
@@ -286,10 +287,11 @@ def test_the_devices_evaluate_the_new_model(tmp_path):
     )
 
 
-def test_the_devices_word_decisions_calibrate_the_model_announced_after_its_evaluation(tmp_path):
+@pytest.mark.parametrize("pair", [False, True], ids=["one file", "and a pair"])
+def test_the_devices_word_decisions_calibrate_the_model_announced_after_its_evaluation(tmp_path, pair):
     from fedspeech.models.calibration import BINS
 
-    fleet = Fleet(tmp_path, FakeModel(onnx_bytes=64), rounds=2, eval_every=2, eval_timeout_s=5.0)
+    fleet = Fleet(tmp_path, FakeModel(onnx_bytes=64, pair=pair), rounds=2, eval_every=2, eval_timeout_s=5.0)
     right, wrong = np.zeros(BINS, np.int64), np.zeros(BINS, np.int64)
     right[[150, 150, 160, 170, 180, 190, 199]], wrong[100] = 1, 1  # 7 right at 0.75 and up, 1 wrong at 0.5
     right[150] = 2
@@ -324,6 +326,17 @@ def test_the_devices_word_decisions_calibrate_the_model_announced_after_its_eval
         == record.onnx_sha256
         == weights.sha256(fleet.store.model_path(2, "onnx").read_bytes())
     ), "announced once calibrated, and served as announced"
+    if not pair:
+        assert announced[2].frontend is announced[2].classifier is None
+        assert not fleet.store.model_path(2, "classifier").exists()
+        return
+    for kind in ("frontend", "classifier"):  # the pair is calibrated, stored and announced with the one file
+        stored_pair = fleet.store.model_path(2, kind).read_bytes()
+        ref = getattr(announced[2], kind)
+        assert ref.sha256 == getattr(record, f"{kind}_sha256") == weights.sha256(stored_pair), kind
+        assert ref.path == f"/api/models/2/{kind}" and ref.size == len(stored_pair)
+    classifier = fleet.store.model_path(2, "classifier").read_bytes()
+    assert classifier.rstrip(b"\0").endswith(b"calibrated on the test clips of 1 device (round 2's model)")
 
 
 def test_a_device_that_only_looks_online_costs_a_round_and_its_evaluation_the_ack_timeout(tmp_path):
