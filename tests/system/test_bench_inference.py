@@ -27,7 +27,9 @@ def test_inference_bench_measures_every_engine_and_the_listener(fsdd_model, tmp_
     whole_s = time.perf_counter() - start
     report = json.loads((tmp_path / "results.json").read_text())
     engines = {e["name"]: e for e in report["engines"]}
-    assert set(engines) == {"onnx fp32", "onnx int8", "torch eager"}
+    assert set(engines) == {"onnx fp32", "onnx fp32 pair, one hop", "onnx int8", "torch eager"}
+    pair = engines["onnx fp32 pair, one hop"]  # the same model as two graphs, the front-end on new frames
+    assert pair["accuracy"] == engines["onnx fp32"]["accuracy"]
     assert all(e["median_ms"] > 0 and e["p95_ms"] >= e["median_ms"] for e in engines.values())
     assert engines["onnx fp32"]["accuracy"] == engines["torch eager"]["accuracy"] > 0.9
     assert engines["onnx int8"]["size_bytes"] < engines["onnx fp32"]["size_bytes"]

@@ -78,11 +78,14 @@ def online_device(device_id: str, broker_url: str, topic_root: str, url: str) ->
 
 def check_model_files(url: str, state: Path, rounds: list[dict]) -> None:
     """Each round's files served and stored match its record; no other model file is left behind."""
+    kinds = ("weights", "onnx", "frontend", "classifier")  # the one ONNX file and its two graphs
     for record in rounds:
-        for kind, digest in (("weights", record["weights_sha256"]), ("onnx", record["onnx_sha256"])):
+        for kind in kinds:
+            digest = record[f"{kind}_sha256"]
             with urllib.request.urlopen(f"{url}/api/models/{record['round']}/{kind}", timeout=10) as reply:
                 assert hashlib.sha256(reply.read()).hexdigest() == digest, f"round {record['round']} {kind}"
-    expected = {f"round-{r['round']:05d}.{suffix}" for r in rounds for suffix in ("safetensors", "onnx")}
+    suffixes = ("safetensors", "onnx", "frontend.onnx", "classifier.onnx")
+    expected = {f"round-{r['round']:05d}.{suffix}" for r in rounds for suffix in suffixes}
     files = {p.name for p in (state / "models").iterdir()}
     assert {name for name in files if not name.startswith(".")} == expected
     if files != expected:  # a temporary file of write_atomically whose process was killed mid-write
