@@ -33,7 +33,7 @@ from fedspeech.models.clips.datasets import (
 )
 from fedspeech.models.clips.folders import ClipCache, Skipped, list_folder, list_negative, shown
 from fedspeech.models.clips.synthetic import SynthesisRefused, takes_folder
-from fedspeech.protocol.labels import is_word, none_class
+from fedspeech.protocol.labels import is_word, none_class, other_speech_class
 from fedspeech.protocol.messages import TaskDefinition
 
 log = logging.getLogger(__name__)
@@ -175,7 +175,9 @@ class LocalData:
             return _empty(task.num_samples), np.zeros(0, dtype=np.int64)
         if self._spoken is None or self._spoken[0] != task:
             words = max(1, sum(is_word(label) for label in task.labels))
-            takes = max(1, min(self.mix.takes, MAX_MIXED_BYTES // (4 * task.num_samples * words)))
+            # where the task has a class for other speech, it gets as many takes as the words together
+            held = 2 * words if other_speech_class(task.labels) is not None else words
+            takes = max(1, min(self.mix.takes, MAX_MIXED_BYTES // (4 * task.num_samples * held)))
             try:
                 folder = takes_folder(task, self.mix.folder, takes, self.mix.seed)
                 clips = list_folder(folder, task.labels)[0]

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from fedspeech.edge_client.local_data import DataSource, LocalData, SyntheticMix
-from fedspeech.models.clips.tasks import task_from_mapping
+from fedspeech.models.clips.tasks import BUILTIN_TASKS, task_from_mapping
 from tests.helpers.recordings import copy_takes
 
 pytestmark = [
@@ -118,4 +118,20 @@ def test_long_clips_get_fewer_takes_so_that_what_is_held_stays_bounded(tmp_path,
         data.refresh(DIGITS)
     own = sum(data.train.counts.values())
     assert np.bincount(data.train.labels[own:]).tolist() == [2, 2, 2]
+    assert "training on 2 synthetic takes of each word" in caplog.text
+
+
+def test_other_speech_counts_in_the_bound_of_what_is_held(tmp_path, monkeypatch, caplog):
+    from fedspeech.edge_client import local_data
+
+    fsdd = BUILTIN_TASKS["fsdd"]  # ten digits and _none_: other speech takes as many as the ten together
+    monkeypatch.setattr(local_data, "MAX_MIXED_BYTES", 2 * 2 * 10 * fsdd.num_samples * 4)  # two a word
+    folder = copy_takes(tmp_path / "data", "01", range(2))
+    data = LocalData(DataSource(folder=folder), mix=SyntheticMix(5, tmp_path / "synthetic"))
+    with caplog.at_level(logging.INFO):
+        data.refresh(fsdd)
+    own = sum(data.train.counts.values())
+    held = data.train.waveforms[own:]
+    assert held.nbytes <= local_data.MAX_MIXED_BYTES
+    assert np.bincount(data.train.labels[own:], minlength=11).tolist() == [2] * 10 + [20]
     assert "training on 2 synthetic takes of each word" in caplog.text
