@@ -201,15 +201,18 @@ class GlobalModel:
         """The ONNX templates of a spec by kind: the one file ('model'), and its pair where it splits."""
         from fedspeech.export.onnx_export import export_classifier, export_frontend, export_onnx
 
-        model = self._model(arrays)
+        model, task = self._model(arrays), self.task
         folder = Path(self._workdir.name)
-        templates = {"model": export_onnx(model, spec, self.labels, folder / f"template-{spec.depth}.onnx")}
+        one_file = export_onnx(model, spec, self.labels, folder / f"template-{spec.depth}.onnx", task=task)
+        templates = {"model": one_file}
         try:
-            frontend = export_frontend(model, spec, self.labels, folder / f"frontend-{spec.depth}.onnx")
+            path = folder / f"frontend-{spec.depth}.onnx"
+            frontend = export_frontend(model, spec, self.labels, path, task=task)
         except ValueError as exc:  # a model without a LogMel front-end travels as one file
             log.info("the model travels as one ONNX file only: %s", exc)
             return templates
-        classifier = export_classifier(model, spec, self.labels, folder / f"classifier-{spec.depth}.onnx")
+        path = folder / f"classifier-{spec.depth}.onnx"
+        classifier = export_classifier(model, spec, self.labels, path, task=task)
         return templates | {meta.FRONTEND: frontend, meta.CLASSIFIER: classifier}
 
     def heldout_decisions(self, arrays: Arrays) -> Decisions | None:

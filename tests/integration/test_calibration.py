@@ -113,6 +113,8 @@ def test_coordinator_calibrates_with_a_held_out_set(fsdd_model, tmp_path):
     threshold = float(OnnxModel(tmp_path / "heldout.onnx").metadata["threshold"])
     assert files.pair is not None  # the pair is calibrated as the one file is
     assert PairedModel(*files.pair).metadata["threshold"] == OnnxModel(files.model).metadata["threshold"]
+    for graph in (files.model, *files.pair):  # each names the task it was trained for
+        assert OnnxModel(graph).metadata["task"] == "fsdd"
     # the same, from the probabilities a device computes with the exported model
     waveforms, labels = fsdd_model.heldout
     probabilities = OnnxModel(fsdd_model.onnx_path).predict(waveforms)
