@@ -334,6 +334,7 @@ def _demo(args: argparse.Namespace) -> None:
             eval_every=args.eval_every if args.eval_every is not None else DemoConfig.eval_every,
             secure_aggregation=args.secure_aggregation,
             synthetic=args.synthetic,
+            seed=args.seed,
         )
     )
 
@@ -385,6 +386,12 @@ def add_demo_parser(subparsers: argparse._SubParsersAction) -> None:
     m.add_argument("--max-samples", type=at_least(1), help="train on at most this many clips per device")
     m.add_argument(
         "--eval-every", type=at_least(0), help="devices evaluate every N rounds' model (default 5)"
+    )
+    m.add_argument(
+        "--seed",
+        type=int,
+        default=0,
+        help="the first model's weights and each device's draws of its clips (default 0)",
     )
     add_dp_options(m)
     m.set_defaults(run=_demo)

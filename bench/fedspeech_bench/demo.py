@@ -58,6 +58,7 @@ class DemoConfig:
     eval_every: int = 5
     secure_aggregation: bool = False  # the coordinator sees only each round's sum of updates
     synthetic: bool = False  # a first model from synthetic speech, synthetic takes mixed in on the devices
+    seed: int = 0  # the coordinator's: the first model's weights, and the seed of each device's task
     strategy_options: Mapping[str, float] = field(default_factory=dict)  # e.g. dp_fedavg's noise
 
 
@@ -207,6 +208,7 @@ def run_demo(cfg: DemoConfig) -> dict:
         server_momentum=DEMO_SERVER_MOMENTUM,
         epochs=cfg.epochs,
         secure_aggregation=cfg.secure_aggregation,
+        seed=cfg.seed,
     )
     device_args = ["--max-samples", str(cfg.max_samples)] if cfg.max_samples else []
     device_args += ["--mix-synthetic", str(DEMO_MIX_SYNTHETIC)] if synthetic else []
