@@ -29,7 +29,7 @@ class GateConfig:
     min_level: float = 0.003  # -50 dBFS: digital silence or a faint hiss is never speech
     over_floor: float = 2.0  # 6 dB above the noise floor: steady noise never is, a voice in it is
     floor_s: float = 2.0
-    hangover_s: float = 0.2  # 0.3 s joined words said 0.3 s apart into one segment, which then was talk
+    hangover_s: float = 0.25  # 0.3 s joined words said 0.3 s apart into one segment, which then was talk
     min_speech_s: float = 0.05
 
 
