@@ -51,6 +51,7 @@ EXTRAS = {
         "scipy",
         "prometheus_client",
         "dp_accounting",
+        "pydantic",
     ),
     "audio": ("sounddevice",),
 }

@@ -6,7 +6,7 @@ import logging
 from dataclasses import asdict
 
 from flask import Blueprint, Response, current_app, g, jsonify, request, send_file
-from werkzeug.exceptions import ClientDisconnected, RequestEntityTooLarge
+from werkzeug.exceptions import ClientDisconnected, HTTPException, RequestEntityTooLarge
 
 from fedspeech.coordinator import broker_users
 from fedspeech.coordinator.admin import admin_only, is_admin, refusal
@@ -74,6 +74,15 @@ def _refused(exc: Exception) -> tuple[Response, int]:
 def _not_stored(exc: StateWriteError) -> tuple[Response, int]:
     log.error("%s", exc)
     return _error(503, "the coordinator cannot store this now (its state folder takes no writes); try later")
+
+
+@bp.app_errorhandler(HTTPException)
+def _flask_refused(exc: HTTPException) -> HTTPException | tuple[Response, int]:
+    # Flask's own refusals (no route matches the path, nor the method) come before any blueprint's: under
+    # the API they are JSON as every other refusal there, elsewhere its pages
+    if not request.path.startswith(routes.PREFIX + "/") or exc.code is None:
+        return exc
+    return _error(exc.code, exc.name)
 
 
 @bp.errorhandler(EnrolmentRefused)

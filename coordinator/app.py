@@ -22,6 +22,9 @@ from fedspeech.coordinator.http_server import HttpServer, serve
 from fedspeech.coordinator.inbox import Inbox
 from fedspeech.coordinator.metrics import bp as metrics_bp
 from fedspeech.coordinator.mqtt_link import CoordinatorLink, TopicRootTaken
+from fedspeech.coordinator.openapi import APP_KEY as OPENAPI_KEY
+from fedspeech.coordinator.openapi import bp as openapi_bp
+from fedspeech.coordinator.openapi import describe
 from fedspeech.coordinator.orchestrator import Orchestrator
 from fedspeech.coordinator.pretraining import Pretraining, start_weights
 from fedspeech.coordinator.shared_validation import SharedValidation
@@ -181,7 +184,7 @@ def create_app(config: CoordinatorConfig | None = None) -> Flask:
     """
     config = config or CoordinatorConfig()
     service = config.service
-    app = Flask(__name__)
+    app = Flask(__name__, static_folder=None)  # no /static/ route: the dashboard serves its own files
     app.config[APP_KEY] = config
     app.config["MAX_CONTENT_LENGTH"] = service.max_content_length  # Flask's own bound on any body
 
@@ -216,6 +219,8 @@ def create_app(config: CoordinatorConfig | None = None) -> Flask:
     app.register_blueprint(api_bp)
     app.register_blueprint(dashboard_bp)
     app.register_blueprint(metrics_bp)
+    app.register_blueprint(openapi_bp)
+    app.extensions[OPENAPI_KEY] = describe(app)
     return app
 
 

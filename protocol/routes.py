@@ -31,6 +31,7 @@ ACK_RULE = "/tasks/<task_id>/ack"  # a device took its task (with its token): it
 FAILURE_RULE = "/tasks/<task_id>/failure"
 # the latest model announcement, signed as on the broker: what a listener checks a retained one against
 ANNOUNCEMENT_RULE = "/models/announcement"
+OPENAPI_RULE = "/openapi.json"  # this API described, as an OpenAPI 3.1 document
 
 TASK = PREFIX + TASK_RULE
 DEVICES = PREFIX + DEVICES_RULE

@@ -64,6 +64,14 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         items[:] = [item for item in items if item in wanted]
 
 
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    """Print what a passing test measured (record_property("figures", ...)): its output is hidden."""
+    for report in terminalreporter.getreports("passed"):
+        for name, value in report.user_properties:
+            if name == "figures":
+                terminalreporter.write_line(str(value))
+
+
 @pytest.fixture(scope="session")
 def mosquitto_url() -> str:
     """The machine's Mosquitto broker; the suite needs it running."""
