@@ -257,12 +257,18 @@ def joined(names: list[str], pause_s: float = 0.0, trim: bool = False) -> np.nda
     pause = np.zeros(round(pause_s * RATE), np.float32)
     parts = [soundfile.read(RECORDINGS / f"{name}.flac", dtype="float32")[0] for name in names]
     if trim:
-        parts = [part[slice(*(int(x[0]) for x in spoken_extents(part[None], 80, 0.1)))] for part in parts]
+        parts = [spoken(part) for part in parts]
     return np.concatenate([x for part in parts for x in (part, pause)])
 
 
-# twelve digits of six speakers cut to their spoken parts, about 4 s of talk with no pause as long as the
-# gate's hangover
+def spoken(recording: np.ndarray) -> np.ndarray:
+    """The recording from its first to its last 10 ms frame above a tenth of its loudest's level."""
+    (start,), (end,) = spoken_extents(recording[None], FRAME, 0.1)
+    return recording[start:end]
+
+
+# twelve digits of six speakers; joined cut to their spoken parts, about 4 s of talk with no pause as long
+# as the gate's hangover
 TALK = ["3_jackson_10", "7_george_20", "5_lucas_30", "0_nicolas_40", "9_theo_45", "1_yweweler_15"]
 TALK += ["2_jackson_0", "8_george_1", "6_lucas_12", "4_nicolas_25", "5_jackson_33", "2_lucas_8"]
 
