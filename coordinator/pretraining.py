@@ -25,6 +25,7 @@ from fedspeech.protocol.weights import Arrays
 log = logging.getLogger(__name__)
 
 RANDOM, SYNTHETIC = "random", "synthetic"
+VERSION = 2  # of how the first model is trained: a change makes cached first models stale
 
 
 @dataclass(frozen=True)
@@ -74,7 +75,7 @@ def pretrained(
     from fedspeech.models.clips.synthetic import SynthesisRefused, takes_folder
 
     folders: list[Path] = []
-    key: dict[str, object] = {"spec": asdict(spec), "settings": asdict(settings)}
+    key: dict[str, object] = {"spec": asdict(spec), "settings": asdict(settings), "version": VERSION}
     if synthetic:
         voices = available_voices()
         root, progress = state_dir / "synthetic", progress_logger("takes", log)
@@ -127,16 +128,38 @@ def _train(definition: TaskDefinition, spec: ModelSpec, folders: list[Path], set
         "training the first model on %d clips (%s per label), %d epochs", len(kept), counts, settings.epochs
     )
     report, start = progress_logger("first model, epochs", log, every_s=0.0), time.monotonic()
+    rng = np.random.default_rng(settings.seed)
     for epoch in range(settings.epochs):
         lr = settings.learning_rate * 0.5 * (1 + math.cos(math.pi * epoch / settings.epochs))
+        chosen = balanced(labels, definition, rng)
         result = train_local(
-            model, waveforms, labels, epochs=1, batch_size=settings.batch_size, learning_rate=lr,
-            seed=settings.seed * 1000 + epoch, noise=pool, none_class=none_class(definition.labels),
+            model, waveforms[chosen], labels[chosen], epochs=1, batch_size=settings.batch_size,
+            learning_rate=lr, seed=settings.seed * 1000 + epoch, noise=pool,
+            none_class=none_class(definition.labels),
         )  # fmt: skip
         report(epoch + 1, settings.epochs)
         log.debug("epoch %d: loss %.4f", epoch + 1, result.loss)
     log.info("the first model is trained in %.0f s", time.monotonic() - start)
     return get_arrays(model)
+
+
+def balanced(labels: np.ndarray, definition: TaskDefinition, rng: np.random.Generator) -> np.ndarray:
+    """An epoch's clips, by index: all but the other speech, and of that as many as the commonest word
+    has, drawn anew each epoch.
+
+    Synthetic other speech is as many takes as all the words together: trained whole, it outweighed each
+    word ten to one, and the first model took 98 % of real digits for it.
+    """
+    from fedspeech.protocol.labels import other_speech_class, word_classes
+
+    other = other_speech_class(definition.labels)
+    if other is None:
+        return np.arange(len(labels))
+    counts = np.bincount(labels, minlength=len(definition.labels))
+    most = max((int(counts[w]) for w in word_classes(definition.labels)), default=0)
+    others = np.flatnonzero(labels == other)
+    drawn = rng.choice(others, size=min(most, len(others)), replace=False)
+    return np.sort(np.concatenate([np.flatnonzero(labels != other), drawn]))
 
 
 def _read(path: Path, reference: Arrays) -> Arrays:

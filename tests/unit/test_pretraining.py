@@ -8,7 +8,7 @@ import shutil
 import numpy as np
 import pytest
 
-from fedspeech.coordinator.pretraining import InitError, Pretraining, start_weights
+from fedspeech.coordinator.pretraining import InitError, Pretraining, balanced, start_weights
 from fedspeech.models import build_model
 from fedspeech.models.clips.tasks import spec_for, task_from_mapping
 from fedspeech.models.train import get_arrays
@@ -77,3 +77,20 @@ def test_random_is_none_and_a_file_must_hold_the_tasks_model(tmp_path):
 
 def _three() -> dict:
     return {"name": "home", "labels": ["stop", "go", "up"], "sample_rate": 8000, "clip_seconds": 1.0}
+
+
+def test_an_epoch_takes_as_much_other_speech_as_the_commonest_word_drawn_anew():
+    labelled = ["a", "b", "_unknown_", "_silence_"]
+    task = task_from_mapping({"name": "t", "labels": labelled, "sample_rate": 8000, "clip_seconds": 1.0})
+    labels = np.array([0] * 5 + [1] * 7 + [2] * 40 + [3] * 3)
+    rng = np.random.default_rng(0)
+    first, second = balanced(labels, task, rng), balanced(labels, task, rng)
+    for chosen in (first, second):
+        assert len(set(chosen)) == len(chosen)
+        assert np.bincount(labels[chosen]).tolist() == [5, 7, 7, 3]  # words and noise whole, 7 others
+    assert set(first) != set(second)
+
+
+def test_an_epoch_of_a_task_without_other_speech_is_every_clip():
+    labels = np.array([0, 1, 1, 0, 1])
+    assert balanced(labels, TASK, np.random.default_rng(0)).tolist() == [0, 1, 2, 3, 4]
