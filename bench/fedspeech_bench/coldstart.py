@@ -14,11 +14,16 @@ import argparse
 import json
 import time
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
+
+from fedspeech.protocol.labels import UNKNOWN_LABEL
+
+if TYPE_CHECKING:
+    from fedspeech.models.clips.datasets import Clip
 
 WORDS = ["yes", "no", "up", "down", "left", "right", "on", "off", "stop", "go"]
 DEVICES = 6
@@ -66,11 +71,14 @@ class Fleet:
     devices: list[tuple[np.ndarray, np.ndarray]]
     speakers: list[list[str]]
     test: tuple[np.ndarray, np.ndarray]
+    unseen: list["Clip"] = field(default_factory=list)  # the clips of test, in its order
+    others: list[np.ndarray] = field(default_factory=list)  # each device's speakers' `_unknown_` takes
 
 
 def build_fleet(data_dir: Path, seed: int) -> Fleet:
     """Six devices of one to three speakers each, at most MAX_TAKES takes a word, the last three missing
-    MISSING words; the unseen speakers' clips (at most MAX_TEST_CLIPS) to score on.
+    MISSING words, and every `_unknown_` take (other words) of their speakers; the unseen speakers' clips
+    (at most MAX_TEST_CLIPS) to score on.
     """
     from fedspeech.models.clips.datasets import load_corpus, load_waveforms
 
@@ -102,7 +110,10 @@ def build_fleet(data_dir: Path, seed: int) -> Fleet:
     unseen = [c for c in clips if c.speaker not in held]
     unseen = [unseen[i] for i in sorted(rng.permutation(len(unseen))[:MAX_TEST_CLIPS])]
     waveforms, labels = load_waveforms(unseen, 16000, 16000)
-    return Fleet(devices, speakers, (waveforms, np.array([words[int(x)] for x in labels], dtype=np.int64)))
+    test = (waveforms, np.array([words[int(x)] for x in labels], dtype=np.int64))
+    unknown = [c for c in corpus.clips if c.label == corpus.labels.index(UNKNOWN_LABEL)]
+    others = [load_waveforms([c for c in unknown if c.speaker in g], 16000, 16000)[0] for g in speakers]
+    return Fleet(devices, speakers, test, unseen, others)
 
 
 def run_arm(
@@ -303,6 +314,11 @@ def add_parser(bench_subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--takes", type=int, default=300, help="synthetic takes of each word (default 300)")
     p.add_argument("--epochs", type=int, default=12, help="epochs the first model trains (default 12)")
     p.add_argument("--out", type=Path, default=Path("fedspeech-bench-coldstart"), help="where results go")
+    p.add_argument(
+        "--listen", action="store_true",
+        help="the ten commands with a none class, heard by `fedspeech listen` after the rounds, with and "
+        "without the devices' own other words (needs emodb/ in --data-dir too)",
+    )  # fmt: skip
     p.set_defaults(run=run_from_args)
 
 
@@ -314,4 +330,9 @@ def run_from_args(args: argparse.Namespace) -> None:
             raise SystemExit(f"fedspeech bench coldstart: --{name} must be from {low} to {high}")
     if not (args.data_dir / "speech_commands_test").is_dir():
         raise SystemExit(f"fedspeech bench coldstart: no speech_commands_test/ in {args.data_dir}")
+    if args.listen:
+        from fedspeech_bench.coldstart_listen import run_coldstart_listen
+
+        run_coldstart_listen(args.data_dir, args.out, args.seeds, args.rounds, args.takes, args.epochs)
+        return
     run_coldstart(args.data_dir, args.out, args.seeds, args.rounds, ARMS, args.takes, args.epochs)

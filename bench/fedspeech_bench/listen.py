@@ -1,6 +1,7 @@
 """`fedspeech bench listen`: how well `fedspeech listen` hears words from speakers it never trained on.
 
-The stream: the test takes of every FSDD speaker (300 clips, never trained on), shuffled with --seed and
+The stream: the test takes of every FSDD speaker (300 clips, never trained on; or ListenBenchConfig.heard,
+as `fedspeech bench coldstart --listen` gives the unseen speakers' commands), shuffled with --seed and
 joined with --pause-s of silence, with that pause before the first word and after the last, each read as
 `fedspeech listen` reads a file, at the model's sample rate, and brought to one level (WORD_RMS): FSDD's
 speakers were recorded up to 19 dB apart, and a stream-wide SNR would put the quietest at -9 dB when the
@@ -14,7 +15,8 @@ P_noise), P_speech the mean power of the words' samples (pauses excluded) and th
 whole stream. Then streams where every detection is a false one, reported per hour: --noise-minutes of
 white and of real noise alone, each at its level in the 10 dB condition; and --talk-minutes of German
 talk, clean, that never says a task word: EmoDB's sentences by 10 actors (DIR/emodb/wav) but for a07, "In
-sieben Stunden wird es soweit sein" ("sieben" is seven in German), each at the words' level, in a
+sieben Stunden wird es soweit sein" ("sieben" is seven in German; for the ten commands, those that
+listen_streams.TASK_WORD_SENTENCES names), each at the words' level, in a
 shuffled order looped to length, with 0.2-0.8 s pauses drawn with --seed.
 
 Real noise is the Speech Commands test set's `_silence_` clips that do not train the models: the odd ones
@@ -62,6 +64,7 @@ from fedspeech_bench.listen_report import (
     table,
 )
 from fedspeech_bench.listen_streams import (
+    Heard,
     Stream,
     at_level,
     build_stream,
@@ -86,7 +89,6 @@ REVERB_RT60_S = (0.3, 0.6)  # the rooms' reverberation times
 NOISE_ALONE_SNR_DB = 10.0  # noise alone is played at its level in this condition
 MAX_MINUTES = 60.0  # of noise alone and of talk
 MAX_SEEDS = 10
-TALK = "talk, no digits"
 OTHER_WORDS = "other words alone"
 
 
@@ -107,6 +109,13 @@ class ListenBenchConfig:
     words: int | None = None  # the first N words of the shuffled stream; None: all
     keep_audio: bool = False
     command: str = ""  # the command line, for the report
+    heard: Heard | None = None  # the words heard; None: FSDD's held-out takes (fsdd_heard)
+
+
+def fsdd_heard() -> Heard:
+    """FSDD's held-out takes of the digits, by speakers the demo's devices train on too (other clips)."""
+    corpus = load_corpus("fsdd")
+    return Heard(tuple(server_test_clips(corpus)), corpus.labels)
 
 
 def hear(
@@ -173,7 +182,8 @@ def conditions(
         alone_noise = at_level(noise(alone, cfg.seed + 1), np.sqrt(alone_level))
         named.append((f"{kind} noise alone", Stream(alone_noise, rate, [])))
     if talk_sources is not None:
-        named.append((TALK, talk(talk_sources, rate, round(cfg.talk_minutes * 60 * rate), cfg.seed)))
+        length = round(cfg.talk_minutes * 60 * rate)
+        named.append(((cfg.heard or fsdd_heard()).talk, talk(talk_sources, rate, length, cfg.seed)))
     if other_sources is not None:
         named.append((OTHER_WORDS, words_alone(other_sources, rate, cfg.seed)))
     return named
@@ -199,9 +209,9 @@ def bench_model(
     other_sources: list[Path] | None = None,
 ) -> tuple[Stream, list[ConditionScore]]:
     """Build the model's stream and hear it in every condition (a run of progress each); a line each."""
-    corpus = load_corpus("fsdd")
     rate = load_model(path).sample_rate
-    clips, labels = server_test_clips(corpus), corpus.labels
+    spoken = cfg.heard or fsdd_heard()
+    clips, labels = spoken.clips, spoken.labels
     stream = build_stream(clips, labels, rate, cfg.pause_s, cfg.seed, cfg.words)
     own_level = build_stream(clips, labels, rate, cfg.pause_s, cfg.seed, cfg.words, level=None)
     brisk = build_stream(clips, labels, rate, BRISK_PAUSE_S, cfg.seed, cfg.words)
@@ -224,7 +234,7 @@ def check_config(cfg: ListenBenchConfig) -> None:
     """ValueError, in one line, for options, models or noise that would only fail later."""
     if not cfg.models:
         raise ValueError("no model to benchmark")
-    digits = load_corpus("fsdd").labels
+    heard = cfg.heard or fsdd_heard()
     for path in cfg.models.values():
         if not path.is_file():
             raise ValueError(f"no model at {path}: run `fedspeech demo` first or pass --model")
@@ -232,8 +242,9 @@ def check_config(cfg: ListenBenchConfig) -> None:
             labels = load_model(path).labels
         except ModelError as exc:
             raise ValueError(str(exc)) from None
-        if not set(digits) <= set(labels):
-            raise ValueError(f"{path}: its labels {labels} are not FSDD's digits")
+        if not set(heard.labels) <= set(labels):
+            words = "FSDD's digits" if cfg.heard is None else f"the words heard, {list(heard.labels)}"
+            raise ValueError(f"{path}: its labels {labels} are not {words}")
     if cfg.pause_s < 0:
         raise ValueError(f"--pause-s must not be negative, got {cfg.pause_s}")
     if not 0 < cfg.noise_minutes <= MAX_MINUTES:
@@ -247,20 +258,21 @@ def check_config(cfg: ListenBenchConfig) -> None:
     if cfg.data_dir is not None:
         real_noise_paths(cfg.data_dir, bundled_data_dir() / BACKGROUND_NOISE)
         if cfg.talk_minutes > 0:
-            talk_paths(cfg.data_dir)
+            talk_paths(cfg.data_dir, heard.labels)
 
 
 def run_listen_bench(cfg: ListenBenchConfig) -> Path:
     """Hear every model (checked: check_config) in every condition; write results.md, .json and plots."""
     noise_paths, talk_sources, other_sources = None, None, None
+    spoken = cfg.heard or fsdd_heard()
     if cfg.data_dir is None:
         print("real-noise conditions skipped: no --data-dir (needs DIR/speech_commands_test/_silence_)")
         if cfg.talk_minutes > 0:
-            print(f"{TALK} skipped: no --data-dir (needs DIR/emodb/wav)")
+            print(f"{spoken.talk} skipped: no --data-dir (needs DIR/emodb/wav)")
     else:
         noise_paths = real_noise_paths(cfg.data_dir, bundled_data_dir() / BACKGROUND_NOISE)
-        talk_sources = talk_paths(cfg.data_dir) if cfg.talk_minutes > 0 else None
-        other_sources = other_word_paths(cfg.data_dir, load_corpus("fsdd").labels)
+        talk_sources = talk_paths(cfg.data_dir, spoken.labels) if cfg.talk_minutes > 0 else None
+        other_sources = other_word_paths(cfg.data_dir, spoken.labels, spoken.held)
     cfg.out.mkdir(parents=True, exist_ok=True)
     runs: dict[str, list[ConditionScore]] = {}
     report: dict[str, Any] = {"command": cfg.command, "config": _config_json(cfg), "models": {}}
@@ -291,7 +303,7 @@ def run_listen_bench(cfg: ListenBenchConfig) -> Path:
     plots = plot(runs, cfg.out)
     lines = ["# bench listen", "", f"`{cfg.command}`", ""]
     if noise_paths is None:
-        skipped = f"Real-noise conditions and {TALK}" if cfg.talk_minutes > 0 else "Real-noise conditions"
+        skipped = "Real-noise conditions" + (f" and {spoken.talk}" if cfg.talk_minutes > 0 else "")
         lines += [f"{skipped} skipped: no --data-dir.", ""]
     if len(runs) > 1:
         lines += [mean_table(list(runs.values())), ""]
@@ -313,6 +325,8 @@ def _config_json(cfg: ListenBenchConfig) -> dict[str, Any]:
     """The options, as JSON."""
     fields = asdict(cfg)
     fields["models"] = {name: str(path) for name, path in cfg.models.items()}
+    heard = cfg.heard or fsdd_heard()
+    fields["heard"] = {"clips": len(heard.clips), "labels": list(heard.labels), "held": sorted(heard.held)}
     return {key: str(value) if isinstance(value, Path) else value for key, value in fields.items()}
 
 

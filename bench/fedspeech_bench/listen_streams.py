@@ -9,13 +9,19 @@ order), each at one level, those under QUIET_NOISE_RMS left out.
 A room is a synthetic impulse response: the direct path, then Gaussian noise decaying by 60 dB in RT60
 (the statistical model of late reverberation), its energy against the direct path's that of a speaker
 DISTANCE_M from the device in a room of ROOM_M3. Talk is EmoDB's German sentences by 10 actors, but for
-a07, "In sieben Stunden wird es soweit sein": "sieben" is seven, a task word in another language. Other
-words are Speech Commands' test `_unknown_` takes (239 speakers' "bed", "bird", "happy", "marvin", ...)
-but for those of the task's own words, each said alone with OTHER_PAUSE_S of silence around it.
+those that say a task word in German (TASK_WORD_SENTENCES): for the digits a07, "In sieben Stunden wird es
+soweit sein" ("sieben" is seven); for the ten commands the sentences with the German word a command comes
+from, said much as it is: a01 "Der Lappen liegt auf dem Eisschrank" ("auf", up), a02 "Das will sie am
+Mittwoch abgeben" ("ab", off), b03 "An den Wochenenden bin ich jetzt immer nach Hause gefahren und habe
+Agnes besucht" ("an", on), b02 "Sie haben es gerade hochgetragen und jetzt gehen sie wieder runter" and
+b09 "Ich will das eben wegbringen und dann mit Karl was trinken gehen" ("gehen", go). None says an English
+command itself. Other words are Speech Commands' test `_unknown_` takes (239 speakers' "bed", "bird",
+"happy", "marvin", ...) but for those of the task's own words, and of the speakers the models trained on
+where given, each said alone with OTHER_PAUSE_S of silence around it.
 """
 
 import itertools
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -30,9 +36,27 @@ QUIET_NOISE_RMS = 1e-3  # real noise clips under -60 dBFS are left out
 ROOM_M3 = 50.0  # a living room
 DISTANCE_M = 2.0  # from the speaker to the device
 TALK_PAUSE_S = (0.2, 0.8)  # the range of the pauses between utterances of talk
-TASK_WORD_SENTENCES = ("a07",)  # EmoDB's sentence codes that hold a digit in German ("sieben")
+# a task word -> EmoDB's sentence codes that say it in German, much as it sounds
+TASK_WORD_SENTENCES = {
+    "seven": ("a07",), "up": ("a01",), "off": ("a02",), "on": ("b03",), "go": ("b02", "b09"),
+}  # fmt: skip
 OTHER_PAUSE_S = 1.0  # of silence around each other word said alone
 DIGIT_NAMES = ("zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine")
+DIGITS = tuple("0123456789")  # FSDD's labels
+TALK = "talk, no digits"  # the condition of talk for the digits
+
+
+@dataclass(frozen=True)
+class Heard:
+    """The words a model is heard on: clips of speakers it never trained on, named by labels (a clip's label
+    indexes them), the speakers it trained on (none of their other words is played), and the name of the
+    condition of talk.
+    """
+
+    clips: tuple[Clip, ...]
+    labels: tuple[str, ...]
+    held: frozenset[str] = frozenset()
+    talk: str = TALK
 
 
 @dataclass(frozen=True)
@@ -157,10 +181,17 @@ def reverberant(stream: Stream, rt60_s: float, seed: int) -> Stream:
     return replace(heard, audio=heard.audio * np.float32(np.sqrt(speech_power(stream) / speech_power(heard))))
 
 
-def talk_paths(data_dir: Path) -> list[Path]:
-    """EmoDB's utterances in data_dir/emodb/wav, but for the sentences that hold a task word."""
+def word_names(labels: Sequence[str]) -> set[str]:
+    """The labels as the words said: lower case, a digit as its name."""
+    return {label.lower() for label in labels} | {DIGIT_NAMES[int(x)] for x in labels if x in DIGITS}
+
+
+def talk_paths(data_dir: Path, labels: Sequence[str] = DIGITS) -> list[Path]:
+    """EmoDB's utterances in data_dir/emodb/wav, but for the sentences that hold one of the labels' words."""
     folder = data_dir / "emodb" / "wav"
-    paths = [p for p in sorted(folder.glob("*.flac")) if p.stem[2:5] not in TASK_WORD_SENTENCES]
+    said = word_names(labels)
+    left_out = {code for word, codes in TASK_WORD_SENTENCES.items() if word in said for code in codes}
+    paths = [p for p in sorted(folder.glob("*.flac")) if p.stem[2:5] not in left_out]
     if not paths:
         raise FileNotFoundError(f"talk: no EmoDB .flac files in {folder}")
     return paths
@@ -182,13 +213,17 @@ def talk(paths: Sequence[Path], sample_rate: int, num_samples: int, seed: int) -
     return Stream(np.concatenate(parts)[:num_samples], sample_rate, [])
 
 
-def other_word_paths(data_dir: Path, labels: Sequence[str]) -> list[Path]:
+def other_word_paths(data_dir: Path, labels: Sequence[str], held: Collection[str] = ()) -> list[Path]:
     """Speech Commands' test `_unknown_` takes of words that are none of the labels (a digit's name is its
-    label's word).
+    label's word), by speakers not held (`<word>_<speaker>_nohash_<n>.flac`).
     """
     folder = data_dir / "speech_commands_test" / "_unknown_"
-    own = {label.lower() for label in labels} | {DIGIT_NAMES[int(x)] for x in labels if x in "0123456789"}
-    paths = [p for p in sorted(folder.glob("*.flac")) if p.name.split("_")[0] not in own]
+    own = word_names(labels)
+    paths = [
+        p
+        for p in sorted(folder.glob("*.flac"))
+        if p.name.split("_")[0] not in own and p.name.split("_")[1] not in held
+    ]
     if not paths:
         raise FileNotFoundError(f"other words: no .flac files of other words in {folder}")
     return paths

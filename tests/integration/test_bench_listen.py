@@ -15,7 +15,6 @@ from fedspeech.models.clips.tasks import BACKGROUND_NOISE
 from fedspeech_bench import listen
 from fedspeech_bench.listen import (
     OTHER_WORDS,
-    TALK,
     ListenBenchConfig,
     check_config,
     hear,
@@ -23,7 +22,9 @@ from fedspeech_bench.listen import (
     run_listen_bench,
 )
 from fedspeech_bench.listen_streams import (
+    TALK,
     WORD_RMS,
+    Heard,
     Stream,
     Word,
     build_stream,
@@ -269,3 +270,55 @@ def test_several_seeds_are_each_a_run_with_a_table_of_their_mean_and_spread(fsdd
     assert "### mean ± SD over 2 runs" in text and f"| clean | {mean} |" in text
     with pytest.raises(ValueError, match="--seeds"):
         check_config(dataclasses.replace(cfg, seeds=0))
+
+
+@pytest.fixture(scope="module")
+def commands_model(tmp_path_factory) -> Path:
+    """An untrained model of the ten commands and `_none_`, exported as the coordinator exports one."""
+    import torch
+
+    from fedspeech.export.onnx_export import export_onnx
+    from fedspeech.models.clips.tasks import spec_for
+    from fedspeech_bench.coldstart_listen import listen_net, listen_task
+
+    torch.manual_seed(0)
+    task = listen_task()
+    path = tmp_path_factory.mktemp("commands") / "commands.onnx"
+    return export_onnx(listen_net(), spec_for(task), task.labels, path, task=task.name, threshold=0.5)
+
+
+@needs_shared
+def test_a_commands_model_is_heard_on_the_words_given_and_on_other_words_of_unheld_speakers(
+    commands_model, tmp_path
+):
+    corpus = load_corpus("speech_commands", SHARED_DATA)
+    commands = corpus.labels[:10]  # yes ... go: a clip's label indexes them
+    clips = tuple(c for c in server_test_clips(corpus) if c.label < 10)
+    heard_speakers = {
+        c.speaker for c in clips[-30:]
+    }  # a few: the other words are theirs alone, quick to hear
+    held = frozenset(c.speaker for c in corpus.clips) - heard_speakers
+    heard = Heard(
+        tuple(c for c in clips if c.speaker in heard_speakers), commands, held, "talk, no command word"
+    )
+    with pytest.raises(ValueError, match="not FSDD's digits"):
+        check_config(ListenBenchConfig(models={"commands": commands_model}))
+    digits = load_corpus("fsdd")
+    with pytest.raises(ValueError, match="not the words heard"):
+        fsdd = Heard(tuple(server_test_clips(digits)), digits.labels)
+        check_config(ListenBenchConfig(models={"commands": commands_model}, heard=fsdd))
+    cfg = ListenBenchConfig(
+        models={"commands": commands_model}, out=tmp_path, data_dir=SHARED_DATA, words=4,
+        noise_minutes=0.05, talk_minutes=0.1, heard=heard,
+    )  # fmt: skip
+    check_config(cfg)
+    report = json.loads(run_listen_bench(cfg).with_suffix(".json").read_text())["models"]["commands"]
+    assert {w["label"] for w in report["spoken"]} <= set(commands) and len(report["spoken"]) == 4
+    spoken_at = {round(w["start_s"], 3) for w in report["spoken"]}
+    results = {r["condition"]: r for r in report["results"]}
+    assert list(results)[-2:] == ["talk, no command word", OTHER_WORDS]
+    unknown = sorted((SHARED_DATA / "speech_commands_test" / "_unknown_").glob("*.flac"))
+    unheld = [p for p in unknown if p.name.split("_")[1] not in held]
+    assert 0 < len(unheld) < len(unknown)
+    assert results[OTHER_WORDS]["others"] == len(unheld)  # no `_unknown_` word is a command: digits are in
+    assert len(spoken_at) == 4

@@ -101,6 +101,16 @@ def test_talk_leaves_out_the_sentence_with_a_digit_in_it(tmp_path):
         talk_paths(tmp_path / "nothing here")
 
 
+def test_talk_for_the_commands_leaves_out_the_sentences_with_a_commands_german_word_in_it(tmp_path):
+    codes = ["a01", "a02", "a04", "a05", "a07", "b01", "b02", "b03", "b09", "b10"]
+    data = _emodb(tmp_path, [f"03{code}Fa.flac" for code in codes])
+    commands = ["yes", "no", "up", "down", "left", "right", "on", "off", "stop", "go", "_none_"]
+    kept = [p.stem[2:5] for p in talk_paths(data, commands)]
+    assert kept == ["a04", "a05", "a07", "b01", "b10"]  # auf, ab, gehen, an left out; sieben is no command
+    assert "a07" not in [p.stem[2:5] for p in talk_paths(data, [str(d) for d in range(10)])]
+    assert len(talk_paths(data, ["yes", "_none_"])) == 10  # no sentence says yes
+
+
 def test_talk_is_every_utterance_at_the_words_level_with_pauses_between_looped_to_length(tmp_path):
     paths = talk_paths(_emodb(tmp_path, ["03a01Fa.flac", "08b10Wa.flac", "16a05Lb.flac"]))
     length = 10 * RATE  # longer than the three utterances and their pauses: they come round again
@@ -139,6 +149,12 @@ def test_other_words_leave_out_the_tasks_own_words_and_a_digits_name():
     ]  # fmt: skip
     with pytest.raises(FileNotFoundError, match="other words"):
         other_word_paths(_unknown(Path(tempfile.mkdtemp()), ["one"]), digits)
+
+
+def test_other_words_leave_out_the_speakers_the_models_trained_on():
+    data = _unknown(Path(tempfile.mkdtemp()), ["bed", "cat", "dog", "yes"])  # speakers 00000000 to 00000003
+    paths = other_word_paths(data, ["yes", "_none_"], held={"00000001", "00000003"})
+    assert [p.name for p in paths] == ["bed_00000000_nohash_0.flac", "dog_00000002_nohash_0.flac"]
 
 
 def test_other_words_are_said_alone_at_the_words_level_with_a_pause_around_each(tmp_path):
