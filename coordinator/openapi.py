@@ -103,9 +103,12 @@ class FederatedScore(TypedDict):
 
 
 class Status(TypedDict):
-    """What the coordinator is doing now; the keys marked NotRequired only for the admin token."""
+    """What the coordinator is doing now; the keys marked NotRequired only for the admin token.
 
-    __pydantic_config__ = _CLOSED  # type: ignore[misc]
+    Not closed: pydantic 2.14 passes a closed config on to the DeviceError dataclass inside, whose schema
+    then differs from the one the overview holds.
+    """
+
     completed_round: int | None
     federated: FederatedScore | None
     open_round: int | None
