@@ -120,12 +120,9 @@ def run_arm(
     arm: Arm, fleet: Fleet, start: dict[str, np.ndarray], synthetic_dir: Path, seed: int, rounds: int
 ) -> Curve:
     """Train the fleet for rounds rounds from start, FedAvg, scoring the unseen speakers at MARKS."""
-    from fedspeech.coordinator.aggregate import fedavg
-    from fedspeech.coordinator.config import RoundConfig
-    from fedspeech.models.train import get_arrays, predict, set_arrays, train_local
+    from fedspeech.models.train import predict, set_arrays
 
-    settings, net = RoundConfig(), _net()
-    data = []
+    net, data = _net(), []
     for n, (waveforms, labels) in enumerate(fleet.devices):
         if arm.mixed:  # what `fedspeech client --mix-synthetic` trains on: the device's own takes
             spoken = device_takes(arm.mixed, synthetic_dir, seed * DEVICES + n)
@@ -141,20 +138,34 @@ def run_arm(
     size = sum(a.nbytes for a in current.values())
     marks, scores = [0], [accuracy(current)]
     for round in range(1, rounds + 1):
-        updates, samples = [], []
-        for n, (waveforms, labels) in enumerate(data):
-            set_arrays(net, current)
-            train_local(
-                net, waveforms, labels, epochs=settings.epochs, batch_size=settings.batch_size,
-                learning_rate=arm.learning_rate, seed=seed * 100_000 + round * 10 + n,
-            )  # fmt: skip
-            updates.append(get_arrays(net))
-            samples.append(len(labels))
-        current = fedavg(updates, samples)
+        current = fedavg_round(net, current, data, arm.learning_rate, seed * 100_000 + round * 10)
         if round in MARKS or round == rounds:
             marks.append(round)
             scores.append(accuracy(current))
     return Curve(arm.name, seed, marks, scores, 2 * size * len(data) * rounds)
+
+
+def fedavg_round(
+    net: Any, current: dict[str, np.ndarray], data: Sequence[tuple[np.ndarray, np.ndarray]],
+    learning_rate: float, seed: int, **training: Any,
+) -> dict[str, np.ndarray]:  # fmt: skip
+    """One round: each device's (waveforms, labels) trained from current with the product's step and
+    settings (device n with seed + n, training's extra arguments to train_local), averaged by clips.
+    """
+    from fedspeech.coordinator.aggregate import fedavg
+    from fedspeech.coordinator.config import RoundConfig
+    from fedspeech.models.train import get_arrays, set_arrays, train_local
+
+    settings, updates, samples = RoundConfig(), [], []
+    for n, (waveforms, labels) in enumerate(data):
+        set_arrays(net, current)
+        train_local(
+            net, waveforms, labels, epochs=settings.epochs, batch_size=settings.batch_size,
+            learning_rate=learning_rate, seed=seed + n, **training,
+        )  # fmt: skip
+        updates.append(get_arrays(net))
+        samples.append(len(labels))
+    return fedavg(updates, samples)
 
 
 def device_takes(takes: int, root: Path, seed: int) -> tuple[np.ndarray, np.ndarray]:

@@ -25,7 +25,7 @@ import numpy as np
 from fedspeech.models.clips.tasks import BACKGROUND_NOISE
 from fedspeech.protocol.labels import NONE_LABEL
 from fedspeech.protocol.messages import TaskDefinition
-from fedspeech_bench.coldstart import WORDS, Fleet, build_fleet
+from fedspeech_bench.coldstart import WORDS, Fleet, build_fleet, fedavg_round
 from fedspeech_bench.listen import OTHER_WORDS
 
 LISTEN_WORDS = 500  # clips of the unseen speakers in the stream
@@ -94,24 +94,13 @@ def federate(
     """rounds of FedAvg from start, each device training as `bench coldstart`'s do, with the negatives
     mixed into its speech and background windows as its none class.
     """
-    from fedspeech.coordinator.aggregate import fedavg
-    from fedspeech.coordinator.config import RoundConfig
-    from fedspeech.models.train import get_arrays, set_arrays, train_local
     from fedspeech.protocol.labels import none_class
 
-    settings, net, current = RoundConfig(), listen_net(), dict(start)
+    net, current, none = listen_net(), dict(start), none_class(listen_task().labels)
     for round in range(1, rounds + 1):
-        updates, samples = [], []
-        for n, (waveforms, labels) in enumerate(data):
-            set_arrays(net, current)
-            train_local(
-                net, waveforms, labels, epochs=settings.epochs, batch_size=settings.batch_size,
-                learning_rate=LEARNING_RATE, seed=seed * 100_000 + round * 10 + n, noise=negatives,
-                none_class=none_class(listen_task().labels),
-            )  # fmt: skip
-            updates.append(get_arrays(net))
-            samples.append(len(labels))
-        current = fedavg(updates, samples)
+        current = fedavg_round(
+            net, current, data, LEARNING_RATE, seed * 100_000 + round * 10, noise=negatives, none_class=none
+        )
     return current
 
 
