@@ -132,8 +132,8 @@ def _record(args: argparse.Namespace) -> None:
 def _listen(args: argparse.Namespace) -> None:
     if args.input is None:  # the microphone, or --list-devices
         require_extra("listen")
-    from fedspeech.edge_client.runtime.streaming import DetectorConfig
     from fedspeech.listen import ListenConfig, ListenError, list_devices, run_listen
+    from fedspeech.runtime.streaming import DetectorConfig
 
     signal.signal(signal.SIGTERM, signal.default_int_handler)  # stop as on Ctrl-C, cleanly
     options = {"hop_ms": args.hop_ms, "threshold": args.threshold}

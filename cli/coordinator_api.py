@@ -32,8 +32,8 @@ def add_admin_options(
 
 def admin_request(args: argparse.Namespace, method: str, path: str) -> Any:
     """The JSON reply of an API request with the admin token; CoordinatorApiError says what went wrong."""
-    from fedspeech.edge_client.http_requests import connection_error, error_reason, https_context, request
     from fedspeech.protocol import routes
+    from fedspeech.runtime.http_requests import connection_error, error_reason, https_context, request
 
     try:
         url = routes.url(args.coordinator, path)

@@ -1,6 +1,6 @@
 """`fedspeech listen`: run the global model on a microphone or an audio file and print what it hears.
 
-Torch-free. This module only wires the command's options to the device's runtime in `edge_client.runtime`
+Torch-free. This module only wires the command's options to the device's runtime in `runtime`
 (`session`, `streaming`, `audio_file`, `microphone`, `model_follower`, `listener`) and turns what goes
 wrong into one line for the user. Audio goes through the streaming detector frame by frame, whatever its
 source:
@@ -28,15 +28,15 @@ from typing import TextIO
 
 import numpy as np
 
-from fedspeech.edge_client.runtime import microphone
-from fedspeech.edge_client.runtime.audio_file import file_frames, read_audio
-from fedspeech.edge_client.runtime.listener import listen
-from fedspeech.edge_client.runtime.microphone import MicrophoneError, microphone_frames
-from fedspeech.edge_client.runtime.model_follower import ModelFollower
-from fedspeech.edge_client.runtime.session import ModelError, OnnxModel, load_local
-from fedspeech.edge_client.runtime.streaming import Detection, DetectorConfig, StreamingDetector
 from fedspeech.protocol.mqtt import BrokerSettings
 from fedspeech.protocol.topics import DEFAULT_ROOT
+from fedspeech.runtime import microphone
+from fedspeech.runtime.audio_file import file_frames, read_audio
+from fedspeech.runtime.listener import listen
+from fedspeech.runtime.microphone import MicrophoneError, microphone_frames
+from fedspeech.runtime.model_follower import ModelFollower
+from fedspeech.runtime.session import ModelError, OnnxModel, load_local
+from fedspeech.runtime.streaming import Detection, DetectorConfig, StreamingDetector
 
 
 class ListenError(Exception):

@@ -10,7 +10,18 @@ import time
 from collections.abc import Callable
 
 from fedspeech.edge_client.credentials import DeviceCredentials, Refused
-from fedspeech.edge_client.http_requests import (
+from fedspeech.protocol import log_lines, message_checks, messages, routes, secure_sum_wire, signing, weights
+from fedspeech.protocol.bounds import ProtocolError
+from fedspeech.protocol.messages import (
+    BlobRef,
+    Credentials,
+    ModelAnnouncement,
+    Registration,
+    Task,
+    TaskFailure,
+    TaskInfo,
+)
+from fedspeech.runtime.http_requests import (
     CONNECTION_ERRORS,
     Dropped,
     Reply,
@@ -23,17 +34,6 @@ from fedspeech.edge_client.http_requests import (
     fetch_blob,
     request,
     says_revoked,
-)
-from fedspeech.protocol import log_lines, message_checks, messages, routes, secure_sum_wire, signing, weights
-from fedspeech.protocol.bounds import ProtocolError
-from fedspeech.protocol.messages import (
-    BlobRef,
-    Credentials,
-    ModelAnnouncement,
-    Registration,
-    Task,
-    TaskFailure,
-    TaskInfo,
 )
 
 log = logging.getLogger(__name__)

@@ -25,12 +25,10 @@ import numpy as np
 from fedspeech.edge_client.broker_link import BrokerLink
 from fedspeech.edge_client.coordinator_http import CoordinatorClient
 from fedspeech.edge_client.credentials import DeviceCredentials, Refused
-from fedspeech.edge_client.http_requests import Dropped, Unwanted, https_context
 from fedspeech.edge_client.local_data import MAX_MIXED_TAKES, DataSource, LocalData, SyntheticMix
 from fedspeech.edge_client.local_norm import LocalNorm
 from fedspeech.edge_client.model_keeper import ModelKeeper
 from fedspeech.edge_client.profile import measure_profile, measure_rtt_ms
-from fedspeech.edge_client.runtime.announcements import FLOOR_FILE, Floor
 from fedspeech.edge_client.secure_sum_client import SecureUpload
 from fedspeech.edge_client.trainer import Trainer, TrainingStopped, UnknownSetting, training_settings
 from fedspeech.edge_client.validation_share import share_validation_clips
@@ -39,6 +37,8 @@ from fedspeech.protocol.messages import DeviceStatus, ModelSpec, Profile, State,
 from fedspeech.protocol.mqtt import BrokerSettings
 from fedspeech.protocol.secure_tally import Tally
 from fedspeech.protocol.topics import DEFAULT_ROOT, Topics
+from fedspeech.runtime.announcements import FLOOR_FILE, Floor
+from fedspeech.runtime.http_requests import Dropped, Unwanted, https_context
 
 log = logging.getLogger(__name__)
 

@@ -16,14 +16,14 @@ import time
 from pathlib import Path
 
 from fedspeech.edge_client.coordinator_http import CoordinatorClient
-from fedspeech.edge_client.http_requests import Dropped
 from fedspeech.edge_client.local_norm import LocalNorm
-from fedspeech.edge_client.runtime.announcements import Floor, worth_fetching
 from fedspeech.protocol import messages, weights
 from fedspeech.protocol.bounds import ProtocolError
 from fedspeech.protocol.files import write_atomically
 from fedspeech.protocol.messages import ModelAnnouncement
 from fedspeech.protocol.topics import Topics
+from fedspeech.runtime.announcements import Floor, worth_fetching
+from fedspeech.runtime.http_requests import Dropped
 
 log = logging.getLogger(__name__)
 

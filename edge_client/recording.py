@@ -23,10 +23,10 @@ from typing import TextIO
 import numpy as np
 import soundfile
 
-from fedspeech.edge_client.runtime.microphone import MicrophoneError, microphone_frames
-from fedspeech.edge_client.runtime.voice_activity import MIN_VOICE, peak_probability
 from fedspeech.protocol.labels import UNKNOWN_LABEL, is_word, other_speech_class
 from fedspeech.protocol.messages import TaskDefinition
+from fedspeech.runtime.microphone import MicrophoneError, microphone_frames
+from fedspeech.runtime.voice_activity import MIN_VOICE, peak_probability
 
 FRAME_S = 0.01
 WINDOW_EXTRA_S = 2.0  # the default window is the clip plus this: time to react to the prompt

@@ -12,7 +12,6 @@ import numpy as np
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from fedspeech.edge_client.coordinator_http import CoordinatorClient
-from fedspeech.edge_client.http_requests import Dropped
 from fedspeech.edge_client.secure_sum_device import DeviceRound, encode_change
 from fedspeech.protocol import secure_sum as ss
 from fedspeech.protocol import secure_sum_wire as wire
@@ -20,6 +19,7 @@ from fedspeech.protocol.bounds import ProtocolError
 from fedspeech.protocol.messages import SecureSum, Task
 from fedspeech.protocol.secure_tally import Tally
 from fedspeech.protocol.weights import Arrays
+from fedspeech.runtime.http_requests import Dropped
 
 log = logging.getLogger(__name__)
 

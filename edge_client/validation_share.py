@@ -10,9 +10,9 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from fedspeech.edge_client.coordinator_http import CoordinatorClient
-from fedspeech.edge_client.http_requests import Dropped
 from fedspeech.edge_client.local_data import Split
 from fedspeech.protocol import routes, weights
+from fedspeech.runtime.http_requests import Dropped
 
 log = logging.getLogger(__name__)
 

@@ -130,7 +130,7 @@ def write_plot(records: list[dict], path: Path) -> None:
 
 def listen_to_digits(model: Path, wav: Path) -> tuple[list[str], list[str]]:
     """Write held-out digits to wav, hear them as `fedspeech listen --input` does: (spoken, heard) words."""
-    from fedspeech.edge_client.runtime.session import load_model
+    from fedspeech.runtime.session import load_model
     from fedspeech_bench.listen import hear
     from fedspeech_bench.listen_streams import build_stream
 

@@ -28,12 +28,12 @@ import numpy as np
 import onnx
 import soundfile
 
-from fedspeech.edge_client.runtime.session import ModelError, OnnxModel, PairedModel, load_local, load_model
-from fedspeech.edge_client.runtime.streaming import DetectorConfig
 from fedspeech.export.graph import initializers
 from fedspeech.export.quantize import quantize
 from fedspeech.protocol import onnx_metadata as meta
 from fedspeech.protocol.messages import ModelSpec
+from fedspeech.runtime.session import ModelError, OnnxModel, PairedModel, load_local, load_model
+from fedspeech.runtime.streaming import DetectorConfig
 
 GAP_S = 0.8  # silence between the words of the listening test
 SETTLE_S = 3.0  # the listener has started and loaded its model by then (cold start: about 0.4 s)
@@ -189,7 +189,7 @@ def _matmul_gflops(seconds: float = 0.5, size: int = 256) -> float:
 
 def _speech_file(clips: list, sample_rate: int, path: Path) -> float:
     """Write the clips, each followed by GAP_S of silence, as one mono WAV; return its seconds."""
-    from fedspeech.edge_client.runtime.audio_file import read_audio
+    from fedspeech.runtime.audio_file import read_audio
 
     gap = np.zeros(int(GAP_S * sample_rate), np.float32)
     audio = np.concatenate(

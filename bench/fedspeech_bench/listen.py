@@ -46,13 +46,13 @@ from typing import Any
 import numpy as np
 import soundfile
 
-from fedspeech.edge_client.runtime.audio_file import MAX_INPUT_SECONDS
-from fedspeech.edge_client.runtime.session import ModelError, load_model
-from fedspeech.edge_client.runtime.streaming import Detection
 from fedspeech.listen import ListenConfig, ListenError, run_listen
 from fedspeech.models.clips.datasets import AudioError, bundled_data_dir, load_corpus, server_test_clips
 from fedspeech.models.clips.tasks import BACKGROUND_NOISE
 from fedspeech.protocol.labels import is_word
+from fedspeech.runtime.audio_file import MAX_INPUT_SECONDS
+from fedspeech.runtime.session import ModelError, load_model
+from fedspeech.runtime.streaming import Detection
 from fedspeech_bench.commands import DEMO_MODEL
 from fedspeech_bench.listen_report import (
     ConditionScore,

@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from fedspeech.edge_client.runtime.streaming import Detection
+from fedspeech.runtime.streaming import Detection
 from fedspeech_bench.listen_streams import Stream
 from fedspeech_bench.word_alignment import Alignment
 

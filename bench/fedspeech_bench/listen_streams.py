@@ -28,8 +28,8 @@ from pathlib import Path
 import numpy as np
 from scipy.signal import fftconvolve
 
-from fedspeech.edge_client.runtime.audio_file import read_audio
 from fedspeech.models.clips.datasets import Clip
+from fedspeech.runtime.audio_file import read_audio
 
 WORD_RMS = 0.05  # every word's level in the streams, -26 dBFS
 QUIET_NOISE_RMS = 1e-3  # real noise clips under -60 dBFS are left out

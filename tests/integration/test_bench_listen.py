@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 import soundfile
 
-from fedspeech.edge_client.runtime.audio_file import read_audio
 from fedspeech.models.clips.datasets import bundled_data_dir, load_corpus, server_test_clips
 from fedspeech.models.clips.tasks import BACKGROUND_NOISE
+from fedspeech.runtime.audio_file import read_audio
 from fedspeech_bench import listen
 from fedspeech_bench.listen import (
     OTHER_WORDS,

@@ -4,7 +4,6 @@ import numpy as np
 import pytest
 
 from fedspeech.coordinator.global_model import GlobalModel
-from fedspeech.edge_client.runtime.session import OnnxModel, PairedModel
 from fedspeech.export.onnx_export import export_onnx, update_onnx_weights
 from fedspeech.models.calibration import (
     BINS,
@@ -17,6 +16,7 @@ from fedspeech.models.calibration import (
 from fedspeech.models.train import get_arrays
 from fedspeech.protocol.labels import word_classes
 from fedspeech.protocol.messages import TaskDefinition
+from fedspeech.runtime.session import OnnxModel, PairedModel
 
 WORDS = [0, 1]  # of three classes; class 2 is "no word"
 

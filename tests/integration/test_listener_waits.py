@@ -12,13 +12,13 @@ import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from fedspeech.coordinator.app import create_app, serve
-from fedspeech.edge_client.runtime import model_follower
-from fedspeech.edge_client.runtime.model_follower import ModelFollower
-from fedspeech.edge_client.runtime.session import OnnxModel
 from fedspeech.protocol import messages, routes, signing
 from fedspeech.protocol.messages import ModelAnnouncement
 from fedspeech.protocol.mqtt import BrokerSettings
 from fedspeech.protocol.topics import Topics
+from fedspeech.runtime import model_follower
+from fedspeech.runtime.model_follower import ModelFollower
+from fedspeech.runtime.session import OnnxModel
 from fedspeech_bench.attacks.strangers import Stranger
 from tests.helpers.configs import coordinator_config
 from tests.helpers.coordinators import running_coordinator
@@ -27,7 +27,7 @@ from tests.helpers.waiting import wait_for
 
 pytestmark = pytest.mark.timeout(180)
 
-RUNTIME = "fedspeech.edge_client.runtime"
+RUNTIME = "fedspeech.runtime"
 SETTINGS = {"eval_corpus": None, "eval_every": 0, "min_devices": 1, "rounds": 1}  # no device ever comes
 
 

@@ -18,10 +18,6 @@ from fedspeech.edge_client.broker_link import BrokerLink
 from fedspeech.edge_client.coordinator_http import CoordinatorClient
 from fedspeech.edge_client.credentials import DeviceCredentials
 from fedspeech.edge_client.model_keeper import KEPT_ANNOUNCEMENT, ModelKeeper
-from fedspeech.edge_client.runtime import model_follower
-from fedspeech.edge_client.runtime.announcements import FLOOR_FILE, Floor
-from fedspeech.edge_client.runtime.model_follower import ModelFollower
-from fedspeech.edge_client.runtime.session import OnnxModel
 from fedspeech.protocol import messages, routes, signing
 from fedspeech.protocol.messages import (
     BlobRef,
@@ -33,6 +29,10 @@ from fedspeech.protocol.messages import (
 )
 from fedspeech.protocol.mqtt import BrokerSettings
 from fedspeech.protocol.topics import Topics
+from fedspeech.runtime import model_follower
+from fedspeech.runtime.announcements import FLOOR_FILE, Floor
+from fedspeech.runtime.model_follower import ModelFollower
+from fedspeech.runtime.session import OnnxModel
 from fedspeech_bench.attacks.strangers import Stranger
 from tests.helpers.coordinators import running_coordinator
 from tests.helpers.device_doubles import retained

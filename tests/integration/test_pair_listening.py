@@ -11,14 +11,14 @@ import numpy as np
 import pytest
 import soundfile
 
-from fedspeech.edge_client.runtime import model_follower
-from fedspeech.edge_client.runtime.model_follower import ModelFollower
-from fedspeech.edge_client.runtime.session import OnnxModel, PairedModel, load_local
-from fedspeech.edge_client.runtime.streaming import Detection, DetectorConfig, StreamingDetector
-from fedspeech.edge_client.runtime.windows import FeatureWindows, WaveformWindows
 from fedspeech.protocol import onnx_metadata as meta
 from fedspeech.protocol.messages import ModelAnnouncement
 from fedspeech.protocol.mqtt import BrokerSettings
+from fedspeech.runtime import model_follower
+from fedspeech.runtime.model_follower import ModelFollower
+from fedspeech.runtime.session import OnnxModel, PairedModel, load_local
+from fedspeech.runtime.streaming import Detection, DetectorConfig, StreamingDetector
+from fedspeech.runtime.windows import FeatureWindows, WaveformWindows
 from tests.helpers.coordinators import running_coordinator
 from tests.helpers.onnx_files import with_metadata
 from tests.helpers.ports import free_port
@@ -139,7 +139,7 @@ def deaf_follower(url: str, topic_root: str, tmp_path: Path) -> ModelFollower:
 
 
 def test_a_listener_takes_the_pair_a_coordinator_announces(tmp_path, mosquitto_url, topic_root, caplog):
-    caplog.set_level(logging.INFO, logger="fedspeech.edge_client.runtime")
+    caplog.set_level(logging.INFO, logger="fedspeech.runtime")
     settings = {**SETTINGS, "broker_url": mosquitto_url, "topic_root": topic_root}
     with running_coordinator(tmp_path, **settings) as (service, url):
         follower = deaf_follower(url, topic_root, tmp_path / "listen")

@@ -6,9 +6,10 @@ import numpy as np
 import pytest
 import soundfile
 
-from fedspeech.edge_client.runtime.session import OnnxModel
-from fedspeech.edge_client.runtime.speech_gate import FLOOR_BLOCK_S, GateConfig, SpeechGate
-from fedspeech.edge_client.runtime.streaming import (
+from fedspeech.models.clips.augment import spoken_extents
+from fedspeech.runtime.session import OnnxModel
+from fedspeech.runtime.speech_gate import FLOOR_BLOCK_S, GateConfig, SpeechGate
+from fedspeech.runtime.streaming import (
     CATCH_UP_S,
     DEFAULT_THRESHOLD,
     Detection,
@@ -16,7 +17,6 @@ from fedspeech.edge_client.runtime.streaming import (
     StreamingDetector,
     segment_score,
 )
-from fedspeech.models.clips.augment import spoken_extents
 from tests.helpers.onnx_files import with_metadata
 
 RECORDINGS = Path(__file__).resolve().parents[2] / "data" / "fsdd" / "recordings"

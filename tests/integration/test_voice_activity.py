@@ -7,7 +7,7 @@ import pytest
 import soundfile
 import soxr
 
-from fedspeech.edge_client.runtime.voice_activity import MIN_VOICE, VoiceActivity, peak_probability
+from fedspeech.runtime.voice_activity import MIN_VOICE, VoiceActivity, peak_probability
 
 RECORDINGS = Path(__file__).resolve().parents[2] / "data" / "fsdd" / "recordings"
 RATE = 8000  # FSDD's

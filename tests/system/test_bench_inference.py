@@ -2,7 +2,7 @@
 
 import json
 
-from fedspeech.edge_client.runtime.session import OnnxModel
+from fedspeech.runtime.session import OnnxModel
 from fedspeech_bench.inference import run_inference_bench, spec_of
 
 

@@ -22,11 +22,11 @@ import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from fedspeech.edge_client import Refused, run_client
-from fedspeech.edge_client.http_requests import fetch_blob, request
-from fedspeech.edge_client.runtime.model_follower import ModelFollower
 from fedspeech.protocol import messages, signing, weights
 from fedspeech.protocol.messages import BlobRef, DeviceStatus
 from fedspeech.protocol.mqtt import BrokerSettings
+from fedspeech.runtime.http_requests import fetch_blob, request
+from fedspeech.runtime.model_follower import ModelFollower
 from tests.helpers.device_doubles import (
     BLOB_PATH,
     BROKER_URL,

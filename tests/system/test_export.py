@@ -12,7 +12,6 @@ import pytest
 import torch
 from onnx import numpy_helper
 
-from fedspeech.edge_client.runtime.session import OnnxModel
 from fedspeech.export.onnx_export import export_onnx, parity, update_onnx_weights
 from fedspeech.export.onnx_weights import PREFIX
 from fedspeech.export.quantize import quantize
@@ -27,6 +26,7 @@ from fedspeech.models.clips.datasets import (
 from fedspeech.models.norm import norm_names
 from fedspeech.models.train import get_arrays, train_local
 from fedspeech.protocol.messages import ModelSpec
+from fedspeech.runtime.session import OnnxModel
 
 
 @pytest.fixture(scope="module")
@@ -128,7 +128,7 @@ def test_runtime_never_imports_torch(exported):
     code = (
         "import sys, numpy as np\n"
         "import fedspeech.export\n"
-        "from fedspeech.edge_client.runtime.session import OnnxModel\n"
+        "from fedspeech.runtime.session import OnnxModel\n"
         f"model = OnnxModel({str(path)!r})\n"
         "assert model.predict(np.zeros((2, model.num_samples), np.float32)).shape == (2, 11)\n"
         "assert 'torch' not in sys.modules, 'torch was imported'\n"

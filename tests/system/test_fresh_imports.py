@@ -41,7 +41,7 @@ def test_hearing_voice_needs_no_torch():
     """Running Silero VAD (the ONNX model on resampled audio) loads onnxruntime and no torch."""
     code = (
         "import numpy as np\n"
-        "from fedspeech.edge_client.runtime.voice_activity import VoiceActivity\n"
+        "from fedspeech.runtime.voice_activity import VoiceActivity\n"
         "voice = VoiceActivity(8000)\n"
         "for _ in range(10):\n"
         "    voice.push(np.zeros(80, np.float32))\n"

@@ -20,12 +20,12 @@ import soundfile
 import soxr
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from fedspeech.edge_client.runtime.session import OnnxModel
-from fedspeech.edge_client.runtime.streaming import StreamingDetector
 from fedspeech.protocol import messages, routes, signing, weights
 from fedspeech.protocol.labels import is_word
 from fedspeech.protocol.messages import BlobRef, ModelAnnouncement, ModelSpec
 from fedspeech.protocol.topics import Topics, parse_broker_url
+from fedspeech.runtime.session import OnnxModel
+from fedspeech.runtime.streaming import StreamingDetector
 from tests.helpers.onnx_files import with_metadata
 from tests.helpers.ports import free_port
 from tests.helpers.waiting import wait_for
@@ -540,7 +540,7 @@ def test_the_microphone_keeps_the_top_of_the_models_band(virtual_microphone, tmp
     # tones of one level, played at the sink's own rate, reach the 8 kHz frames at one level. Asked for
     # 8 kHz, PulseAudio's own conversion (through ALSA's pulse plugin) took 1.4 dB off 3 kHz, 6 dB off
     # 3.4 kHz and 13 dB off 3.7 kHz, where the fricatives of four, six, seven and eight are
-    from fedspeech.edge_client.runtime.microphone import microphone_frames
+    from fedspeech.runtime.microphone import microphone_frames
 
     second, pause = np.arange(RECORD_RATE) / RECORD_RATE, np.zeros(RECORD_RATE // 4)
     tones = [part for hz in TONES_HZ for part in (0.1 * np.sin(2 * np.pi * hz * second), pause)]

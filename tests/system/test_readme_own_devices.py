@@ -27,8 +27,8 @@ import numpy as np
 import pytest
 import soundfile
 
-from fedspeech.edge_client.runtime.session import OnnxModel
 from fedspeech.models.clips.datasets import Clip, load_corpus, load_waveforms
+from fedspeech.runtime.session import OnnxModel
 from fedspeech_bench.attacks.mosquitto import running_mosquitto
 from fedspeech_bench.listen_streams import build_stream
 from fedspeech_bench.word_alignment import align

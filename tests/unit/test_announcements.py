@@ -5,8 +5,8 @@ from dataclasses import replace
 
 import pytest
 
-from fedspeech.edge_client.runtime.announcements import Floor, Standing, standing_of, worth_fetching
 from fedspeech.protocol.messages import BlobRef, ModelAnnouncement, ModelSpec
+from fedspeech.runtime.announcements import Floor, Standing, standing_of, worth_fetching
 
 SPEC = ModelSpec("cnn", 8000, 8000, 10)
 

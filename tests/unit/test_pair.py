@@ -10,11 +10,11 @@ import pytest
 from fedspeech.coordinator import round_storage
 from fedspeech.coordinator.records import RoundRecord
 from fedspeech.coordinator.store import Store
-from fedspeech.edge_client.runtime.windows import FeatureRing
 from fedspeech.protocol import messages, routes
 from fedspeech.protocol import onnx_metadata as meta
 from fedspeech.protocol.bounds import ProtocolError
 from fedspeech.protocol.messages import BlobRef, ModelAnnouncement, ModelSpec
+from fedspeech.runtime.windows import FeatureRing
 
 RATE = 8000
 LABELS = [str(digit) for digit in range(10)] + ["_none_"]
@@ -31,9 +31,9 @@ def _spec(name: str) -> ModelSpec:
 def test_the_pair_of_every_architecture_gives_the_one_files_probabilities(tmp_path, name):
     import torch
 
-    from fedspeech.edge_client.runtime.session import OnnxModel, PairedModel
     from fedspeech.export.onnx_export import export_onnx
     from fedspeech.models import build_model
+    from fedspeech.runtime.session import OnnxModel, PairedModel
 
     torch.manual_seed(0)
     path = export_onnx(build_model(_spec(name)), _spec(name), LABELS, tmp_path / "m.onnx", round=2, pair=True)
@@ -56,11 +56,11 @@ def test_the_pair_of_every_architecture_gives_the_one_files_probabilities(tmp_pa
 def test_the_classifier_template_takes_new_weights_as_the_one_file_does(tmp_path):
     import torch
 
-    from fedspeech.edge_client.runtime.session import OnnxModel, PairedModel
     from fedspeech.export.onnx_export import export_classifier, export_frontend, export_onnx
     from fedspeech.export.onnx_weights import update_onnx_weights
     from fedspeech.models import build_model
     from fedspeech.models.train import get_arrays
+    from fedspeech.runtime.session import OnnxModel, PairedModel
 
     spec = _spec("cnn")
     torch.manual_seed(0)

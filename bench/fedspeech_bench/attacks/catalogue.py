@@ -216,8 +216,8 @@ def _client_ids(fleet: LiveFleet, stop: threading.Event, evidence: Evidence) -> 
 
 
 def _rollback(fleet: LiveFleet, stop: threading.Event, evidence: Evidence) -> None:
-    from fedspeech.edge_client.runtime.model_follower import ModelFollower
     from fedspeech.protocol.mqtt import BrokerSettings
+    from fedspeech.runtime.model_follower import ModelFollower
 
     stranger = Stranger(fleet.broker_url, fleet.topics)
     key = (fleet.state / "coordinator.pub").read_text().strip()

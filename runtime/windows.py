@@ -17,7 +17,7 @@ from typing import Protocol
 
 import numpy as np
 
-from fedspeech.edge_client.runtime.session import OnnxModel, PairedModel
+from fedspeech.runtime.session import OnnxModel, PairedModel
 
 
 class WindowSource(Protocol):

@@ -27,7 +27,13 @@ from typing import Any
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
-from fedspeech.edge_client.http_requests import (
+from fedspeech.protocol import messages, routes, signing
+from fedspeech.protocol.bounds import ProtocolError
+from fedspeech.protocol.messages import BlobRef, ModelAnnouncement
+from fedspeech.protocol.mqtt import BrokerSettings, connect, make_client, route
+from fedspeech.protocol.topics import DEFAULT_ROOT, Topics
+from fedspeech.runtime.announcements import FLOOR_FILE, Floor, worth_fetching
+from fedspeech.runtime.http_requests import (
     Dropped,
     backoff,
     connection_error,
@@ -37,13 +43,7 @@ from fedspeech.edge_client.http_requests import (
     https_context,
     request,
 )
-from fedspeech.edge_client.runtime.announcements import FLOOR_FILE, Floor, worth_fetching
-from fedspeech.edge_client.runtime.session import ModelError, OnnxModel, PairedModel, load_model, load_pair
-from fedspeech.protocol import messages, routes, signing
-from fedspeech.protocol.bounds import ProtocolError
-from fedspeech.protocol.messages import BlobRef, ModelAnnouncement
-from fedspeech.protocol.mqtt import BrokerSettings, connect, make_client, route
-from fedspeech.protocol.topics import DEFAULT_ROOT, Topics
+from fedspeech.runtime.session import ModelError, OnnxModel, PairedModel, load_model, load_pair
 
 log = logging.getLogger(__name__)
 

@@ -5,8 +5,8 @@ from collections.abc import Callable, Generator
 
 import numpy as np
 
-from fedspeech.edge_client.runtime.session import OnnxModel, PairedModel
-from fedspeech.edge_client.runtime.streaming import Detection, StreamingDetector
+from fedspeech.runtime.session import OnnxModel, PairedModel
+from fedspeech.runtime.streaming import Detection, StreamingDetector
 
 log = logging.getLogger(__name__)
 

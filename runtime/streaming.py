@@ -56,12 +56,12 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from fedspeech.edge_client.runtime.session import OnnxModel
-from fedspeech.edge_client.runtime.speech_gate import GateConfig, SpeechGate
-from fedspeech.edge_client.runtime.voice_activity import CHUNK_SECONDS, MIN_VOICE, VoiceActivity
-from fedspeech.edge_client.runtime.windows import window_source
 from fedspeech.protocol import onnx_metadata as meta
 from fedspeech.protocol.labels import is_word
+from fedspeech.runtime.session import OnnxModel
+from fedspeech.runtime.speech_gate import GateConfig, SpeechGate
+from fedspeech.runtime.voice_activity import CHUNK_SECONDS, MIN_VOICE, VoiceActivity
+from fedspeech.runtime.windows import window_source
 
 CATCH_UP_S = 0.3  # audio the VAD hears first when the gate hears a sound again after a rest
 
