@@ -1,6 +1,6 @@
 """`fedspeech listen`: run the global model on a microphone or an audio file and print what it hears.
 
-Torch-free. This module only wires the command's options to the device's runtime in `runtime`
+Torch-free. This module only wires the command's options to the runtime, `fedspeech.runtime`
 (`session`, `streaming`, `audio_file`, `microphone`, `model_follower`, `listener`) and turns what goes
 wrong into one line for the user. Audio goes through the streaming detector frame by frame, whatever its
 source:

@@ -15,8 +15,8 @@ def read_audio(path: Path, sample_rate: int) -> np.ndarray:
     AudioError (models.clips.datasets) says in one line why a file cannot be used, a file over
     MAX_INPUT_SECONDS among them.
     """
-    # Decoding stays in models.clips.datasets (torch-free), not here: the coordinator decodes clips the same
-    # way and must not import edge_client.
+    # Decoding stays in models.clips.datasets (torch-free), not here: the coordinator and the devices'
+    # training decode clips the same way.
     from fedspeech.models.clips.datasets import load_recording
 
     return load_recording(path, sample_rate, MAX_INPUT_SECONDS)
