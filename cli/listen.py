@@ -1,7 +1,7 @@
 """`fedspeech listen`: run the global model on a microphone or an audio file and print what it hears.
 
 Torch-free. This module only wires the command's options to the runtime, `fedspeech.runtime`
-(`session`, `streaming`, `audio_file`, `microphone`, `model_follower`, `listener`) and turns what goes
+(its `Listener`, with `audio_file`, `microphone` and `model_follower`) and turns what goes
 wrong into one line for the user. Audio goes through the streaming detector frame by frame, whatever its
 source:
 
@@ -20,6 +20,7 @@ the listener asks the coordinator for its latest every few seconds, over HTTP(S)
 (the coordinator does not answer, has announced none yet, or the broker's is signed by another key).
 """
 
+import logging
 import sys
 from collections.abc import Generator
 from dataclasses import dataclass, field
@@ -32,11 +33,13 @@ from fedspeech.protocol.mqtt import BrokerSettings
 from fedspeech.protocol.topics import DEFAULT_ROOT
 from fedspeech.runtime import microphone
 from fedspeech.runtime.audio_file import file_frames, read_audio
-from fedspeech.runtime.listener import listen
+from fedspeech.runtime.listener import Listener
 from fedspeech.runtime.microphone import MicrophoneError, microphone_frames
 from fedspeech.runtime.model_follower import ModelFollower
 from fedspeech.runtime.session import ModelError, OnnxModel, load_local
 from fedspeech.runtime.streaming import Detection, DetectorConfig, StreamingDetector
+
+log = logging.getLogger(__name__)
 
 
 class ListenError(Exception):
@@ -65,13 +68,13 @@ class ListenConfig:
 
 
 def run_listen(config: ListenConfig, out: TextIO = sys.stdout) -> list[Detection]:
-    """Stream the input through the detector, print one line per detection and return the detections."""
+    """Stream the input through a Listener, print one line per detection and return the detections."""
     if config.model is not None and config.coordinator_url is None:
         try:
             model = load_local(config.model)
         except ModelError as exc:
             raise ListenError(str(exc)) from None
-        return _stream(config, model, None, out)
+        return _stream(config, model, out)
     if config.coordinator_url is None or config.model is not None:
         raise ListenError("give either --model FILE or --coordinator URL")
     try:
@@ -87,8 +90,7 @@ def run_listen(config: ListenConfig, out: TextIO = sys.stdout) -> list[Detection
     except ValueError as exc:
         raise ListenError(str(exc)) from None
     try:
-        first = follower.wait()
-        return [] if first is None else _stream(config, first, follower, out)
+        return [] if follower.wait() is None else _stream(config, follower, out)
     finally:
         follower.stop()
 
@@ -101,37 +103,40 @@ def list_devices() -> str:
         raise ListenError(str(exc)) from None
 
 
-def _stream(
-    config: ListenConfig, model: OnnxModel, follower: ModelFollower | None, out: TextIO
-) -> list[Detection]:
-    """Open the audio source and feed the detector until the source ends, the duration or Ctrl-C."""
-    try:
-        detector = StreamingDetector(model, config.detector, timings=config.timings)
-    except ValueError as exc:
-        raise ListenError(str(exc)) from None
-    frames, source = _open_source(config, detector)
+def _stream(config: ListenConfig, model: OnnxModel | ModelFollower, out: TextIO) -> list[Detection]:
+    """Open the audio source and feed a Listener until the source ends, the duration or Ctrl-C."""
 
     def report(detection: Detection) -> None:
         line = f"{detection.time_s:9.2f} s  {detection.label}  {detection.confidence:.2f}"
         print(line, file=out, flush=True)
 
-    detections = listen(
-        detector,
-        frames,
-        source,
-        newer_model=None if follower is None else follower.take,
-        max_seconds=config.duration_s,
-        on_detection=report,
-    )
-    if detector.timings is not None:
-        print(detector.timings.summary(), file=sys.stderr, flush=True)
+    try:
+        listener = Listener(model, config=config.detector, on_detection=report, timings=config.timings)
+    except ValueError as exc:
+        raise ListenError(str(exc)) from None
+    frames, source = _open_source(config, listener.detector)
+    log.info("listening to %s with %s", source, listener.describe())
+    max_samples = None if config.duration_s is None else config.duration_s * listener.detector.sample_rate
+    detections: list[Detection] = []
+    try:
+        for frame in frames:
+            detections += listener.feed(frame)
+            if max_samples is not None and listener.detector.samples >= max_samples:
+                break
+    except KeyboardInterrupt:
+        log.info("interrupted")
+    finally:
+        frames.close()  # stops a microphone
+    log.info("listened to %.2f s of audio: %d detections", listener.seconds, len(detections))
+    if listener.detector.timings is not None:
+        print(listener.detector.timings.summary(), file=sys.stderr, flush=True)
     return detections
 
 
 def _open_source(
     config: ListenConfig, detector: StreamingDetector
 ) -> tuple[Generator[np.ndarray, None, None], str]:
-    """The frames of the input file or microphone, and a name for it."""
+    """The frames of the input file or microphone at the model's rate, and a name for it."""
     rate, size = detector.sample_rate, detector.frame_size
     if config.input is not None:
         from fedspeech.models.clips.datasets import AudioError

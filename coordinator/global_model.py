@@ -51,7 +51,7 @@ class GlobalModel:
         self.validation, self.server_data, self.shared_validation = validation, server_data, shared_validation
         self.can_score = validation is not None or shared_validation is not None
         self.can_distil = server_data is not None
-        self.labels, self.task = list(definition.labels), definition.name
+        self.labels, self.task, self.say = list(definition.labels), definition.name, dict(definition.say)
         self._workdir = tempfile.TemporaryDirectory(prefix="fedspeech-onnx-")
         self._predicted: tuple[str, np.ndarray, np.ndarray] | None = None  # weights' digest, held-out output
         self._models: dict[ModelSpec, Any] = {}
@@ -201,18 +201,20 @@ class GlobalModel:
         """The ONNX templates of a spec by kind: the one file ('model'), and its pair where it splits."""
         from fedspeech.export.onnx_export import export_classifier, export_frontend, export_onnx
 
-        model, task = self._model(arrays), self.task
+        model, task, say = self._model(arrays), self.task, self.say
         folder = Path(self._workdir.name)
-        one_file = export_onnx(model, spec, self.labels, folder / f"template-{spec.depth}.onnx", task=task)
+        one_file = export_onnx(
+            model, spec, self.labels, folder / f"template-{spec.depth}.onnx", task=task, say=say
+        )
         templates = {"model": one_file}
         try:
             path = folder / f"frontend-{spec.depth}.onnx"
-            frontend = export_frontend(model, spec, self.labels, path, task=task)
+            frontend = export_frontend(model, spec, self.labels, path, task=task, say=say)
         except ValueError as exc:  # a model without a LogMel front-end travels as one file
             log.info("the model travels as one ONNX file only: %s", exc)
             return templates
         path = folder / f"classifier-{spec.depth}.onnx"
-        classifier = export_classifier(model, spec, self.labels, path, task=task)
+        classifier = export_classifier(model, spec, self.labels, path, task=task, say=say)
         return templates | {meta.FRONTEND: frontend, meta.CLASSIFIER: classifier}
 
     def heldout_decisions(self, arrays: Arrays) -> Decisions | None:

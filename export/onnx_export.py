@@ -6,7 +6,7 @@ import copy
 import json
 import logging
 import warnings
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -65,6 +65,7 @@ def export_onnx(
     *,
     round: int | None = None,
     task: str = "",
+    say: Mapping[str, str] | None = None,
     threshold: float | None = None,
     pair: bool = False,
 ) -> Path:
@@ -73,14 +74,18 @@ def export_onnx(
     threshold, if given, is the model's calibrated detection threshold (models.calibration). pair: also
     write the model's two graphs beside it (onnx_metadata.pair_paths), which `fedspeech listen` takes.
     """
-    metadata = _metadata(spec, labels, round, task) | threshold_metadata(threshold)
+    metadata = _metadata(spec, labels, round, task, say) | threshold_metadata(threshold)
     with _evaluating(model):
         program = _export_graph(_Probabilities(model), torch.zeros(2, spec.num_samples), "waveform")
     _save(program, {PREFIX + name for name in model.state_dict()}, metadata, path)
     if pair:
         frontend_path, classifier_path = meta.pair_paths(path)
-        export_frontend(model, spec, labels, frontend_path, round=round, task=task, threshold=threshold)
-        export_classifier(model, spec, labels, classifier_path, round=round, task=task, threshold=threshold)
+        export_frontend(
+            model, spec, labels, frontend_path, round=round, task=task, say=say, threshold=threshold
+        )
+        export_classifier(
+            model, spec, labels, classifier_path, round=round, task=task, say=say, threshold=threshold
+        )
     return Path(path)
 
 
@@ -92,6 +97,7 @@ def export_frontend(
     *,
     round: int | None = None,
     task: str = "",
+    say: Mapping[str, str] | None = None,
     threshold: float | None = None,
 ) -> Path:
     """Export the model's log-mel front-end to path: input 'waveform' (batch, samples) of any length of at
@@ -101,7 +107,7 @@ def export_frontend(
     """
     frontend = copy.deepcopy(_logmel(model))
     frontend.subtract_mean = False
-    metadata = _metadata(spec, labels, round, task) | threshold_metadata(threshold)
+    metadata = _metadata(spec, labels, round, task, say) | threshold_metadata(threshold)
     metadata |= _pair_metadata(frontend, spec, meta.FRONTEND)
     samples = torch.export.Dim("samples", min=frontend.n_fft, max=MAX_FRONTEND_SAMPLES)
     example = torch.zeros(2, spec.num_samples)
@@ -118,6 +124,7 @@ def export_classifier(
     *,
     round: int | None = None,
     task: str = "",
+    say: Mapping[str, str] | None = None,
     threshold: float | None = None,
 ) -> Path:
     """Export the model but its front-end's log-mel to path: input a window's raw log-mel 'frames' (batch,
@@ -128,7 +135,7 @@ def export_classifier(
     update_onnx_weights refreshes this graph as it does the one file.
     """
     logmel = _logmel(model)
-    metadata = _metadata(spec, labels, round, task) | threshold_metadata(threshold)
+    metadata = _metadata(spec, labels, round, task, say) | threshold_metadata(threshold)
     metadata |= _pair_metadata(logmel, spec, meta.CLASSIFIER)
     frames = torch.zeros(2, logmel.n_mels, logmel.num_frames(spec.num_samples))
     model.frontend = _Normalise(logmel.subtract_mean)
@@ -232,7 +239,9 @@ def _save(program: Any, weight_names: set[str], metadata: dict[str, str], path: 
     _save_atomically(proto, path)
 
 
-def _metadata(spec: ModelSpec, labels: Sequence[str], round: int | None, task: str) -> dict[str, str]:
+def _metadata(
+    spec: ModelSpec, labels: Sequence[str], round: int | None, task: str, say: Mapping[str, str] | None
+) -> dict[str, str]:
     if len(labels) != spec.num_classes:
         raise ValueError(f"{len(labels)} labels for a model with {spec.num_classes} classes")
     metadata = {
@@ -242,6 +251,8 @@ def _metadata(spec: ModelSpec, labels: Sequence[str], round: int | None, task: s
         meta.NUM_SAMPLES: str(spec.num_samples),
         meta.TASK: task,
     }
+    if say:
+        metadata[meta.SAY] = json.dumps({label: say[label] for label in labels if label in say})
     if spec.depth is not None:
         metadata[meta.DEPTH] = str(spec.depth)
     if round is not None:

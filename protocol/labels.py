@@ -5,7 +5,7 @@ NONE_LABEL for the clips that are no word of it. A listener never reports these 
 training puts background windows in the task's none class.
 """
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 NONE_LABEL = "_none_"  # the class of a task's negatives: noise, other words, anything it does not know
 SILENCE_LABEL = "_silence_"  # Speech Commands' class of background noise
@@ -36,3 +36,8 @@ def other_speech_class(labels: Sequence[str]) -> int | None:
 def word_classes(labels: Sequence[str]) -> list[int]:
     """The indices of the labels that are words."""
     return [i for i, label in enumerate(labels) if is_word(label)]
+
+
+def spoken(label: str, say: Mapping[str, str]) -> str:
+    """How a label is said: the task's `say` for it, else its name with '_' and '-' as spaces."""
+    return say.get(label) or " ".join(label.replace("_", " ").replace("-", " ").split())

@@ -8,6 +8,7 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import paho.mqtt.client as mqtt
 
@@ -74,6 +75,11 @@ def make_client(
     client.on_connect_fail = lambda client, userdata: log.warning(
         "cannot reach the broker at %s; trying again", settings.url
     )
+    client.on_connect = lambda client, userdata, flags, reason_code, properties: (
+        log.warning("broker %s refused the connection: %s", settings.url, reason_code)
+        if reason_code.is_failure
+        else None
+    )
     if settings.username:
         password = None
         if settings.password_file is not None:
@@ -99,3 +105,18 @@ def route(client: mqtt.Client, topic_filter: str, handler: Callable[[mqtt.MQTTMe
     # By topic, not on_message: some brokers (amqtt 0.12) also send retained messages of topics this client
     # never subscribed to.
     client.message_callback_add(topic_filter, lambda client, userdata, message: handler(message))
+
+
+def add_on_connect(client: mqtt.Client, handler: Callable[[mqtt.Client], None]) -> None:
+    """Call handler(client) on each successful connection, after the callbacks added before it; one client
+    may serve several parts of a process (one broker login, one last will), each subscribing in its own.
+    """
+    before: Any = client.on_connect  # paho types it as a union of its API versions' callbacks
+
+    def on_connect(client: mqtt.Client, userdata: Any, flags: Any, reason_code: Any, properties: Any) -> None:
+        if before is not None:
+            before(client, userdata, flags, reason_code, properties)
+        if not reason_code.is_failure:
+            handler(client)
+
+    client.on_connect = on_connect

@@ -13,6 +13,7 @@ ROUND = "round"  # round of the global model, absent for a model exported outsid
 DEPTH = "depth"  # encoder blocks of a growing model, absent for others
 QUANTIZATION = "quantization"  # "int8" for a quantised copy, absent for fp32
 THRESHOLD = "threshold"  # the detection threshold calibrated on held-out clips, absent without them
+SAY = "say"  # JSON object: how the labels whose names do not say them are spoken (the task's `say`)
 # on which clips the threshold was calibrated, or why the model has none, in words a listener logs
 THRESHOLD_FROM = "threshold_from"
 
@@ -30,7 +31,7 @@ N_MELS = "n_mels"  # mel bands per frame
 FRONTEND, CLASSIFIER = "frontend", "classifier"
 PAIR_REQUIRED = (PART, HOP_SAMPLES, FFT_SAMPLES, FRAMES, N_MELS)
 # what must be the same in the two graphs of a pair and their one file: they are one model
-SHARED = (MODEL, LABELS, SAMPLE_RATE, NUM_SAMPLES, TASK, ROUND, DEPTH, THRESHOLD, THRESHOLD_FROM)
+SHARED = (MODEL, LABELS, SAMPLE_RATE, NUM_SAMPLES, TASK, SAY, ROUND, DEPTH, THRESHOLD, THRESHOLD_FROM)
 
 
 def pair_paths(path: Path) -> tuple[Path, Path]:

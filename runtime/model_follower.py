@@ -11,7 +11,7 @@ changes: the coordinator does not answer, has announced no model yet, or the ann
 broker is signed by another key (another coordinator on the same topic root). Each model is downloaded on
 a thread of the follower's own (its size and sha256 checked, as the device daemon does; its two graphs,
 front-end and classifier, where the announcement names them, else its one file) and loaded, then
-handed over: the listening thread takes it with `take` and swaps it in between two frames, so no audio is
+handed over: `model` is the newest, which each listener swaps in between two frames, so no audio is
 dropped. A model that cannot be downloaded, does not match its announcement or does not load is logged,
 the current one kept, and tried again RETRY_S later unless a newer one is announced.
 """
@@ -23,14 +23,14 @@ import threading
 import time
 import uuid
 from pathlib import Path
-from typing import Any
 
+import paho.mqtt.client as mqtt
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
 from fedspeech.protocol import messages, routes, signing
 from fedspeech.protocol.bounds import ProtocolError
 from fedspeech.protocol.messages import BlobRef, ModelAnnouncement
-from fedspeech.protocol.mqtt import BrokerSettings, connect, make_client, route
+from fedspeech.protocol.mqtt import BrokerSettings, add_on_connect, connect, make_client, route
 from fedspeech.protocol.topics import DEFAULT_ROOT, Topics
 from fedspeech.runtime.announcements import FLOOR_FILE, Floor, worth_fetching
 from fedspeech.runtime.http_requests import (
@@ -56,8 +56,10 @@ class ModelFollower:
     """The newest announced model, loaded in the background.
 
     coordinator_key (base64) is the key announcements must be signed with; without it, start fetches
-    the coordinator's own. state_dir keeps the floor across restarts (None: in memory only). ValueError
-    for settings that cannot work (broker, CA, key).
+    the coordinator's own. state_dir keeps the floor across restarts (None: in memory only). client: a
+    client of broker's that other parts of the process share (one login, one last will), which its owner
+    connects after start, else the follower makes and connects its own. ValueError for settings that
+    cannot work (broker, CA, key).
     """
 
     def __init__(
@@ -68,6 +70,7 @@ class ModelFollower:
         coordinator_key: str | None = None,
         coordinator_ca: Path | None = None,
         state_dir: Path | None = None,
+        client: mqtt.Client | None = None,
     ) -> None:
         broker.check()
         self.coordinator_url = coordinator_url.rstrip("/")
@@ -85,10 +88,11 @@ class ModelFollower:
         self._ask = threading.Event()  # ask the coordinator for its latest announcement
         self._wake = threading.Event()  # a newer model is wanted, the coordinator is to be asked, or stop
         self._stop = threading.Event()  # ends the worker and a download's retries
-        self._pending: OnnxModel | None = None
+        self._model: OnnxModel | None = None  # the newest model loaded
         self._round = -1  # of the newest model loaded
         self._wanted: ModelAnnouncement | None = None  # newer than it, not loaded yet
-        self._client: Any = None
+        self._client = client  # a client shared with other parts of the process, which connects it
+        self._owns_client = client is None
         self._key_origin = "pinned with --coordinator-key" if coordinator_key else "sent by the coordinator"
         self._latest: ModelAnnouncement | None = None  # the coordinator's, as last asked (offered once)
         self._said = ""  # why no model can be had from the coordinator, as last logged (once per change)
@@ -100,22 +104,20 @@ class ModelFollower:
             self._key = self._fetch_key()
         self._floor = Floor(self._floor_path, signing.public_key_text(self._key), self.topic)
         self._ask.set()  # before anything retained on the broker is trusted
-        client = make_client(self.broker, f"fedspeech-listen-{uuid.uuid4().hex[:8]}")
+        if self._client is None:
+            self._client = make_client(self.broker, f"fedspeech-listen-{uuid.uuid4().hex[:8]}")
 
-        def on_connect(client, userdata, flags, reason_code, properties) -> None:
-            if reason_code.is_failure:
-                log.warning("broker %s refused the connection: %s", self.broker.url, reason_code)
-                return
+        def on_connect(client: mqtt.Client) -> None:
             log.info("connected to broker %s, following %s", self.broker.url, self.topic)
             client.subscribe(self.topic, qos=1)
             self._ask.set()  # what the broker retains may have been replaced while this listener was away
             self._wake.set()
 
-        client.on_connect = on_connect
-        route(client, self.topic, lambda message: self._on_model(bytes(message.payload)))
+        add_on_connect(self._client, on_connect)
+        route(self._client, self.topic, lambda message: self._on_model(bytes(message.payload)))
         threading.Thread(target=self._follow, name="model-follower", daemon=True).start()
-        connect(client, self.broker)
-        self._client = client
+        if self._owns_client:
+            connect(self._client, self.broker)
 
     def _fetch_key(self) -> Ed25519PublicKey:
         """The coordinator's signing key, asked for over HTTP(S), trusted as it comes; ValueError if none."""
@@ -150,28 +152,28 @@ class ModelFollower:
         """Disconnect from the broker and end the downloads."""
         self._stop.set()
         self._wake.set()
-        if self._client is not None:
+        if self._client is not None and self._owns_client:
             self._client.disconnect()
             self._client.loop_stop()
 
-    def take(self) -> OnnxModel | None:
-        """The newest model loaded since the last call, or None."""
-        if not self._ready.is_set():
-            return None
-        with self._lock:
-            model, self._pending = self._pending, None
-            self._ready.clear()
-        return model
+    @property
+    def model(self) -> OnnxModel | None:
+        """The newest model loaded, or None before the first; each listener swaps it in when it changes."""
+        return self._model
 
-    def wait(self) -> OnnxModel | None:
-        """Block until a model is loaded and return it; None if interrupted first."""
+    def wait(self, timeout: float | None = None) -> OnnxModel | None:
+        """Block until a model is loaded (at most timeout seconds) and return it; None if there is none
+        by then, or if interrupted first.
+        """
         log.info("waiting for a model announcement on %s at %s", self.topic, self.broker.url)
+        deadline = None if timeout is None else time.monotonic() + timeout
         try:
             while not self._ready.wait(0.5):
-                pass
+                if deadline is not None and time.monotonic() >= deadline:
+                    return None
         except KeyboardInterrupt:
             return None
-        return self.take()
+        return self._model
 
     def _on_model(self, payload: bytes) -> None:
         """Note a signed announcement of a newer model (on the MQTT thread); log and drop anything else."""
@@ -291,7 +293,7 @@ class ModelFollower:
                 return False
             log.info("downloaded %s (%d bytes) from %s", model.describe(), len(data), ref.path)
         with self._lock:
-            self._pending, self._round = model, announcement.round
+            self._model, self._round = model, announcement.round
             if self._wanted is announcement:
                 self._wanted = None
             self._ready.set()

@@ -9,6 +9,7 @@ from typing import Any, TypeVar
 import numpy as np
 
 from fedspeech.protocol import onnx_metadata as meta
+from fedspeech.protocol.labels import spoken
 
 log = logging.getLogger(__name__)
 
@@ -39,6 +40,14 @@ class OnnxModel:
     def labels(self) -> list[str]:
         """Class names, in the order of the probability columns."""
         return json.loads(self._metadata[meta.LABELS])
+
+    def spoken(self, label: str) -> str:
+        """How a label is said, from the task's `say` embedded at export, else from its name."""
+        try:
+            say = json.loads(self._metadata.get(meta.SAY, "{}"))
+        except ValueError:
+            say = {}
+        return spoken(label, say if isinstance(say, dict) else {})
 
     @property
     def sample_rate(self) -> int:

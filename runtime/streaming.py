@@ -70,11 +70,14 @@ DEFAULT_THRESHOLD = 0.6  # for a model without a calibrated threshold
 
 @dataclass(frozen=True)
 class Detection:
-    """One detected word: its label, its score and the stream time of the end of its speech."""
+    """One detected word: its label, its score, the stream time of the end of its speech and the round of
+    the model that heard it (None for a model exported outside the rounds).
+    """
 
     label: str
     confidence: float
     time_s: float
+    model_round: int | None = None
 
 
 @dataclass(frozen=True)
@@ -142,6 +145,12 @@ def model_threshold(model: OnnxModel) -> float | None:
     if not 0 < value <= 1:
         raise ValueError(f"the model's threshold {text[:20]!r} is not a probability")
     return value
+
+
+def model_round(model: OnnxModel) -> int | None:
+    """The round of the global model, from its metadata; None for a model exported outside the rounds."""
+    text = model.metadata.get(meta.ROUND, "")
+    return int(text) if text.isdigit() else None
 
 
 def segment_score(probabilities: np.ndarray, best_windows: int, whole: bool = True) -> tuple[int, float]:
@@ -351,7 +360,8 @@ class StreamingDetector:
         self._piece_word = label if (detected or repeated) and not ended else None
         if not detected:
             return None
-        return Detection(label, score, self._speech_end * self.frame_size / self.sample_rate)
+        end_s = self._speech_end * self.frame_size / self.sample_rate
+        return Detection(label, score, end_s, model_round(self._model))
 
     def _is_talk(self) -> bool:
         """Whether the segment's last max_segment_s of windows are voiced over talk_share: talk."""

@@ -42,7 +42,7 @@ from fedspeech.models.clips.synthesizers import (
     versions,
 )
 from fedspeech.models.clips.tasks import default_model
-from fedspeech.protocol.labels import is_word, other_speech_class
+from fedspeech.protocol.labels import is_word, other_speech_class, spoken
 from fedspeech.protocol.messages import TaskDefinition
 
 RATES = (0.8, 1.0, 1.25)  # of each voice's own speaking rate
@@ -100,7 +100,7 @@ def refusal(definition: TaskDefinition) -> str | None:
 
 def spoken_text(definition: TaskDefinition, label: str) -> str:
     """How a label is said: the task's `say` for it, else its name with '_' and '-' as spaces."""
-    return definition.say.get(label) or " ".join(label.replace("_", " ").replace("-", " ").split())
+    return spoken(label, definition.say)
 
 
 def plan_settings(voices: Sequence[Voice], takes: int, seed: int) -> list[Setting]:

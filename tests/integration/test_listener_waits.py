@@ -72,7 +72,7 @@ def lines(caplog: pytest.LogCaptureFixture, text: str, level: int = logging.INFO
 
 def first_model(follower: ModelFollower, timeout: float = 60.0) -> OnnxModel:
     """The first model the follower loads."""
-    return wait_for(follower.take, timeout, "the listener's first model", interval=0.1)
+    return wait_for(lambda: follower.model, timeout, "the listener's first model", interval=0.1)
 
 
 def test_a_listener_started_first_says_why_it_waits_and_takes_the_first_model_over_http(
@@ -97,7 +97,7 @@ def test_a_listener_started_first_says_why_it_waits_and_takes_the_first_model_ov
             wait_for(lambda: lines(caplog, none_yet), 20, "the listener to say the coordinator has none")
             asked = len(asks)
             wait_for(lambda: len(asks) >= asked + 2, 30, "two more questions")
-            assert len(lines(caplog, none_yet)) == 1 and follower.take() is None
+            assert len(lines(caplog, none_yet)) == 1 and follower.model is None
 
             service.start()  # round 0, the first model, is announced on the broker and over HTTP
             assert first_model(follower).describe().endswith("round 0")
@@ -123,7 +123,8 @@ def test_a_retained_announcement_signed_by_another_key_is_one_warning_and_the_ge
             follower = ModelFollower(url, BrokerSettings(mosquitto_url), topic_root)  # it asks for the key
             follower.start()
             try:
-                assert first_model(follower).describe().endswith("round 0"), "the genuine one, over HTTP"
+                first = first_model(follower)
+                assert first.describe().endswith("round 0"), "the genuine one, over HTTP"
                 wait_for(lambda: lines(caplog, "signed by another key", logging.WARNING), 10, "the warning")
                 # the other coordinator's next round, then the genuine one again: no second warning
                 next_one = replace(messages.decode(body, ModelAnnouncement), round=1)
@@ -131,7 +132,7 @@ def test_a_retained_announcement_signed_by_another_key_is_one_warning_and_the_ge
                 stranger.publish(topics.model, stranger.announcements[0])
                 held = "round 0: its model is held already"
                 wait_for(lambda: lines(caplog, held), 10, "the genuine announcement heard after the other")
-                assert follower.take() is None, "nothing else was loaded"
+                assert follower.model is first, "nothing else was loaded"
             finally:
                 follower.stop()
     finally:

@@ -76,7 +76,7 @@ def run_rounds(service, url: str, device: ScriptedDevice, rounds: int) -> None:
 
 def first_model(follower: ModelFollower, timeout: float = 30.0) -> OnnxModel:
     """The first model the follower loads."""
-    return wait_for(follower.take, timeout, "the listener's first model", interval=0.1)
+    return wait_for(lambda: follower.model, timeout, "the listener's first model", interval=0.1)
 
 
 @pytest.fixture
@@ -253,7 +253,7 @@ def test_the_floor_survives_a_restart_of_the_listener(tmp_path, mosquitto_url, t
             wait_for(
                 lambda: "round 0: ignoring it, round 1 is newer" in caplog.text, 20, "the replay refused"
             )
-            assert restarted.take() is None
+            assert restarted.model is None
         finally:
             restarted.stop()
     finally:

@@ -145,7 +145,7 @@ def test_a_listener_takes_the_pair_a_coordinator_announces(tmp_path, mosquitto_u
         follower = deaf_follower(url, topic_root, tmp_path / "listen")
         follower.start()
         try:
-            model = wait_for(follower.take, 120, "the listener's first model", interval=0.1)
+            model = wait_for(lambda: follower.model, 120, "the listener's first model", interval=0.1)
         finally:
             follower.stop()
         record = service.store.latest_round()
@@ -170,7 +170,7 @@ def test_an_announcement_without_the_pair_is_still_followed(tmp_path, mosquitto_
         follower = deaf_follower(url, topic_root, tmp_path / "listen")
         follower.start()
         try:
-            model = wait_for(follower.take, 120, "the listener's first model", interval=0.1)
+            model = wait_for(lambda: follower.model, 120, "the listener's first model", interval=0.1)
         finally:
             follower.stop()
     assert type(model) is OnnxModel and model.describe().endswith("round 0")

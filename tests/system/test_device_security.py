@@ -199,15 +199,17 @@ def test_the_listener_keeps_its_model_against_forged_and_replayed_announcements(
     follower.start()  # no key given: it asks the coordinator for its own, and says how to pin it
     try:
         assert warnings_about(caplog, f"pin it with --coordinator-key {fleet.coordinator.public_key}")
-        wait_until(lambda: follower.take() is not None)
+        wait_until(lambda: follower.model is not None)
+        fifth = follower.model
         fleet.announce(6, onnx)
-        wait_until(lambda: follower.take() is not None)
+        wait_until(lambda: follower.model is not fifth)
+        sixth = follower.model
         _send_bad_announcements(fleet, caplog, old_payload)
         fleet.publish(topic, signing.sign(fleet.coordinator.key, topic, messages.encode(_round_6(fleet))))
         wait_until(
             lambda: any("round 6: its model is held already" in r.getMessage() for r in caplog.records)
         )
-        assert follower.take() is None, "no other model was loaded"
+        assert follower.model is sixth, "no other model was loaded"
     finally:
         follower.stop()
     assert fleet.coordinator.downloads == ["/api/models/5/onnx", "/api/models/6/onnx"]
@@ -222,7 +224,7 @@ def test_a_listener_given_a_key_takes_nothing_signed_by_another(fleet: Fleet, fs
     follower.start()
     try:
         wait_until(lambda: warnings_about(caplog, "bad signature"))
-        assert follower.take() is None
+        assert follower.model is None
     finally:
         follower.stop()
     assert fleet.coordinator.downloads == []

@@ -237,7 +237,7 @@ def _rollback(fleet: LiveFleet, stop: threading.Event, evidence: Evidence) -> No
                 try:
                     model, deadline = None, time.monotonic() + 30
                     while model is None and time.monotonic() < deadline:
-                        model = follower.take()
+                        model = follower.model
                         time.sleep(0.1)
                 finally:
                     follower.stop()

@@ -1,0 +1,43 @@
+"""The README's library example, run as written, prints the words of a held-out recording."""
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import soundfile
+
+ROOT = Path(__file__).resolve().parents[2]
+RECORDINGS = ROOT / "data" / "fsdd" / "recordings"
+SPOKEN = ["4", "0", "8", "2", "5"]
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def library_example() -> str:
+    """The first python block of the README's "The listener as a library" section."""
+    readme = (ROOT / "README.md").read_text()
+    section = readme[readme.index("### The listener as a library") :]
+    return re.search(r"```python\n(.*?)```", section, re.DOTALL).group(1)
+
+
+def test_the_readme_library_example_prints_the_words_of_a_recording(fsdd_model, tmp_path):
+    code = library_example()
+    assert len([line for line in code.splitlines() if line.strip()]) <= 10, "ten lines at most"
+    demo = tmp_path / "fedspeech-demo"
+    demo.mkdir()
+    (demo / "model.onnx").write_bytes(fsdd_model.onnx_path.read_bytes())
+    pause = np.zeros(4800, np.float32)
+    parts = [pause]
+    for digit in SPOKEN:
+        clip, rate = soundfile.read(RECORDINGS / f"{digit}_george_1.flac", dtype="float32")
+        parts += [clip, pause]
+    soundfile.write(demo / "digits.wav", np.concatenate(parts), rate, subtype="PCM_16")
+    run = subprocess.run(
+        [sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=60, check=False
+    )
+    assert run.returncode == 0, run.stderr
+    words = [line.split()[2] for line in run.stdout.splitlines()]
+    assert words == SPOKEN, run.stdout
