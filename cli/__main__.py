@@ -5,7 +5,7 @@ import contextlib
 import logging
 import signal
 from pathlib import Path
-from typing import NoReturn
+from typing import TYPE_CHECKING, NoReturn
 
 from fedspeech.broker_config import add_parser as add_broker_config_parser
 from fedspeech.connection_options import (
@@ -33,6 +33,9 @@ from fedspeech.protocol.mqtt import BrokerSettings
 from fedspeech.protocol.topics import DEFAULT_ROOT
 from fedspeech.status import add_parser as add_status_parser
 from fedspeech.synthesize import add_parser as add_synthesize_parser
+
+if TYPE_CHECKING:
+    from fedspeech.listen_outputs import OutputConfig
 
 
 def _client(args: argparse.Namespace) -> None:
@@ -130,7 +133,7 @@ def _record(args: argparse.Namespace) -> None:
 
 
 def _listen(args: argparse.Namespace) -> None:
-    if args.input is None:  # the microphone, or --list-devices
+    if args.input is None and args.wyoming is None:  # the microphone, or --list-devices
         require_extra("listen")
     from fedspeech.listen import ListenConfig, ListenError, list_devices, run_listen
     from fedspeech.runtime.streaming import DetectorConfig
@@ -152,6 +155,9 @@ def _listen(args: argparse.Namespace) -> None:
         duration_s=args.duration,
         detector=detector,
         timings=args.timings,
+        wyoming=args.wyoming,
+        language=args.language,
+        outputs=_listen_outputs(args),
     )
     try:
         if args.list_devices:
@@ -160,6 +166,41 @@ def _listen(args: argparse.Namespace) -> None:
             run_listen(config)
     except ListenError as exc:
         raise SystemExit(f"fedspeech listen: {exc}") from None
+
+
+def _listen_outputs(args: argparse.Namespace) -> "OutputConfig":
+    """The options of the detections' destinations: --on-detect and --publish."""
+    from fedspeech.listen_outputs import OutputConfig
+    from fedspeech.protocol.topics import listen_user
+    from fedspeech.runtime.detection_hook import split_command
+
+    try:
+        on_detect = None if args.on_detect is None else split_command(args.on_detect)
+    except ValueError as exc:
+        raise SystemExit(f"fedspeech listen: {exc}") from None
+    if args.on_detect_timeout <= 0:
+        raise SystemExit("fedspeech listen: --on-detect-timeout must be positive")
+    name = args.publish_username or (listen_user(args.device_id) if args.device_id else args.broker_username)
+    publish_broker = None
+    if args.publish_broker is not None:
+        publish_broker = BrokerSettings(
+            url=args.publish_broker,
+            username=name if args.publish_password_file else args.publish_username,
+            password_file=args.publish_password_file,
+            ca_file=args.publish_ca,
+        )
+        try:
+            publish_broker.check()
+        except ValueError as exc:
+            raise SystemExit(f"fedspeech listen: --publish-broker: {exc}") from None
+    return OutputConfig(
+        on_detect=on_detect,
+        on_detect_timeout_s=args.on_detect_timeout,
+        publish=args.publish or args.publish_broker is not None,
+        publish_name=name,
+        publish_broker=publish_broker,
+        discovery_prefix=None if args.no_discovery else args.discovery_prefix,
+    )
 
 
 def _listen_broker(args: argparse.Namespace) -> BrokerSettings:
@@ -301,9 +342,45 @@ def build_parser() -> argparse.ArgumentParser:
         help="the energy gate alone, without Silero VAD's veto on noise and talk (README: Listening)",
     )
     li.add_argument("--timings", action="store_true", help="print ms per window for each stage at the end")
+    _add_detection_options(li)
     li.set_defaults(run=_listen)
     add_synthesize_parser(sub)
     return parser
+
+
+def _add_detection_options(li: argparse.ArgumentParser) -> None:
+    """`fedspeech listen`'s options of where detections go (README: Using detections)."""
+    d = li.add_argument_group("where detections go (README: Using detections)")
+    d.add_argument(
+        "--wyoming",
+        metavar="tcp://HOST:PORT",
+        help="serve Home Assistant (and any Wyoming client) as a wake-word and speech-to-text service "
+        "instead of hearing a microphone or file",
+    )
+    d.add_argument("--language", default="en", help="the language a Wyoming client is told (default en)")
+    d.add_argument(
+        "--on-detect",
+        metavar="CMD",
+        help="run CMD (no shell) once per detection, with FEDSPEECH_LABEL, FEDSPEECH_SPOKEN, "
+        "FEDSPEECH_CONFIDENCE, FEDSPEECH_TIME, FEDSPEECH_WALL_TIME and FEDSPEECH_ROUND in its environment",
+    )
+    d.add_argument(
+        "--on-detect-timeout", type=float, default=10.0, metavar="SECONDS", help="kill CMD after (default 10)"
+    )
+    d.add_argument(
+        "--publish",
+        action="store_true",
+        help="publish each detection over MQTT, with Home Assistant discovery, as this listener's broker "
+        "user (<ID>-listen with --device-id)",
+    )
+    d.add_argument("--publish-broker", metavar="URL", help="publish on this broker, not the models' one")
+    d.add_argument("--publish-username", help="log in to --publish-broker as (default: <ID>-listen)")
+    d.add_argument("--publish-password-file", type=Path, metavar="FILE", help="its password")
+    d.add_argument("--publish-ca", type=Path, metavar="FILE", help="CA of an mqtts:// --publish-broker")
+    d.add_argument(
+        "--discovery-prefix", default="homeassistant", help="Home Assistant's discovery prefix (default)"
+    )
+    d.add_argument("--no-discovery", action="store_true", help="publish without Home Assistant discovery")
 
 
 def main(argv: list[str] | None = None) -> None:

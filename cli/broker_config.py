@@ -26,7 +26,8 @@ def run(args: argparse.Namespace) -> None:
         f"run Mosquitto with it:    mosquitto -c {config} -d\n"
         f"after `fedspeech devices add` or `revoke`, reload it:    {broker_users.reload_hint(args.state)}\n"
         f"`fedspeech coordinator --state {args.state} --broker mqtt://...` logs in as coordinator by itself; "
-        "devices get their passwords when they register"
+        "devices get their passwords when they register; Home Assistant logs in as homeassistant with the "
+        f"password in {config.parent / 'homeassistant.password'} (it reads the listeners' detections)"
     )
 
 

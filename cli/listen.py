@@ -29,7 +29,8 @@ from typing import TextIO
 
 import numpy as np
 
-from fedspeech.protocol.mqtt import BrokerSettings
+from fedspeech.listen_outputs import OutputConfig, Outputs, open_outputs
+from fedspeech.protocol.mqtt import BrokerSettings, connect
 from fedspeech.protocol.topics import DEFAULT_ROOT
 from fedspeech.runtime import microphone
 from fedspeech.runtime.audio_file import file_frames, read_audio
@@ -38,6 +39,7 @@ from fedspeech.runtime.microphone import MicrophoneError, microphone_frames
 from fedspeech.runtime.model_follower import ModelFollower
 from fedspeech.runtime.session import ModelError, OnnxModel, load_local
 from fedspeech.runtime.streaming import Detection, DetectorConfig, StreamingDetector
+from fedspeech.runtime.wyoming_service import run_wyoming
 
 log = logging.getLogger(__name__)
 
@@ -65,18 +67,53 @@ class ListenConfig:
     duration_s: float | None = None  # stop after this much audio
     detector: DetectorConfig = field(default_factory=DetectorConfig)
     timings: bool = False
+    wyoming: str | None = None  # serve Wyoming clients at tcp://HOST:PORT instead of hearing an input
+    language: str = "en"  # the language a Wyoming client is told the words are in
+    outputs: OutputConfig = field(default_factory=OutputConfig)
 
 
 def run_listen(config: ListenConfig, out: TextIO = sys.stdout) -> list[Detection]:
-    """Stream the input through a Listener, print one line per detection and return the detections."""
-    if config.model is not None and config.coordinator_url is None:
+    """Listen to the input (or serve Wyoming clients), print one line per detection, hand each to the
+    outputs; return the detections of an input.
+    """
+    if (config.model is None) == (config.coordinator_url is None):
+        raise ListenError("give either --model FILE or --coordinator URL")
+    source: OnnxModel | ModelFollower | None = None
+    try:
+        outputs = open_outputs(
+            config.outputs,
+            config.broker,
+            config.topic_root,
+            lambda label: _model_of(source).spoken(label),
+            following=config.coordinator_url is not None,
+        )
+    except ValueError as exc:
+        raise ListenError(str(exc)) from None
+    try:
+        source = _model_source(config, outputs)
+        if source is None:  # interrupted while waiting for the first model
+            return []
+        outputs.on_model(_model_of(source))
+        if config.wyoming is not None:
+            _serve(config, source, outputs, out)
+            return []
+        return _stream(config, source, outputs, out)
+    finally:
+        if isinstance(source, ModelFollower):
+            source.stop()
+        outputs.close(finish=config.input is not None)
+
+
+def _model_source(config: ListenConfig, outputs: Outputs) -> OnnxModel | ModelFollower | None:
+    """The local model, or a follower of the coordinator's that holds its first model (None if Ctrl-C
+    came first); it shares the publisher's client, which it connects.
+    """
+    if config.model is not None:
         try:
-            model = load_local(config.model)
+            return load_local(config.model)
         except ModelError as exc:
             raise ListenError(str(exc)) from None
-        return _stream(config, model, out)
-    if config.coordinator_url is None or config.model is not None:
-        raise ListenError("give either --model FILE or --coordinator URL")
+    assert config.coordinator_url is not None
     try:
         follower = ModelFollower(
             config.coordinator_url,
@@ -85,14 +122,45 @@ def run_listen(config: ListenConfig, out: TextIO = sys.stdout) -> list[Detection
             config.coordinator_key,
             config.coordinator_ca,
             config.state_dir,
+            client=outputs.client,
         )
         follower.start()
     except ValueError as exc:
         raise ListenError(str(exc)) from None
-    try:
-        return [] if follower.wait() is None else _stream(config, follower, out)
-    finally:
+    if outputs.client is not None:
+        connect(outputs.client, config.broker)
+    if follower.wait() is None:
         follower.stop()
+        return None
+    return follower
+
+
+def _model_of(source: OnnxModel | ModelFollower | None) -> OnnxModel:
+    """The model of a source that has one."""
+    model = source.model if isinstance(source, ModelFollower) else source
+    assert model is not None
+    return model
+
+
+def _line(detection: Detection) -> str:
+    """A detection as `fedspeech listen` prints it."""
+    return f"{detection.time_s:9.2f} s  {detection.label}  {detection.confidence:.2f}"
+
+
+def _serve(config: ListenConfig, source: OnnxModel | ModelFollower, outputs: Outputs, out: TextIO) -> None:
+    """Serve the model to Wyoming clients until Ctrl-C or SIGTERM."""
+
+    def heard(detection: Detection) -> None:
+        print(_line(detection), file=out, flush=True)
+        outputs.on_detection(detection, _model_of(source))
+
+    assert config.wyoming is not None
+    try:
+        run_wyoming(
+            config.wyoming, source, config=config.detector, language=config.language, on_detection=heard
+        )
+    except ValueError as exc:
+        raise ListenError(str(exc)) from None
 
 
 def list_devices() -> str:
@@ -103,15 +171,24 @@ def list_devices() -> str:
         raise ListenError(str(exc)) from None
 
 
-def _stream(config: ListenConfig, model: OnnxModel | ModelFollower, out: TextIO) -> list[Detection]:
+def _stream(
+    config: ListenConfig, model: OnnxModel | ModelFollower, outputs: Outputs, out: TextIO
+) -> list[Detection]:
     """Open the audio source and feed a Listener until the source ends, the duration or Ctrl-C."""
+    listener: Listener
 
-    def report(detection: Detection) -> None:
-        line = f"{detection.time_s:9.2f} s  {detection.label}  {detection.confidence:.2f}"
-        print(line, file=out, flush=True)
+    def heard(detection: Detection) -> None:
+        print(_line(detection), file=out, flush=True)
+        outputs.on_detection(detection, listener.model)
 
     try:
-        listener = Listener(model, config=config.detector, on_detection=report, timings=config.timings)
+        listener = Listener(
+            model,
+            config=config.detector,
+            on_detection=heard,
+            on_model=outputs.on_model,
+            timings=config.timings,
+        )
     except ValueError as exc:
         raise ListenError(str(exc)) from None
     frames, source = _open_source(config, listener.detector)

@@ -2,8 +2,10 @@
 
 `fedspeech broker-config` writes STATE/broker/: mosquitto.conf (no anonymous clients, each client's id its
 user name, packets bounded), acl (a device reads only its own task and the model and writes only its own
-status), passwd (Mosquitto's own format) and the plain passwords Mosquitto never reads: the coordinator's
-(coordinator.password) and each device's and its listener's (devices/). Enrolling or revoking a device
+status; a listener writes only its own detections, availability and Home Assistant discovery config;
+Home Assistant reads those and nothing else but the model announcement), passwd (Mosquitto's own format)
+and the plain passwords Mosquitto never reads: the coordinator's (coordinator.password), Home Assistant's
+(homeassistant.password) and each device's and its listener's (devices/). Enrolling or revoking a device
 then adds or removes its users and rewrites passwd; Mosquitto reads it again on SIGHUP. A device learns
 its passwords when it registers (they go to it with its token over the coordinator's HTTP API), so only
 an enrolled device, or one it gave its credentials, can log in.
@@ -22,7 +24,15 @@ from pathlib import Path
 
 from fedspeech.protocol.bounds import DEVICE_ID, TOKEN
 from fedspeech.protocol.files import write_atomically
-from fedspeech.protocol.topics import COORDINATOR_USER, Topics, listen_user, shares_a_user
+from fedspeech.protocol.topics import (
+    COORDINATOR_USER,
+    DEFAULT_DISCOVERY_PREFIX,
+    HOME_ASSISTANT_USER,
+    Topics,
+    event_discovery,
+    listen_user,
+    shares_a_user,
+)
 
 log = logging.getLogger(__name__)
 
@@ -69,19 +79,32 @@ use_username_as_clientid true
 """
 
 
-def acl_text(topics: Topics) -> str:
-    """The ACL: every user reads the model; a device writes its own status and reads its own task."""
+def acl_text(topics: Topics, discovery_prefix: str = DEFAULT_DISCOVERY_PREFIX) -> str:
+    """The ACL: every user reads the model; a device writes its own status and reads its own task; a
+    listener writes its own detections, availability and discovery config; Home Assistant reads them.
+    """
     return f"""# Written by `fedspeech broker-config`. %u is the user's name, a device's id. Anything not
 # allowed here is refused: a forbidden publish is dropped, a forbidden subscription receives nothing.
 # Mosquitto warns at start that the first pattern has no %u: it is meant so, every user reads the model.
 pattern read {topics.model}
 pattern write {topics.status("%u")}
 pattern read {topics.task("%u")}
+# `fedspeech listen --publish`, as <device id>-listen: its detections, its availability (its last will)
+# and its Home Assistant discovery config, each named by its own user. No device's id ends in -listen.
+pattern write {topics.detections("%u")}
+pattern write {topics.availability("%u")}
+pattern write {event_discovery(discovery_prefix, "%u")}
 
 user {COORDINATOR_USER}
 topic read {topics.all_status}
 topic write {topics.task("+")}
 topic write {topics.model}
+
+# Home Assistant's MQTT integration: the listeners' events and discovery configs; its own status
+user {HOME_ASSISTANT_USER}
+topic read {topics.all_listeners}
+topic read {discovery_prefix}/#
+topic write {discovery_prefix}/status
 """
 
 
@@ -101,24 +124,42 @@ def coordinator_password_file(state_dir: Path) -> Path | None:
     return path if path.is_file() else None
 
 
-def check_topic_root(topic_root: str) -> None:
-    """ValueError for a topic root that an ACL line cannot name (a wildcard, a space, a line break)."""
+def home_assistant_password_file(state_dir: Path) -> Path | None:
+    """The password file of the broker's Home Assistant user, if `fedspeech broker-config` made one."""
+    path = Path(state_dir) / FOLDER / f"{HOME_ASSISTANT_USER}.password"
+    return path if path.is_file() else None
+
+
+def check_topic_root(topic_root: str, option: str = "--topic-root") -> None:
+    """ValueError for a topic root (or prefix) that an ACL line cannot name (a wildcard, a space, a line
+    break).
+    """
     if not TOPIC_ROOT.match(topic_root):
         raise ValueError(
-            f"--topic-root {topic_root!r}: use letters, digits, '_', '.' and '-', with '/' between levels"
+            f"{option} {topic_root!r}: use letters, digits, '_', '.' and '-', with '/' between levels"
         )
 
 
-def write_config(state_dir: Path, host: str, port: int, topic_root: str, device_ids: Iterable[str]) -> Path:
+def write_config(
+    state_dir: Path,
+    host: str,
+    port: int,
+    topic_root: str,
+    device_ids: Iterable[str],
+    discovery_prefix: str = DEFAULT_DISCOVERY_PREFIX,
+) -> Path:
     """Write the broker's files for these devices (passwords kept, new ones made); the config's path.
 
-    Users of devices not among device_ids are removed. ValueError for a topic root an ACL cannot name.
+    Users of devices not among device_ids are removed. ValueError for a topic root or Home Assistant
+    discovery prefix an ACL cannot name.
     """
     check_topic_root(topic_root)
+    check_topic_root(discovery_prefix, "--discovery-prefix")
     folder = Path(state_dir).resolve() / FOLDER
     folder.mkdir(mode=0o700, parents=True, exist_ok=True)
     with _locked(folder):
         _password(folder / f"{COORDINATOR_USER}.password")
+        _password(folder / f"{HOME_ASSISTANT_USER}.password")
         wanted = {device_id for device_id in device_ids if not shares_a_user(device_id)}
         users = {user for device_id in wanted for user in _users(device_id)}
         for path in _device_folder(folder).glob("*.password"):
@@ -126,7 +167,7 @@ def write_config(state_dir: Path, host: str, port: int, topic_root: str, device_
                 path.unlink()
         for device_id in sorted(wanted):
             _device_passwords(folder, device_id)
-        write_atomically(folder / "acl", acl_text(Topics(topic_root)).encode())
+        write_atomically(folder / "acl", acl_text(Topics(topic_root), discovery_prefix).encode())
         _write_password_file(folder)
         write_atomically(folder / "mosquitto.conf", config_text(folder, host, port).encode())
     return folder / "mosquitto.conf"
@@ -196,8 +237,11 @@ def _password(path: Path) -> tuple[str, bool]:
 
 
 def _write_password_file(folder: Path) -> None:
-    """passwd: the coordinator and every device user that has a password, each with a fresh salt."""
-    files = [folder / f"{COORDINATOR_USER}.password", *sorted(_device_folder(folder).glob("*.password"))]
+    """passwd: the coordinator, Home Assistant and every device user that has a password, each with a fresh
+    salt.
+    """
+    own = [folder / f"{user}.password" for user in (COORDINATOR_USER, HOME_ASSISTANT_USER)]
+    files = [path for path in own if path.is_file()] + sorted(_device_folder(folder).glob("*.password"))
     lines = [f"{path.stem}:{mosquitto_hash(path.read_text().strip())}\n" for path in files]
     write_atomically(folder / "passwd", "".join(lines).encode(), private=True)
 

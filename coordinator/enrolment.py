@@ -53,7 +53,8 @@ def add_device(store: Store, device_id: str) -> str:
         raise ValueError(f"bad device id {device_id!r}: 1 to 64 letters, digits, '_', '.', '-'")
     if shares_a_user(device_id):
         raise ValueError(
-            f"bad device id {device_id!r}: 'coordinator' and ids ending in '-listen' name other broker users"
+            f"bad device id {device_id!r}: 'coordinator', 'homeassistant' and ids ending in '-listen' name "
+            "other broker users"
         )
     secret = secrets.token_urlsafe(32)
     if not store.enrol_device(device_id, secret):

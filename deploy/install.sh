@@ -85,8 +85,8 @@ done
 [[ -z $secret || -f $secret ]] || die "no enrolment secret file $secret"
 [[ -z $enrol_dir || -d $enrol_dir ]] || die "no folder $enrol_dir"
 [[ -n $prefix || $EUID -eq 0 ]] || die "run it as root (or with --prefix DIR)"
-if [[ $device_id == coordinator || $device_id == *-listen || $device_id == */* ]]; then
-    die "a device id must not be 'coordinator', end in -listen or hold a /"
+if [[ $device_id == coordinator || $device_id == homeassistant || $device_id == *-listen || $device_id == */* ]]; then
+    die "a device id must not be 'coordinator' or 'homeassistant', end in -listen or hold a /"
 fi
 
 dest=${root:-$prefix}   # where files go, seen from here

@@ -4,6 +4,7 @@ from dataclasses import dataclass
 from urllib.parse import urlsplit
 
 DEFAULT_ROOT = "fedspeech/v1"
+DEFAULT_DISCOVERY_PREFIX = "homeassistant"  # Home Assistant's MQTT discovery prefix, unless configured
 
 
 DEFAULT_PORTS = {"mqtt": 1883, "mqtts": 8883}
@@ -44,6 +45,19 @@ class Topics:
         """Retained announcement of the latest global model."""
         return f"{self.root}/model"
 
+    def detections(self, listener: str) -> str:
+        """A listener's detections, one event each (QoS 1, not retained); listener: its broker user."""
+        return f"{self.root}/listeners/{listener}/detections"
+
+    def availability(self, listener: str) -> str:
+        """A listener's retained "online", or "offline" (its last will); listener: its broker user."""
+        return f"{self.root}/listeners/{listener}/availability"
+
+    @property
+    def all_listeners(self) -> str:
+        """Wildcard of every listener's detections and availability."""
+        return f"{self.root}/listeners/#"
+
     def device_of(self, topic: str) -> str | None:
         """The device id in a device topic, or None if the topic is not one."""
         prefix = f"{self.root}/devices/"
@@ -53,8 +67,14 @@ class Topics:
         return parts[0] if len(parts) == 2 and parts[0] else None
 
 
-# The broker's users: the coordinator; a device, named by its id; a `fedspeech listen` on it, <id>-listen.
-COORDINATOR_USER, LISTEN_SUFFIX = "coordinator", "-listen"
+def event_discovery(prefix: str, listener: str) -> str:
+    """Where a listener's retained Home Assistant discovery config of its event entity goes."""
+    return f"{prefix}/event/{listener}/detections/config"
+
+
+# The broker's users: the coordinator; a device, named by its id; a `fedspeech listen` on it, <id>-listen;
+# Home Assistant, reading the listeners' detections.
+COORDINATOR_USER, LISTEN_SUFFIX, HOME_ASSISTANT_USER = "coordinator", "-listen", "homeassistant"
 
 
 def listen_user(device_id: str) -> str:
@@ -63,5 +83,7 @@ def listen_user(device_id: str) -> str:
 
 
 def shares_a_user(device_id: str) -> bool:
-    """Whether a device of this id would log in as the coordinator or another device's listener."""
-    return device_id == COORDINATOR_USER or device_id.endswith(LISTEN_SUFFIX)
+    """Whether a device of this id would log in as the coordinator, Home Assistant or another device's
+    listener.
+    """
+    return device_id in (COORDINATOR_USER, HOME_ASSISTANT_USER) or device_id.endswith(LISTEN_SUFFIX)

@@ -53,9 +53,7 @@ class Listener:
         self._follower = model if isinstance(model, ModelFollower) else None
         self._owned: ModelFollower | None = None  # a follower this listener started, and stops at close
         first = _first_model(model, wait_s)
-        if sample_rate is not None and sample_rate <= 0:
-            raise ValueError(f"the sample rate must be positive, not {sample_rate}")
-        self.sample_rate = sample_rate or first.sample_rate
+        self.sample_rate = first.sample_rate if sample_rate is None else _positive(sample_rate)
         self._config, self._timings = config or DetectorConfig(), timings
         self.on_detection, self.on_model = on_detection, on_model
         self._refused: OnnxModel | None = None  # a follower's model that does not fit the stream
@@ -121,8 +119,12 @@ class Listener:
         silence = self.detector.num_samples + (-(self._filled + len(tail))) % size
         return self._push(np.concatenate([tail, np.zeros(silence, np.float32)]))
 
-    def reset(self) -> None:
-        """Start a new stream: a fresh detector on the newest model, its clock at 0, nothing buffered."""
+    def reset(self, sample_rate: int | None = None) -> None:
+        """Start a new stream (at sample_rate, else the last one's): a fresh detector on the newest model,
+        its clock at 0, nothing buffered.
+        """
+        if sample_rate is not None:
+            self.sample_rate = _positive(sample_rate)
         self._start(self._newest())
 
     def close(self) -> None:
@@ -214,11 +216,18 @@ def _first_model(model: OnnxModel | ModelFollower | Path | str, wait_s: float | 
     if isinstance(model, OnnxModel):
         return model
     if isinstance(model, ModelFollower):
-        first = model.wait(wait_s)
+        first = model.model or model.wait(wait_s)
         if first is None:
             raise TimeoutError(f"no model from the coordinator at {model.coordinator_url} yet")
         return first
     return load_local(Path(model))
+
+
+def _positive(sample_rate: int) -> int:
+    """sample_rate, ValueError unless it is positive."""
+    if sample_rate <= 0:
+        raise ValueError(f"the sample rate must be positive, not {sample_rate}")
+    return sample_rate
 
 
 def _as_float(audio: np.ndarray | bytes) -> np.ndarray:

@@ -139,7 +139,7 @@ def test_a_revoked_device_is_refused_once_mosquitto_reloads(fleet, clients):
 
     assert revoke_device(Store(fleet.state), "kitchen-pi")
     users = {line.split(":")[0] for line in (fleet.state / "broker" / "passwd").read_text().splitlines()}
-    assert users == {"coordinator", "hall-pi", "hall-pi-listen"}
+    assert users == {"coordinator", "homeassistant", "hall-pi", "hall-pi-listen"}
     fleet.mosquitto.reload()
     # Mosquitto checks its clients again on reload: the revoked device's session ends there and then
     assert kitchen.first_event("the revoked device to be disconnected") == "disconnected"

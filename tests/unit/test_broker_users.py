@@ -43,13 +43,18 @@ def test_the_config_names_a_user_per_client_and_refuses_anonymous_clients(tmp_pa
     for line in ("allow_anonymous false", "listener 1884 0.0.0.0", "use_username_as_clientid true"):
         assert f"\n{line}\n" in text
     assert text.index("listener") < text.index("use_username_as_clientid")  # a listener's own option
-    assert set(users(state)) == {"coordinator", "kitchen-pi", "kitchen-pi-listen"}
+    assert set(users(state)) == {"coordinator", "homeassistant", "kitchen-pi", "kitchen-pi-listen"}
     acl = (state / "broker" / "acl").read_text()
     assert (
         "pattern write fleet/v2/devices/%u/status\n" in acl
         and "pattern read fleet/v2/devices/%u/task\n" in acl
     )
-    for private in ("passwd", "coordinator.password", "devices/kitchen-pi.password"):
+    for private in (
+        "passwd",
+        "coordinator.password",
+        "homeassistant.password",
+        "devices/kitchen-pi.password",
+    ):
         assert stat.S_IMODE(os.stat(state / "broker" / private).st_mode) == 0o600
     with pytest.raises(ValueError, match="--topic-root"):
         broker_users.write_config(state, "0.0.0.0", 1884, "fleet/#", [])
@@ -62,7 +67,7 @@ def test_writing_again_keeps_passwords_and_drops_devices_no_longer_known(tmp_pat
     broker_users.write_config(state, "127.0.0.1", 1883, "fedspeech/v1", ["kitchen-pi", "coordinator"])
     assert broker_users.device_logins(state, "kitchen-pi") == kept
     # hall-pi is gone; a device named coordinator (open enrolment) gets no user: it would be the coordinator
-    assert set(users(state)) == {"coordinator", "kitchen-pi", "kitchen-pi-listen"}
+    assert set(users(state)) == {"coordinator", "homeassistant", "kitchen-pi", "kitchen-pi-listen"}
 
 
 def test_enrolling_and_revoking_add_and_remove_a_devices_users(tmp_path):
@@ -72,14 +77,15 @@ def test_enrolling_and_revoking_add_and_remove_a_devices_users(tmp_path):
     broker_users.write_config(store.dir, "127.0.0.1", 1883, "fedspeech/v1", ["kitchen-pi"])
     add_device(store, "hall-pi")
     assert {"hall-pi", "hall-pi-listen"} <= set(users(store.dir))
-    for reserved in ("coordinator", "hall-pi-listen"):
+    for reserved in ("coordinator", "homeassistant", "hall-pi-listen"):
         with pytest.raises(ValueError, match="other broker users"):
             add_device(store, reserved)
     assert revoke_device(store, "hall-pi")
-    assert set(users(store.dir)) == {"coordinator", "kitchen-pi", "kitchen-pi-listen"}
+    assert set(users(store.dir)) == {"coordinator", "homeassistant", "kitchen-pi", "kitchen-pi-listen"}
     with pytest.raises(ValueError):  # never a path out of the device folder
         broker_users.remove_device(store.dir, "../coordinator")
     assert broker_users.coordinator_password_file(store.dir) is not None
+    assert broker_users.home_assistant_password_file(store.dir) is not None
 
 
 def test_a_device_keeps_its_issued_passwords_privately_and_an_operators_login_wins(tmp_path):

@@ -209,3 +209,18 @@ def test_the_store_keeps_replaces_and_announces_the_pair_and_a_round_without_one
     again = store.replace_onnx(paired, b"onnx 3")  # a model that no longer splits: the pair goes
     assert again.frontend_sha256 is None and not store.model_path(1, "frontend").exists()
     assert Store(tmp_path).rounds()[0] == again  # as a restart reads it
+
+
+def test_the_spoken_forms_travel_in_the_one_file_and_its_pair(tmp_path):
+    from fedspeech.export.onnx_export import export_onnx
+    from fedspeech.models import build_model
+    from fedspeech.runtime.session import OnnxModel, PairedModel
+
+    say = {"7": "seven", "lights_on": "not a label of this task"}
+    spec = _spec("cnn")
+    path = export_onnx(build_model(spec), spec, LABELS, tmp_path / "m.onnx", say=say, pair=True)
+    for model in (OnnxModel(path), PairedModel(*meta.pair_paths(path))):
+        assert model.spoken("7") == "seven" and model.spoken("3") == "3"
+        assert "lights_on" not in model.metadata[meta.SAY]  # only the task's own labels
+    plain = OnnxModel(export_onnx(build_model(_spec("cnn")), _spec("cnn"), LABELS, tmp_path / "plain.onnx"))
+    assert meta.SAY not in plain.metadata and plain.spoken("_none_") == "none"
