@@ -21,6 +21,7 @@ from fedspeech.privacy_options import add_dp_options, dp_options
 from fedspeech.protocol.topics import parse_broker_url
 from fedspeech_bench.coldstart import add_parser as add_coldstart_parser
 from fedspeech_bench.dashboard import add_parser as add_dashboard_bench_parser
+from fedspeech_bench.detection_latency import add_parser as add_latency_parser
 from fedspeech_bench.fleets.fleet_files import fleet_path, shipped_fleets
 from fedspeech_bench.privacy import add_parser as add_privacy_parser
 from fedspeech_bench.seeds import add_parser as add_seeds_parser
@@ -239,6 +240,7 @@ def add_bench_parser(subparsers: argparse._SubParsersAction) -> None:
     _add_listen_bench_parser(b)
     add_dashboard_bench_parser(b)
     add_privacy_parser(b)
+    add_latency_parser(b)
     add_coldstart_parser(b)
 
 

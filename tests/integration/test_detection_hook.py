@@ -18,16 +18,15 @@ from pathlib import Path
 import numpy as np
 import psutil
 import pytest
-import soundfile
 
 from fedspeech.runtime.detection_hook import DEFAULT_QUEUE_SIZE, STDERR_BYTES, DetectionHook
 from fedspeech.runtime.listener import Listener
 from fedspeech.runtime.streaming import Detection
+from tests.helpers.recordings import held_out_digits
 from tests.helpers.waiting import wait_for
 
 pytestmark = pytest.mark.timeout(120)
 
-RECORDINGS = Path(__file__).resolve().parents[2] / "data" / "fsdd" / "recordings"
 
 # a hook: appends a JSON line at its start and one at its end (after sleeping argv[2] seconds) to the file
 # argv[1], with its arguments and its FEDSPEECH_ variables
@@ -293,14 +292,8 @@ def test_a_process_left_in_the_background_does_not_hold_the_hook(tmp_path):
 
 
 def take(digits: list[str], speaker: str, number: int, pause_s: float = 0.6) -> np.ndarray:
-    """A speaker's held-out recordings of digits, pause_s apart and around, and a second of silence."""
-    pause = np.zeros(round(pause_s * 8000), np.float32)
-    parts = [pause]
-    for digit in digits:
-        clip, rate = soundfile.read(RECORDINGS / f"{digit}_{speaker}_{number}.flac", dtype="float32")
-        assert rate == 8000
-        parts += [clip, pause]
-    return np.concatenate(parts + [np.zeros(8000, np.float32)])
+    """A speaker's held-out recordings (FSDD's 0-4) of these digits, pause_s apart and around."""
+    return held_out_digits(digits, speaker, number, pause_s)[0]
 
 
 TAKES = [(["3", "8", "1"], "lucas", 1), (["6", "2"], "george", 3)]

@@ -13,11 +13,9 @@ import socket
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
-from pathlib import Path
 
 import numpy as np
 import pytest
-import soundfile
 
 from fedspeech.coordinator import broker_users
 from fedspeech.coordinator.enrolment import add_device
@@ -32,8 +30,8 @@ from fedspeech_bench.attacks.mosquitto import running_mosquitto
 from tests.helpers.mqtt_clients import WAIT_S, Client
 from tests.helpers.onnx_files import with_metadata
 from tests.helpers.ports import free_port
+from tests.helpers.recordings import held_out_digits
 
-RECORDINGS = Path(__file__).resolve().parents[2] / "data" / "fsdd" / "recordings"
 RATE, PAUSE_S = 8000, 0.6
 NAME = listen_user("kitchen-pi")
 
@@ -42,13 +40,7 @@ pytestmark = pytest.mark.timeout(180)
 
 def take(digits: list[int], speaker: str = "lucas", number: int = 1) -> np.ndarray:
     """A speaker's held-out recordings (FSDD's 0-4) of these digits, PAUSE_S apart and around."""
-    pause = np.zeros(round(PAUSE_S * RATE), np.float32)
-    parts = [pause]
-    for digit in digits:
-        clip, rate = soundfile.read(RECORDINGS / f"{digit}_{speaker}_{number}.flac", dtype="float32")
-        assert rate == RATE
-        parts += [clip, pause]
-    return np.concatenate(parts)
+    return held_out_digits(digits, speaker, number, PAUSE_S)[0]
 
 
 def until_on(client: Client, topic: str) -> list[tuple[str, bytes]]:

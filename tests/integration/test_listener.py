@@ -1,17 +1,14 @@
 """The Listener, the runtime's one entry point: blocks of any size, format and rate give the same words."""
 
-from pathlib import Path
-
 import numpy as np
 import pytest
-import soundfile
 import soxr
 
 from fedspeech.runtime.listener import Listener
 from fedspeech.runtime.session import ModelError
 from fedspeech.runtime.streaming import model_round
+from tests.helpers.recordings import held_out_digits
 
-RECORDINGS = Path(__file__).resolve().parents[2] / "data" / "fsdd" / "recordings"
 RATE = 8000
 SPOKEN = ["3", "7", "1", "9"]
 
@@ -21,13 +18,7 @@ pytestmark = pytest.mark.timeout(120)
 @pytest.fixture(scope="module")
 def recording() -> np.ndarray:
     """Held-out takes of four digits, 0.6 s apart and around, at FSDD's 8 kHz."""
-    pause = np.zeros(round(0.6 * RATE), np.float32)
-    parts = [pause]
-    for digit in SPOKEN:
-        clip, rate = soundfile.read(RECORDINGS / f"{digit}_jackson_0.flac", dtype="float32")
-        assert rate == RATE
-        parts += [clip, pause]
-    return np.concatenate(parts)
+    return held_out_digits(SPOKEN, "jackson", 0)[0]
 
 
 def heard(listener: Listener, blocks: list) -> list[str]:

@@ -5,12 +5,12 @@ import subprocess
 import sys
 from pathlib import Path
 
-import numpy as np
 import pytest
 import soundfile
 
+from tests.helpers.recordings import held_out_digits
+
 ROOT = Path(__file__).resolve().parents[2]
-RECORDINGS = ROOT / "data" / "fsdd" / "recordings"
 SPOKEN = ["4", "0", "8", "2", "5"]
 
 pytestmark = pytest.mark.timeout(120)
@@ -29,12 +29,8 @@ def test_the_readme_library_example_prints_the_words_of_a_recording(fsdd_model, 
     demo = tmp_path / "fedspeech-demo"
     demo.mkdir()
     (demo / "model.onnx").write_bytes(fsdd_model.onnx_path.read_bytes())
-    pause = np.zeros(4800, np.float32)
-    parts = [pause]
-    for digit in SPOKEN:
-        clip, rate = soundfile.read(RECORDINGS / f"{digit}_george_1.flac", dtype="float32")
-        parts += [clip, pause]
-    soundfile.write(demo / "digits.wav", np.concatenate(parts), rate, subtype="PCM_16")
+    audio, _ = held_out_digits(SPOKEN, "george", 1)
+    soundfile.write(demo / "digits.wav", audio, 8000, subtype="PCM_16")
     run = subprocess.run(
         [sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=60, check=False
     )

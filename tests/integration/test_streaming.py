@@ -18,6 +18,7 @@ from fedspeech.runtime.streaming import (
     segment_score,
 )
 from tests.helpers.onnx_files import with_metadata
+from tests.helpers.recordings import held_out_digits
 
 RECORDINGS = Path(__file__).resolve().parents[2] / "data" / "fsdd" / "recordings"
 RATE, FRAME = 8000, 80  # FSDD's rate; 10 ms frames
@@ -106,16 +107,9 @@ def calibrated(fsdd_model) -> Path:
 
 
 def take(speaker: str, number: int) -> tuple[np.ndarray, list[tuple[float, float]]]:
-    """A speaker's held-out take of 0 to 9 (FSDD's recordings 0-4), PAUSE_S apart and around; the spans."""
-    pause = np.zeros(round(PAUSE_S * RATE), np.float32)
-    parts, spans, position = [pause], [], len(pause)
-    for digit in DIGITS:
-        clip, rate = soundfile.read(RECORDINGS / f"{digit}_{speaker}_{number}.flac", dtype="float32")
-        assert rate == RATE
-        spans.append((position / RATE, (position + len(clip)) / RATE))
-        parts += [clip, pause]
-        position += len(clip) + len(pause)
-    return np.concatenate(parts + [np.zeros(RATE, np.float32)]), spans  # a window of silence to end
+    """A speaker's held-out take of 0 to 9, PAUSE_S apart and around, and a window of silence; the spans."""
+    audio, spans = held_out_digits(DIGITS, speaker, number, PAUSE_S)
+    return np.concatenate([audio, np.zeros(RATE, np.float32)]), spans
 
 
 def detect(detector: StreamingDetector, audio: np.ndarray) -> list[Detection]:

@@ -12,12 +12,10 @@ import socket
 import subprocess
 import sys
 from collections.abc import Awaitable, Callable
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
-import soundfile
 import soxr
 from wyoming.asr import Transcribe, Transcript
 from wyoming.audio import AudioChunk, AudioStart, AudioStop
@@ -31,9 +29,9 @@ from fedspeech.runtime.session import OnnxModel, load_local
 from fedspeech.runtime.streaming import Detection as HeardWord
 from fedspeech.runtime.wyoming_service import WyomingLimits, serve
 from tests.helpers.ports import free_port
+from tests.helpers.recordings import held_out_digits
 from tests.helpers.waiting import wait_for
 
-RECORDINGS = Path(__file__).resolve().parents[2] / "data" / "fsdd" / "recordings"
 FSDD_RATE, RATE, CHUNK = 8000, 16000, 1024  # a satellite's rate and chunk (samples)
 PAUSE_S = 0.6
 READ_S = 10.0  # at most, for one event the service owes
@@ -53,15 +51,8 @@ def take(
     """A speaker's held-out takes of digits (FSDD's recordings 0-4), PAUSE_S apart and around, resampled
     to rate as 16-bit little-endian PCM, the same in each channel; and each digit's span in seconds.
     """
-    pause = np.zeros(round(PAUSE_S * FSDD_RATE), np.float32)
-    parts, spans, position = [pause], [], len(pause)
-    for digit in digits:
-        clip, clip_rate = soundfile.read(RECORDINGS / f"{digit}_{speaker}_{number}.flac", dtype="float32")
-        assert clip_rate == FSDD_RATE
-        spans.append((position / FSDD_RATE, (position + len(clip)) / FSDD_RATE))
-        parts += [clip, pause]
-        position += len(clip) + len(pause)
-    audio = soxr.resample(np.concatenate(parts), FSDD_RATE, rate)
+    audio, spans = held_out_digits(digits, speaker, number, PAUSE_S)
+    audio = soxr.resample(audio, FSDD_RATE, rate)
     return pcm(np.repeat(audio[:, None], channels, axis=1)), spans
 
 
