@@ -141,10 +141,11 @@ def _listen(args: argparse.Namespace) -> None:
     signal.signal(signal.SIGTERM, signal.default_int_handler)  # stop as on Ctrl-C, cleanly
     options = {"hop_ms": args.hop_ms, "threshold": args.threshold}
     detector = DetectorConfig(**{k: v for k, v in options.items() if v is not None}, voice=not args.no_vad)
+    broker = _listen_broker(args)
     config = ListenConfig(
         model=args.model,
         coordinator_url=coordinator_url(args) if args.coordinator is not None else None,
-        broker=_listen_broker(args),
+        broker=broker,
         coordinator_key=coordinator_key(args),
         coordinator_ca=args.coordinator_ca,
         state_dir=args.state,
@@ -157,7 +158,7 @@ def _listen(args: argparse.Namespace) -> None:
         timings=args.timings,
         wyoming=args.wyoming,
         language=args.language,
-        outputs=_listen_outputs(args),
+        outputs=_listen_outputs(args, broker),
     )
     try:
         if args.list_devices:
@@ -168,8 +169,10 @@ def _listen(args: argparse.Namespace) -> None:
         raise SystemExit(f"fedspeech listen: {exc}") from None
 
 
-def _listen_outputs(args: argparse.Namespace) -> "OutputConfig":
-    """The options of the detections' destinations: --on-detect and --publish."""
+def _listen_outputs(args: argparse.Namespace, broker: BrokerSettings) -> "OutputConfig":
+    """The options of the detections' destinations: --on-detect and --publish (named by the user it logs
+    in as, which the broker's ACL knows it by).
+    """
     from fedspeech.listen_outputs import OutputConfig
     from fedspeech.protocol.topics import listen_user
     from fedspeech.runtime.detection_hook import split_command
@@ -180,9 +183,10 @@ def _listen_outputs(args: argparse.Namespace) -> "OutputConfig":
         raise SystemExit(f"fedspeech listen: {exc}") from None
     if args.on_detect_timeout <= 0:
         raise SystemExit("fedspeech listen: --on-detect-timeout must be positive")
-    name = args.publish_username or (listen_user(args.device_id) if args.device_id else args.broker_username)
+    name = broker.username or (listen_user(args.device_id) if args.device_id else None)
     publish_broker = None
     if args.publish_broker is not None:
+        name = args.publish_username or name
         publish_broker = BrokerSettings(
             url=args.publish_broker,
             username=name if args.publish_password_file else args.publish_username,
@@ -212,7 +216,7 @@ def _listen_broker(args: argparse.Namespace) -> BrokerSettings:
     if args.device_id is None:
         return settings
     password_file = args.state / args.device_id / LISTEN_PASSWORD_FILE
-    if not password_file.is_file():
+    if settings.username is None and not password_file.is_file():
         logging.getLogger(__name__).warning(
             "no listener's broker password in %s (the device has not registered with a coordinator that "
             "issues them): logging in to the broker without one",

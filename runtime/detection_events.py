@@ -29,7 +29,6 @@ import threading
 import time
 from collections.abc import Sequence
 from datetime import UTC, datetime
-from importlib.metadata import PackageNotFoundError, version
 from typing import Any
 
 import paho.mqtt.client as mqtt
@@ -41,6 +40,7 @@ from fedspeech.protocol.mqtt import LastWill, add_on_connect
 from fedspeech.protocol.topics import DEFAULT_DISCOVERY_PREFIX, Topics, event_discovery
 from fedspeech.runtime.session import OnnxModel
 from fedspeech.runtime.streaming import Detection
+from fedspeech.runtime.version import fedspeech_version
 
 log = logging.getLogger(__name__)
 
@@ -53,15 +53,7 @@ CLOSE_S = 2.0  # at most, waiting for the broker to take "offline" at close
 QOS = 1
 
 
-def _version() -> str:
-    """fedspeech's version, as installed."""
-    try:
-        return version("fedspeech")
-    except PackageNotFoundError:
-        return "unknown"
-
-
-VERSION = _version()
+VERSION = fedspeech_version() or "unknown"
 
 
 def check_name(name: str, discovery: bool = True) -> None:

@@ -30,6 +30,7 @@ is read in chunks, only the first STDERR_BYTES kept, so a chatty command costs n
 command leaves running in the background after it exits is left alone.
 """
 
+import contextlib
 import logging
 import os
 import queue
@@ -297,17 +298,9 @@ def _read_until_done(process: subprocess.Popen[bytes], deadline: float, keep: in
 
 def _kill_group(process: subprocess.Popen[bytes]) -> None:
     """Kill process and every process of its group (its session's), and wait for it."""
-    try:
-        if hasattr(os, "killpg"):
-            os.killpg(process.pid, signal.SIGKILL)  # the group's id is its leader's, not reaped yet
-        else:  # pragma: no cover - no process groups (Windows)
-            process.kill()
-    except ProcessLookupError:
-        pass
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(process.pid, signal.SIGKILL)  # the group's id is its leader's, not reaped yet
     try:
         process.wait(KILL_WAIT_S)
     except subprocess.TimeoutExpired:
         log.error("detection hook %s (pid %d) did not die", process.args, process.pid)
-
-
-__all__ = ["DEFAULT_QUEUE_SIZE", "DEFAULT_TIMEOUT_S", "DetectionHook", "check_command", "split_command"]

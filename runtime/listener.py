@@ -21,11 +21,10 @@ from typing import Any
 
 import numpy as np
 
-from fedspeech.protocol.labels import is_word
 from fedspeech.protocol.mqtt import BrokerSettings
 from fedspeech.protocol.topics import DEFAULT_ROOT
 from fedspeech.runtime.model_follower import ModelFollower
-from fedspeech.runtime.session import ModelError, OnnxModel, PairedModel, load_local
+from fedspeech.runtime.session import OnnxModel, PairedModel, load_local
 from fedspeech.runtime.streaming import Detection, DetectorConfig, StreamingDetector
 
 log = logging.getLogger(__name__)
@@ -90,11 +89,6 @@ class Listener:
     def model(self) -> OnnxModel:
         """The model listening now."""
         return self.detector.model
-
-    @property
-    def words(self) -> list[str]:
-        """The model's labels that are words, the ones it detects."""
-        return [label for label in self.model.labels if is_word(label)]
 
     @property
     def seconds(self) -> float:
@@ -248,6 +242,3 @@ def _as_float(audio: np.ndarray | bytes) -> np.ndarray:
     if samples.ndim != 1:
         raise ValueError(f"expected samples (n,) or (n, channels), got shape {samples.shape}")
     return samples
-
-
-__all__ = ["Detection", "DetectorConfig", "Listener", "ModelError"]

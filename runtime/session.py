@@ -9,7 +9,7 @@ from typing import Any, TypeVar
 import numpy as np
 
 from fedspeech.protocol import onnx_metadata as meta
-from fedspeech.protocol.labels import spoken
+from fedspeech.protocol.labels import is_word, spoken
 
 log = logging.getLogger(__name__)
 
@@ -40,6 +40,11 @@ class OnnxModel:
     def labels(self) -> list[str]:
         """Class names, in the order of the probability columns."""
         return json.loads(self._metadata[meta.LABELS])
+
+    @property
+    def words(self) -> list[str]:
+        """The labels that are words, the ones a listener detects (protocol.labels.is_word)."""
+        return [label for label in self.labels if is_word(label)]
 
     def spoken(self, label: str) -> str:
         """How a label is said, from the task's `say` embedded at export, else from its name."""

@@ -32,7 +32,6 @@ import math
 import signal
 from collections.abc import Callable
 from dataclasses import dataclass, fields
-from importlib import metadata
 from typing import Any
 from urllib.parse import urlparse
 
@@ -46,11 +45,11 @@ from wyoming.wake import Detect, NotDetected
 from wyoming.wake import Detection as WakeDetection
 
 from fedspeech.protocol import onnx_metadata as meta
-from fedspeech.protocol.labels import is_word
 from fedspeech.runtime.listener import Listener
 from fedspeech.runtime.model_follower import ModelFollower
 from fedspeech.runtime.session import OnnxModel
 from fedspeech.runtime.streaming import Detection, DetectorConfig, model_round
+from fedspeech.runtime.version import fedspeech_version
 
 log = logging.getLogger(__name__)
 
@@ -138,7 +137,7 @@ async def serve(
             clients.discard(task)
 
     server = await asyncio.start_server(connected, host, port, limit=limits.max_header_bytes)
-    log.info("serving Wyoming on %s: %s, words %s", uri, first.describe(), _words(first))
+    log.info("serving Wyoming on %s: %s, words %s", uri, first.describe(), first.words)
     try:
         if ready is not None:
             ready.set()
@@ -222,17 +221,17 @@ def wyoming_info(model: OnnxModel, language: str = "en") -> Info:
             languages=[language],
             phrase=model.spoken(label),
         )
-        for label in _words(model)
+        for label in model.words
     ]
     task = AsrModel(
         name=_task_name(model),
         attribution=ATTRIBUTION,
         installed=True,
-        description=f"{model.describe()}: {', '.join(map(model.spoken, _words(model)))}",
+        description=f"{model.describe()}: {', '.join(map(model.spoken, model.words))}",
         version=version,
         languages=[language],
     )
-    release = _fedspeech_version()
+    release = fedspeech_version()
     wake = WakeProgram(
         name=PROGRAM,
         attribution=ATTRIBUTION,
@@ -456,11 +455,6 @@ def _current(model: OnnxModel | ModelFollower) -> OnnxModel | None:
     return model.model if isinstance(model, ModelFollower) else model
 
 
-def _words(model: OnnxModel) -> list[str]:
-    """The model's labels that are words."""
-    return [label for label in model.labels if is_word(label)]
-
-
 def _version(model: OnnxModel) -> str | None:
     """A model's version: its round, None for a model exported outside the rounds."""
     number = model_round(model)
@@ -471,14 +465,6 @@ def _task_name(model: OnnxModel) -> str:
     """The ASR model's name: the task the model learnt, else its architecture."""
     metadata = model.metadata
     return metadata.get(meta.TASK) or metadata.get(meta.MODEL) or PROGRAM
-
-
-def _fedspeech_version() -> str | None:
-    """The installed fedspeech's version, None if it is not installed as a distribution."""
-    try:
-        return metadata.version("fedspeech")
-    except metadata.PackageNotFoundError:
-        return None
 
 
 def _tcp_address(uri: str) -> tuple[str, int]:
@@ -500,14 +486,3 @@ def _shown(value: object) -> str:
     """A value from the network, quoted and cut short for a log line."""
     text = repr(value)
     return text if len(text) <= 40 else text[:37] + "..."
-
-
-__all__ = [
-    "WyomingError",
-    "WyomingLimits",
-    "WyomingSession",
-    "read_event",
-    "run_wyoming",
-    "serve",
-    "wyoming_info",
-]

@@ -8,7 +8,9 @@ hearing FSDD digits runs it once per digit.
 import json
 import logging
 import os
+import shlex
 import stat
+import subprocess
 import sys
 import time
 import tracemalloc
@@ -18,10 +20,13 @@ from pathlib import Path
 import numpy as np
 import psutil
 import pytest
+import soundfile
 
 from fedspeech.runtime.detection_hook import DEFAULT_QUEUE_SIZE, STDERR_BYTES, DetectionHook
 from fedspeech.runtime.listener import Listener
+from fedspeech.runtime.session import OnnxModel
 from fedspeech.runtime.streaming import Detection
+from tests.helpers.onnx_files import with_metadata
 from tests.helpers.recordings import held_out_digits
 from tests.helpers.waiting import wait_for
 
@@ -326,3 +331,32 @@ def test_a_listener_runs_the_hook_once_per_detected_digit(fsdd_model, tmp_path, 
         assert run["FEDSPEECH_CONFIDENCE"] == f"{detection.confidence:.4f}"
         assert run["FEDSPEECH_ROUND"] == "1"
     assert hook.runs == len(digits) and hook.dropped == hook.failures == 0
+
+
+def test_a_model_file_whose_labels_and_spoken_forms_hold_shell_code_runs_the_hook_alone(fsdd_model, tmp_path):
+    # a model a user drops in carries its labels and spoken forms in its metadata, unchecked by any task
+    # file: `fedspeech listen --model M --input F --on-detect CMD` hears "3" and "8" under hostile names
+    work = tmp_path / "work"
+    work.mkdir()
+    labels = json.loads(OnnxModel(fsdd_model.onnx_path).metadata["labels"])
+    hostile = {"3": "3; touch PWNED1", "8": "$(touch PWNED2)`touch PWNED3`"}
+    say = {hostile["3"]: "three' && touch PWNED4 #", hostile["8"]: "eight | touch PWNED5"}
+    model = with_metadata(
+        fsdd_model.onnx_path, tmp_path / "hostile.onnx", [hostile.get(label, label) for label in labels],
+        say=json.dumps(say),
+    )  # fmt: skip
+    wav = tmp_path / "digits.wav"
+    soundfile.write(wav, take(["3", "8"], "lucas", 1), 8000)
+    out = tmp_path / "out"
+    hook = f"{shlex.quote(sys.executable)} -c {shlex.quote(RECORDER)} {shlex.quote(str(out))}"
+    listen = [sys.executable, "-m", "fedspeech", "listen", "--model", str(model), "--input", str(wav)]
+    run = subprocess.run(listen + ["--on-detect", hook], cwd=work, capture_output=True, text=True, timeout=60)
+    assert run.returncode == 0, run.stderr
+    runs = ends(out)
+    assert [(r["FEDSPEECH_LABEL"], r["FEDSPEECH_SPOKEN"]) for r in runs] == [
+        (hostile["3"], say[hostile["3"]]),
+        (hostile["8"], say[hostile["8"]]),
+    ]
+    assert all(r["argv"] == [str(out)] for r in runs)
+    for folder in (tmp_path, work, Path.cwd()):
+        assert not list(folder.rglob("PWNED*")), folder

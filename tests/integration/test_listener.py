@@ -53,7 +53,7 @@ def test_callbacks_hear_each_detection_and_the_model_and_reset_starts_the_clock_
     said, models = [], []
     listener = Listener(fsdd_model.onnx_path, on_detection=said.append, on_model=models.append)
     assert [model.describe() for model in models] == [listener.model.describe()]
-    assert listener.words == [str(digit) for digit in range(10)]
+    assert listener.model.words == [str(digit) for digit in range(10)]
     first = heard(listener, [recording])
     assert [d.label for d in said] == first and {d.model_round for d in said} == {model_round(listener.model)}
     listener.reset()
