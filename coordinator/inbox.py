@@ -17,9 +17,9 @@ from fedspeech.coordinator.acknowledgements import Acknowledgements, DeviceError
 from fedspeech.coordinator.errors import BadUpload, NotWanted
 from fedspeech.coordinator.evaluation_phase import EvaluationPhase
 from fedspeech.coordinator.influence import SampleLimits, fleet_median, sample_ceiling
+from fedspeech.coordinator.late_updates import LateUpdates
 from fedspeech.coordinator.open_round import OpenRound
 from fedspeech.coordinator.ports import DeviceLink
-from fedspeech.coordinator.rounds.late_updates import LateUpdates
 from fedspeech.coordinator.store import Store
 from fedspeech.coordinator.strategies import Result
 from fedspeech.coordinator.update_check import Upload, answered_task, check_update, expected_task

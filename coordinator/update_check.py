@@ -4,9 +4,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from fedspeech.coordinator.errors import BadUpload, NotWanted
+from fedspeech.coordinator.late_updates import LateUpdates
 from fedspeech.coordinator.open_round import OpenRound
 from fedspeech.coordinator.records import UpdateRecord
-from fedspeech.coordinator.rounds.late_updates import LateUpdates
 from fedspeech.coordinator.strategies import Result
 from fedspeech.coordinator.update_metadata import (
     claimed_samples,

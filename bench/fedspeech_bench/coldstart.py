@@ -14,22 +14,22 @@ import argparse
 import json
 import time
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
-from fedspeech.protocol.labels import UNKNOWN_LABEL
+from fedspeech_bench.coldstart_fleet import (
+    DEVICES,
+    MAX_TAKES,
+    MISSING,
+    WORDS,
+    Fleet,
+    build_fleet,
+    fedavg_round,
+)
 
-if TYPE_CHECKING:
-    from fedspeech.models.clips.datasets import Clip
-
-WORDS = ["yes", "no", "up", "down", "left", "right", "on", "off", "stop", "go"]
-DEVICES = 6
-MAX_TAKES = 20  # of a word on a device
-MISSING = 3  # words each of the last three devices lacks
-MAX_TEST_CLIPS = 1500  # of the unseen speakers, drawn per seed
 MARKS = (0, 1, 2, 3, 4, 5, 7, 10, 15, 20)  # rounds scored
 REPORTED = (0, 1, 5, 10, 20)  # rounds in the table
 
@@ -64,58 +64,6 @@ class Curve:
     bytes_moved: int  # every device's download and upload of every round
 
 
-@dataclass(frozen=True)
-class Fleet:
-    """One seed's devices (waveforms, labels) and the unseen speakers' clips."""
-
-    devices: list[tuple[np.ndarray, np.ndarray]]
-    speakers: list[list[str]]
-    test: tuple[np.ndarray, np.ndarray]
-    unseen: list["Clip"] = field(default_factory=list)  # the clips of test, in its order
-    others: list[np.ndarray] = field(default_factory=list)  # each device's speakers' `_unknown_` takes
-
-
-def build_fleet(data_dir: Path, seed: int) -> Fleet:
-    """Six devices of one to three speakers each, at most MAX_TAKES takes a word, the last three missing
-    MISSING words, and every `_unknown_` take (other words) of their speakers; the unseen speakers' clips
-    (at most MAX_TEST_CLIPS) to score on.
-    """
-    from fedspeech.models.clips.datasets import load_corpus, load_waveforms
-
-    corpus = load_corpus("speech_commands", data_dir)
-    words = {corpus.labels.index(w): n for n, w in enumerate(WORDS)}  # corpus label -> task label
-    clips = [c for c in corpus.clips if c.label in words]
-    by_speaker: dict[str, list] = {}
-    for clip in clips:
-        by_speaker.setdefault(clip.speaker, []).append(clip)
-    rng = np.random.default_rng(seed)
-    talkative = sorted(s for s, own in by_speaker.items() if len(own) >= 20)  # a device of some speech
-    order = [talkative[i] for i in rng.permutation(len(talkative))]
-    devices, speakers, taken = [], [], 0
-    for d in range(DEVICES):
-        group = order[taken : taken + 1 + d % 3]
-        taken += len(group)
-        missing = set(rng.choice(len(WORDS), MISSING, replace=False)) if d >= DEVICES - 3 else set()
-        own = [c for s in group for c in by_speaker[s]]
-        chosen = []
-        for word in range(len(WORDS)):
-            if word in missing:
-                continue
-            takes = [c for c in own if words[c.label] == word]
-            chosen += [takes[i] for i in rng.permutation(len(takes))[:MAX_TAKES]]
-        waveforms, labels = load_waveforms(chosen, 16000, 16000)
-        devices.append((waveforms, np.array([words[int(label)] for label in labels], dtype=np.int64)))
-        speakers.append(group)
-    held = set(order[:taken])
-    unseen = [c for c in clips if c.speaker not in held]
-    unseen = [unseen[i] for i in sorted(rng.permutation(len(unseen))[:MAX_TEST_CLIPS])]
-    waveforms, labels = load_waveforms(unseen, 16000, 16000)
-    test = (waveforms, np.array([words[int(x)] for x in labels], dtype=np.int64))
-    unknown = [c for c in corpus.clips if c.label == corpus.labels.index(UNKNOWN_LABEL)]
-    others = [load_waveforms([c for c in unknown if c.speaker in g], 16000, 16000)[0] for g in speakers]
-    return Fleet(devices, speakers, test, unseen, others)
-
-
 def run_arm(
     arm: Arm, fleet: Fleet, start: dict[str, np.ndarray], synthetic_dir: Path, seed: int, rounds: int
 ) -> Curve:
@@ -143,29 +91,6 @@ def run_arm(
             marks.append(round)
             scores.append(accuracy(current))
     return Curve(arm.name, seed, marks, scores, 2 * size * len(data) * rounds)
-
-
-def fedavg_round(
-    net: Any, current: dict[str, np.ndarray], data: Sequence[tuple[np.ndarray, np.ndarray]],
-    learning_rate: float, seed: int, **training: Any,
-) -> dict[str, np.ndarray]:  # fmt: skip
-    """One round: each device's (waveforms, labels) trained from current with the product's step and
-    settings (device n with seed + n, training's extra arguments to train_local), averaged by clips.
-    """
-    from fedspeech.coordinator.aggregate import fedavg
-    from fedspeech.coordinator.config import RoundConfig
-    from fedspeech.models.train import get_arrays, set_arrays, train_local
-
-    settings, updates, samples = RoundConfig(), [], []
-    for n, (waveforms, labels) in enumerate(data):
-        set_arrays(net, current)
-        train_local(
-            net, waveforms, labels, epochs=settings.epochs, batch_size=settings.batch_size,
-            learning_rate=learning_rate, seed=seed + n, **training,
-        )  # fmt: skip
-        updates.append(get_arrays(net))
-        samples.append(len(labels))
-    return fedavg(updates, samples)
 
 
 def device_takes(takes: int, root: Path, seed: int) -> tuple[np.ndarray, np.ndarray]:

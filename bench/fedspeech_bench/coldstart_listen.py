@@ -25,7 +25,7 @@ import numpy as np
 from fedspeech.models.clips.tasks import BACKGROUND_NOISE
 from fedspeech.protocol.labels import NONE_LABEL
 from fedspeech.protocol.messages import TaskDefinition
-from fedspeech_bench.coldstart import WORDS, Fleet, build_fleet, fedavg_round
+from fedspeech_bench.coldstart_fleet import WORDS, Fleet, build_fleet, fedavg_round
 from fedspeech_bench.listen import OTHER_WORDS
 
 LISTEN_WORDS = 500  # clips of the unseen speakers in the stream

@@ -15,28 +15,19 @@ from fedspeech.connection_options import (
     results_folder,
     unreachable,
 )
-from fedspeech.coordinator_command import STRATEGY_NAMES
-from fedspeech.installed_commands import KNOWN
 from fedspeech.privacy_options import add_dp_options, dp_options
 from fedspeech.protocol.topics import parse_broker_url
 from fedspeech_bench.coldstart import add_parser as add_coldstart_parser
 from fedspeech_bench.dashboard import add_parser as add_dashboard_bench_parser
+from fedspeech_bench.demo_defaults import DEMO_EPOCHS, DEMO_FLEET, DEMO_MODEL, DEMO_OUT, DEMO_ROUNDS
 from fedspeech_bench.detection_latency import add_parser as add_latency_parser
 from fedspeech_bench.fleets.fleet_files import fleet_path, shipped_fleets
 from fedspeech_bench.privacy import add_parser as add_privacy_parser
 from fedspeech_bench.seeds import add_parser as add_seeds_parser
 
-DEMO_OUT = Path("fedspeech-demo")
-DEMO_MODEL = DEMO_OUT / "model.onnx"  # what `fedspeech demo` exports, the model the benchmarks listen with
-# Pi 5 and Pi 4 class devices: pi-mix's Pi 3s would set the pace of every round (`--fleet pi-mix`)
-DEMO_FLEET = "pi5-pi4"
-# On a machine whose cores are free, a Pi 5's three epochs take about as long as a Pi 4's one
-# (epochs_only gives the Pi 4s one), so the third costs the round little. In-process runs of the demo's
-# rounds (Pi 5s 3 epochs, Pi 4s 1) ended at 0.987 of the held-out clips after 20 rounds and 0.993 after
-# 22; with 2 epochs, 20 rounds ended at 0.953. The emulated fleet itself then ended 22 rounds at 0.9933
-# on one machine and 0.9833 on another; 25 rounds reached 0.99 at rounds 23, 24 and 25.
-DEMO_EPOCHS = 3
-DEMO_ROUNDS = 25
+BENCH_HELP = "benchmarks"
+DEMO_HELP = "one coordinator and one device per FSDD speaker, end to end"
+STRATEGY_HELP = "a strategy's name (README: Strategies)"
 
 
 def _bench_strategies(args: argparse.Namespace) -> None:
@@ -61,7 +52,8 @@ def _bench_strategies(args: argparse.Namespace) -> None:
 def _bench_growing(args: argparse.Namespace) -> None:
     from dataclasses import replace
 
-    from fedspeech_bench.harness import DEFAULT_TARGETS, GROWING_ARMS, growing_config, run_bench
+    from fedspeech_bench.harness import GROWING_ARMS, growing_config, run_bench
+    from fedspeech_bench.report.results import DEFAULT_TARGETS
 
     names = [arm.name for arm in GROWING_ARMS]
     unknown = sorted(set(args.arm or ()) - set(names))
@@ -159,12 +151,12 @@ def check_corpus(command: str, corpus: str, data_dir: Path | None, speaker: str 
 
 def add_bench_parser(subparsers: argparse._SubParsersAction) -> None:
     """Add `bench` and its benchmarks to the command line."""
-    b = subparsers.add_parser("bench", help=KNOWN["bench"]).add_subparsers(dest="bench", required=True)
+    b = subparsers.add_parser("bench", help=BENCH_HELP).add_subparsers(dest="bench", required=True)
     bs = b.add_parser("strategies", help="every strategy on the same emulated Pi fleet, data and seeds")
     bs.add_argument("--out", type=Path, default=Path("fedspeech-bench"), help="where results go")
     bs.add_argument("--corpus", action="append", choices=["fsdd", "emodb"], help="repeatable")
     bs.add_argument("--data-dir", type=Path, help="folder holding the corpora (needed for emodb)")
-    bs.add_argument("--strategy", action="append", help=f"{STRATEGY_NAMES}; repeatable (default all)")
+    bs.add_argument("--strategy", action="append", help=f"{STRATEGY_HELP}; repeatable (default all)")
     bs.add_argument("--seeds", type=at_least(1), default=3)
     bs.add_argument("--rounds", type=at_least(1), default=20)
     bs.add_argument(
@@ -355,7 +347,7 @@ def _check_broker(command: str, url: str) -> None:
 
 def add_demo_parser(subparsers: argparse._SubParsersAction) -> None:
     """Add `demo` and its options to the command line."""
-    m = subparsers.add_parser("demo", help=KNOWN["demo"])
+    m = subparsers.add_parser("demo", help=DEMO_HELP)
     m.add_argument("--out", type=Path, default=DEMO_OUT, help="where results go")
     m.add_argument(
         "--fleet",
@@ -375,7 +367,7 @@ def add_demo_parser(subparsers: argparse._SubParsersAction) -> None:
         action="store_true",
         help="the coordinator learns only the sum of each round's updates, never one device's",
     )
-    m.add_argument("--strategy", help=f"{STRATEGY_NAMES} (default epochs_only)")
+    m.add_argument("--strategy", help=f"{STRATEGY_HELP} (default epochs_only)")
     m.add_argument("--rounds", type=at_least(1), default=DEMO_ROUNDS, help=f"(default {DEMO_ROUNDS})")
     m.add_argument(
         "--epochs",

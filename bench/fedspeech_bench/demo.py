@@ -14,7 +14,7 @@ from pathlib import Path
 
 from fedspeech.coordinator.records import RoundRecord
 from fedspeech.models.clips.datasets import load_corpus, server_test_clips, speakers
-from fedspeech_bench.commands import DEMO_EPOCHS, DEMO_FLEET, DEMO_ROUNDS
+from fedspeech_bench.demo_defaults import DEMO_EPOCHS, DEMO_FLEET, DEMO_ROUNDS
 from fedspeech_bench.fleet_run import fleet_config, fleet_run
 from fedspeech_bench.fleets.fleet_files import FLEETS_DIR, DeviceSpec, check_fleet, load_fleet
 from fedspeech_bench.progress import duration_text, eta_s

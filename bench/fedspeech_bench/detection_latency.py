@@ -33,12 +33,12 @@ from fedspeech.runtime.detection_events import DetectionPublisher, publisher_wil
 from fedspeech.runtime.listener import Listener
 from fedspeech.runtime.session import load_local
 from fedspeech.runtime.streaming import Detection
+from fedspeech_bench.demo_defaults import DEMO_MODEL
 from fedspeech_bench.listen_streams import build_stream
 
 RATE, CHUNK = 16000, 1024  # a satellite's audio: 16 kHz, 1,024 samples a chunk
 SPOKEN_THRESHOLD = 0.05  # a 10 ms frame is speech above this fraction of the word's loudest frame's RMS
 MATCH_S = 0.5  # a detection belongs to the word whose end is nearest its stream time, within this
-DEMO_MODEL = Path("fedspeech-demo/model.onnx")  # what `fedspeech demo` exports
 
 
 @dataclass(frozen=True)
@@ -79,7 +79,7 @@ class PathLatency:
 
 def said_words(model_rate: int, words: int, seed: int) -> Said:
     """The held-out stream at RATE as int16, its labels and the ends of their speech."""
-    from fedspeech_bench.listen import fsdd_heard  # here: listen imports commands, which imports this
+    from fedspeech_bench.listen import fsdd_heard
 
     heard = fsdd_heard()
     stream = build_stream(heard.clips, heard.labels, model_rate, 0.6, seed, words)

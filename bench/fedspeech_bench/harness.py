@@ -28,12 +28,10 @@ from fedspeech_bench.fleets.fleet_files import (
     load_fleet,
 )
 from fedspeech_bench.progress import Progress
-from fedspeech_bench.report.results import write_results
+from fedspeech_bench.report.results import DEFAULT_TARGETS, write_results
 from fedspeech_bench.runs import Run
 
 log = logging.getLogger(__name__)
-
-DEFAULT_TARGETS = {"fsdd": 0.95, "emodb": 0.5, "speech_commands": 0.5}
 
 
 @dataclass(frozen=True)

@@ -24,15 +24,15 @@ in sorted name order (the even ones are the bundled data/_background_noise_, whi
 each brought to one level (those under -60 dBFS, near digital silence, left out), concatenated in a
 shuffled order and looped to length. Without --data-dir those conditions and talk are skipped.
 
-Every stream is written as a WAV file and heard by `run_listen`, the code `fedspeech listen --input` runs,
-with the listener's own settings (--threshold overrides its threshold, --no-vad leaves its energy gate
-alone); a stream longer than the longest file it reads (MAX_INPUT_SECONDS) is heard in equal parts, each
-afresh. The words it detects, in time order, are aligned with the words spoken (word_alignment): detected
-in order = hits / words; wrong or extra = substitutions + insertions; misses = deletions.
+Every stream is written as a WAV file, read back as `fedspeech listen --input` reads it and heard by the
+Listener it runs on, with the listener's own settings (--threshold overrides its threshold, --no-vad
+leaves its energy gate alone); a stream longer than the longest file it reads (MAX_INPUT_SECONDS) is
+heard in equal parts, each afresh. The words it detects, in time order, are aligned with the words spoken
+(word_alignment): detected in order = hits / words; wrong or extra = substitutions + insertions; misses =
+deletions.
 """
 
 import argparse
-import io
 import json
 import shlex
 import sys
@@ -46,14 +46,13 @@ from typing import Any
 import numpy as np
 import soundfile
 
-from fedspeech.listen import ListenConfig, ListenError, run_listen
 from fedspeech.models.clips.datasets import AudioError, bundled_data_dir, load_corpus, server_test_clips
 from fedspeech.models.clips.tasks import BACKGROUND_NOISE
-from fedspeech.protocol.labels import is_word
-from fedspeech.runtime.audio_file import MAX_INPUT_SECONDS
+from fedspeech.runtime.audio_file import MAX_INPUT_SECONDS, read_audio
+from fedspeech.runtime.listener import Listener
 from fedspeech.runtime.session import ModelError, load_model
-from fedspeech.runtime.streaming import Detection
-from fedspeech_bench.commands import DEMO_MODEL
+from fedspeech.runtime.streaming import Detection, DetectorConfig
+from fedspeech_bench.demo_defaults import DEMO_MODEL
 from fedspeech_bench.listen_report import (
     ConditionScore,
     mean_table,
@@ -122,7 +121,7 @@ def hear(
     model: Path, stream: Stream, wav: Path, threshold: float | None = None, voice: bool = True
 ) -> list[Detection]:
     """The words `fedspeech listen --input` detects in the stream, written to wav first (a longer stream
-    than it reads, in equal parts: wav's stem -1, -2, ...).
+    than it reads, in equal parts: wav's stem -1, -2, ..., each heard afresh).
     """
     rate = stream.sample_rate
     parts = np.array_split(stream.audio, -(-len(stream.audio) // round(MAX_INPUT_SECONDS * rate)))
@@ -130,10 +129,9 @@ def hear(
     for n, audio in enumerate(parts, 1):
         path = wav if len(parts) == 1 else wav.with_name(f"{wav.stem}-{n}{wav.suffix}")
         soundfile.write(path, audio, rate, subtype="FLOAT")  # no clipping, no rounding
-        config = ListenConfig(model=model, input=path)
-        config.detector = replace(config.detector, threshold=threshold, voice=voice)  # None: its own
-        heard = run_listen(config, out=io.StringIO())
-        detections += [replace(d, time_s=d.time_s + start / rate) for d in heard if is_word(d.label)]
+        listener = Listener(model, config=DetectorConfig(threshold=threshold, voice=voice))  # None: its own
+        heard = listener.feed(read_audio(path, rate)) + listener.flush()
+        detections += [replace(d, time_s=d.time_s + start / rate) for d in heard]
         start += len(audio)
     return detections
 
@@ -366,5 +364,5 @@ def run_from_args(args: argparse.Namespace) -> None:
         raise SystemExit(f"fedspeech bench listen: {exc}") from None
     try:
         run_listen_bench(cfg)
-    except (ListenError, AudioError) as exc:  # a stream the listener refuses, an unreadable noise clip
+    except (ModelError, ValueError, AudioError) as exc:  # a model or stream refused, an unreadable clip
         raise SystemExit(f"fedspeech bench listen: {exc}") from None

@@ -1,6 +1,6 @@
 """The buffered round mode, FedBuff's (Nguyen et al. 2022): a round closes on its first K results; the
-devices still training go on, and their late updates count in a later round (late_updates), laid onto the
-model they arrive at.
+devices still training go on, and their late updates count in a later round (the inbox keeps them in
+coordinator.late_updates), laid onto the model they arrive at.
 """
 
 from fedspeech.coordinator.rounds import parallel

@@ -6,18 +6,8 @@ import shutil
 import numpy as np
 import pytest
 
-from fedspeech_bench.coldstart import (
-    ARMS,
-    DEVICES,
-    MAX_TAKES,
-    MISSING,
-    WORDS,
-    Curve,
-    build_fleet,
-    first_reached,
-    report,
-    run_coldstart,
-)
+from fedspeech_bench.coldstart import ARMS, Curve, first_reached, report, run_coldstart
+from fedspeech_bench.coldstart_fleet import DEVICES, MAX_TAKES, MISSING, WORDS, build_fleet
 from tests.helpers.shared_data import SHARED_DATA, needs_shared
 
 needs_espeak = pytest.mark.skipif(shutil.which("espeak-ng") is None, reason="no espeak-ng here")

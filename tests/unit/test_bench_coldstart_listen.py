@@ -7,7 +7,7 @@ import numpy as np
 
 from fedspeech.models.clips.datasets import load_corpus
 from fedspeech.protocol.labels import NONE_LABEL, UNKNOWN_LABEL, none_class, other_speech_class
-from fedspeech_bench.coldstart import WORDS, build_fleet
+from fedspeech_bench.coldstart_fleet import WORDS, build_fleet
 from fedspeech_bench.coldstart_listen import (
     LISTEN_ARMS,
     TALK,

@@ -9,8 +9,8 @@ import pytest
 
 from fedspeech.coordinator.errors import BadUpload, NotWanted
 from fedspeech.coordinator.inbox import Inbox
+from fedspeech.coordinator.late_updates import LateUpdates
 from fedspeech.coordinator.open_round import OpenRound
-from fedspeech.coordinator.rounds.late_updates import LateUpdates
 from fedspeech.coordinator.update_check import Upload, answered_task, check_update
 from fedspeech.protocol import bounds, routes, weights
 from fedspeech.protocol.messages import BlobRef, ModelSpec, Task
