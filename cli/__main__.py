@@ -132,6 +132,12 @@ def _record(args: argparse.Namespace) -> None:
         raise SystemExit(f"fedspeech record: {exc}") from None
 
 
+def _strategies(args: argparse.Namespace) -> None:
+    from fedspeech.coordinator.strategies.catalogue import listing, settings_table
+
+    print(settings_table() if args.markdown else listing(), end="")
+
+
 def _listen(args: argparse.Namespace) -> None:
     if args.input is None and args.wyoming is None:  # the microphone, or --list-devices
         require_extra("listen")
@@ -349,6 +355,9 @@ def build_parser() -> argparse.ArgumentParser:
     _add_detection_options(li)
     li.set_defaults(run=_listen)
     add_synthesize_parser(sub)
+    st = sub.add_parser("strategies", help="every strategy with its settings, their defaults and bounds")
+    st.add_argument("--markdown", action="store_true", help="the settings as the README's table")
+    st.set_defaults(run=_strategies)
     return parser
 
 

@@ -37,7 +37,7 @@ if TYPE_CHECKING:  # the device commands' parser is built without coordinator co
     from fedspeech.coordinator.config_sources import Layer
 
 # names are checked where the strategy is made, so that the device commands never load coordinator code
-STRATEGY_NAMES = "a strategy's name (README: Strategies)"
+STRATEGY_NAMES = "a strategy's name (`fedspeech strategies` lists them with their settings)"
 
 
 def run(args: argparse.Namespace) -> None:
@@ -363,7 +363,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         action="append",
         metavar="NAME=VALUE",
         help="one of the strategy's own settings, e.g. --strategy fedprox --strategy-opt mu=0.1 "
-        "(README: Strategies lists each strategy's settings); repeat for several",
+        "(`fedspeech strategies` lists each strategy's settings); repeat for several",
     )
     methods = c.add_argument_group("the coordinator's own clips, for the methods that use them")
     methods.add_argument(

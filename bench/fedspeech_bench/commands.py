@@ -27,7 +27,7 @@ from fedspeech_bench.seeds import add_parser as add_seeds_parser
 
 BENCH_HELP = "benchmarks"
 DEMO_HELP = "one coordinator and one device per FSDD speaker, end to end"
-STRATEGY_HELP = "a strategy's name (README: Strategies)"
+STRATEGY_HELP = "a strategy's name (`fedspeech strategies` lists them)"
 
 
 def _bench_strategies(args: argparse.Namespace) -> None:
