@@ -59,6 +59,7 @@ SAMPLE_WIDTH = 2  # bytes: 16-bit PCM, the only width the Listener takes
 MAX_CHANNELS = 8
 RATES = (4_000, 192_000)  # Hz: soxr's work and memory grow with the ratio to the model's rate
 MODEL_WAIT_S = 0.5  # between two looks at a follower that has no model yet
+CLOSE_S = 5.0  # at most, waiting at the stop for the connections to close
 
 
 class WyomingError(Exception):
@@ -147,7 +148,8 @@ async def serve(
         for task in list(clients):
             task.cancel()
         await asyncio.gather(*clients, return_exceptions=True)
-        await server.wait_closed()
+        with contextlib.suppress(TimeoutError):  # a connection not yet detached must not hold the stop
+            await asyncio.wait_for(server.wait_closed(), CLOSE_S)
         log.info("stopped serving Wyoming on %s", uri)
 
 
@@ -165,8 +167,9 @@ def run_wyoming(
     async def main() -> None:
         task = asyncio.current_task()
         assert task is not None
-        with contextlib.suppress(NotImplementedError, RuntimeError):  # no signal handlers on this loop
-            asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, task.cancel)
+        for stop in (signal.SIGINT, signal.SIGTERM):  # handled in the loop: serve is cancelled, cleans up
+            with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):  # not the main thread
+                asyncio.get_running_loop().add_signal_handler(stop, task.cancel)
         with contextlib.suppress(asyncio.CancelledError):
             await serve(
                 uri, model, config=config, limits=limits, language=language, on_detection=on_detection
