@@ -19,18 +19,30 @@ from fedspeech.coordinator.strategies.params import StrategyParams, setting
 from fedspeech.protocol.weights import Arrays
 
 
-def krum_scores(updates: Sequence[Arrays], f: int) -> np.ndarray:
-    """Each update's summed squared distance to its n - f - 2 nearest others; ValueError if n <= 2f + 2."""
-    n = len(updates)
-    if n <= 2 * f + 2:
-        raise ValueError(f"Krum with f={f} needs more than {2 * f + 2} updates, got {n}")
+def squared_distances(updates: Sequence[Arrays]) -> np.ndarray:
+    """The squared distance between every two updates' float weights (n, n), infinite on the diagonal."""
     names = [name for name, a in updates[0].items() if np.issubdtype(a.dtype, np.floating)]
     flat = np.stack([np.concatenate([u[name].ravel() for name in names]).astype(np.float64) for u in updates])
     squares = np.sum(flat**2, axis=1)
     distances = np.maximum(squares[:, None] + squares[None, :] - 2 * flat @ flat.T, 0.0)
     np.fill_diagonal(distances, np.inf)
-    nearest = np.sort(distances, axis=1)[:, : n - f - 2]
+    return distances
+
+
+def scores_of(distances: np.ndarray, f: int) -> np.ndarray:
+    """Krum's score of each update from the squared distances between them: the sum over its n - f - 2
+    nearest others (at least one).
+    """
+    nearest = np.sort(distances, axis=1)[:, : max(1, len(distances) - f - 2)]
     return nearest.sum(axis=1)
+
+
+def krum_scores(updates: Sequence[Arrays], f: int) -> np.ndarray:
+    """Each update's summed squared distance to its n - f - 2 nearest others; ValueError if n <= 2f + 2."""
+    n = len(updates)
+    if n <= 2 * f + 2:
+        raise ValueError(f"Krum with f={f} needs more than {2 * f + 2} updates, got {n}")
+    return scores_of(squared_distances(updates), f)
 
 
 def multi_krum(updates: Sequence[Arrays], f: int, m: int) -> tuple[Arrays, list[int]]:
