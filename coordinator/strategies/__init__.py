@@ -14,6 +14,7 @@ from fedspeech.coordinator.strategies.base import (
     Strategy,
     Work,
 )
+from fedspeech.coordinator.strategies.bulyan import Bulyan
 from fedspeech.coordinator.strategies.ca2fl import CachedCalibration
 from fedspeech.coordinator.strategies.class_prior import ClassPrior
 from fedspeech.coordinator.strategies.clipped import NormClipped
@@ -63,6 +64,7 @@ STRATEGIES: dict[str, Callable[..., Strategy]] = {
     "clipped": NormClipped,
     "clipped_trimmed_mean": partial(FedTrimmedMean, clip=True),
     "krum": Krum,  # Multi-Krum with m > 1
+    "bulyan": Bulyan,  # on Krum's picks, each weight trimmed around its median
     # the methods of FedCSR ("Cuing Without Sharing") and FedVMR, and FedBN, FedCSR's baseline
     "fedbn": FedBN,
     # FedAvg, each device running the model with the normalisation statistics of its own clips
