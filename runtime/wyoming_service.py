@@ -26,13 +26,10 @@ the Silero VAD, is made on a worker thread.
 
 import asyncio
 import contextlib
-import json
 import logging
-import math
 import signal
 from collections.abc import Callable
-from dataclasses import dataclass, fields
-from typing import Any
+from dataclasses import dataclass
 from urllib.parse import urlparse
 
 import numpy as np
@@ -50,49 +47,21 @@ from fedspeech.runtime.model_follower import ModelFollower
 from fedspeech.runtime.session import OnnxModel
 from fedspeech.runtime.streaming import Detection, DetectorConfig, model_round
 from fedspeech.runtime.version import fedspeech_version
+from fedspeech.runtime.wyoming_events import (
+    SAMPLE_WIDTH,
+    WyomingError,
+    WyomingLimits,
+    audio_format,
+    read_event,
+    shown,
+)
 
 log = logging.getLogger(__name__)
 
 PROGRAM = "fedspeech"
 ATTRIBUTION = Attribution(name="fedspeech", url="")
-SAMPLE_WIDTH = 2  # bytes: 16-bit PCM, the only width the Listener takes
-MAX_CHANNELS = 8
-RATES = (4_000, 192_000)  # Hz: soxr's work and memory grow with the ratio to the model's rate
 MODEL_WAIT_S = 0.5  # between two looks at a follower that has no model yet
 CLOSE_S = 5.0  # at most, waiting at the stop for the connections to close
-
-
-class WyomingError(Exception):
-    """An event that breaks the protocol or the service's bounds: its connection is closed; the text says
-    why, in one line.
-    """
-
-
-@dataclass(frozen=True)
-class WyomingLimits:
-    """Bounds on clients and their events; ValueError for a bound that is not positive.
-
-    A satellite sends 1024-sample chunks (2 KiB at 16 kHz, 16-bit mono); 256 KiB is 8 s of that, 1.4 s of
-    48 kHz stereo. Wake streams are endless by design (a satellite streams its microphone for hours), so
-    only transcribe streams are bounded in length; the idle timeout closes a silent client.
-    """
-
-    max_clients: int = 8
-    max_header_bytes: int = 64 * 1024  # an event's JSON header line
-    max_data_bytes: int = 64 * 1024  # its JSON data part (data_length)
-    max_payload_bytes: int = 256 * 1024  # its payload (payload_length): an audio chunk's samples
-    idle_timeout_s: float = 60.0  # with no event from the client (or it not reading ours)
-    max_transcribe_s: float = 300.0  # of audio in one transcribe stream
-
-    def __post_init__(self) -> None:
-        for item in fields(self):
-            value = getattr(self, item.name)
-            if item.type is int and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
-                raise ValueError(f"{item.name} must be a positive whole number, not {value!r}")
-            if item.type is float and not (
-                isinstance(value, int | float) and not isinstance(value, bool) and 0 < value < math.inf
-            ):
-                raise ValueError(f"{item.name} must be a positive number of seconds, not {value!r}")
 
 
 async def serve(
@@ -177,38 +146,6 @@ def run_wyoming(
 
     with contextlib.suppress(KeyboardInterrupt):  # asyncio.run has cancelled serve, which cleaned up
         asyncio.run(main())
-
-
-async def read_event(reader: asyncio.StreamReader, limits: WyomingLimits) -> Event | None:
-    """The next event, as wyoming.event.async_read_event reads it but bounded: each length is checked
-    before its bytes are read. None at the end of the stream; WyomingError for a bad or oversized event.
-    """
-    try:
-        line = await reader.readuntil(b"\n")
-    except asyncio.IncompleteReadError as exc:
-        if exc.partial.strip():
-            raise WyomingError("the connection ended inside an event's header") from None
-        return None
-    except asyncio.LimitOverrunError:
-        raise WyomingError(f"an event's header line is longer than {limits.max_header_bytes} bytes") from None
-    if len(line) - 1 > limits.max_header_bytes:
-        raise WyomingError(f"an event's header line is longer than {limits.max_header_bytes} bytes")
-    header = _json_object(line, "header")
-    kind = header.get("type")
-    if not isinstance(kind, str):
-        raise WyomingError("an event's header has no type")
-    data = header.get("data") or {}
-    if not isinstance(data, dict):
-        raise WyomingError(f"the data of event {_shown(kind)} is not a JSON object")
-    data_length = _length(header, "data_length", limits.max_data_bytes)
-    payload_length = _length(header, "payload_length", limits.max_payload_bytes)
-    try:
-        if data_length:
-            data = {**data, **_json_object(await reader.readexactly(data_length), "data")}
-        payload = await reader.readexactly(payload_length) if payload_length else None
-    except asyncio.IncompleteReadError:
-        raise WyomingError(f"the connection ended inside event {_shown(kind)}") from None
-    return Event(type=kind, data=data, payload=payload)
 
 
 def wyoming_info(model: OnnxModel, language: str = "en") -> Info:
@@ -300,7 +237,7 @@ class WyomingSession:
             self._transcribe = Transcribe.from_event(event)
             return []
         if AudioStart.is_type(kind):
-            await self._start(*_audio_format(event))
+            await self._start(*audio_format(event))
             return []
         if AudioChunk.is_type(kind):
             return await self._chunk(event)
@@ -310,7 +247,7 @@ class WyomingSession:
             return [Pong(text=Ping.from_event(event).text).event()]
         if kind == "select-program":  # a newer client's choice among programs: there is one of each
             return []
-        raise WyomingError(f"unknown event type {_shown(kind)}")
+        raise WyomingError(f"unknown event type {shown(kind)}")
 
     async def _start(self, rate: int, channels: int) -> None:
         """Open a stream (dropping one left open): a fresh detector, its clock at 0, on the newest model."""
@@ -326,7 +263,7 @@ class WyomingSession:
 
     async def _chunk(self, event: Event) -> list[Event]:
         """Hear a chunk (opening a stream in its format if none is open); the detections it completes."""
-        rate, channels = _audio_format(event)
+        rate, channels = audio_format(event)
         audio = event.payload or b""
         if len(audio) % (SAMPLE_WIDTH * channels):
             raise WyomingError(f"an audio chunk of {len(audio)} bytes is not whole samples of {channels}")
@@ -417,42 +354,6 @@ async def _converse(
             await writer.wait_closed()
 
 
-def _audio_format(event: Event) -> tuple[int, int]:
-    """An audio-start's or audio-chunk's rate and channels; WyomingError unless it is 16-bit PCM in bounds."""
-    rate, width, channels = (event.data.get(key) for key in ("rate", "width", "channels"))
-    if not all(isinstance(value, int) and not isinstance(value, bool) for value in (rate, width, channels)):
-        raise WyomingError(f"a {event.type} event without a whole rate, width and channels")
-    assert isinstance(rate, int) and isinstance(channels, int)
-    if width != SAMPLE_WIDTH:
-        raise WyomingError(f"audio of {_shown(width)} bytes a sample, not {SAMPLE_WIDTH} (16-bit PCM)")
-    if not RATES[0] <= rate <= RATES[1]:
-        raise WyomingError(f"a sample rate of {rate} Hz, not in {RATES[0]}..{RATES[1]}")
-    if not 1 <= channels <= MAX_CHANNELS:
-        raise WyomingError(f"{channels} channels, not 1..{MAX_CHANNELS}")
-    return rate, channels
-
-
-def _json_object(text: bytes, part: str) -> dict[str, Any]:
-    """An event's header or data part as a JSON object; WyomingError if it is not one."""
-    try:
-        value = json.loads(text)
-    except (ValueError, RecursionError):  # RecursionError: JSON nested deeper than the parser goes
-        raise WyomingError(f"an event's {part} is not JSON") from None
-    if not isinstance(value, dict):
-        raise WyomingError(f"an event's {part} is not a JSON object")
-    return value
-
-
-def _length(header: dict[str, Any], key: str, bound: int) -> int:
-    """A length from an event's header (absent: 0); WyomingError unless a whole number within bound."""
-    value = header.get(key) or 0
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise WyomingError(f"an event's {key} is {_shown(value)}, not a length")
-    if value > bound:
-        raise WyomingError(f"an event's {key} of {value} bytes is over the bound of {bound}")
-    return value
-
-
 def _current(model: OnnxModel | ModelFollower) -> OnnxModel | None:
     """The model listening now: the one given, or the follower's newest (None before its first)."""
     return model.model if isinstance(model, ModelFollower) else model
@@ -483,9 +384,3 @@ def _peer(writer: asyncio.StreamWriter) -> str:
     """The client's address, host:port."""
     peer = writer.get_extra_info("peername")
     return f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) and len(peer) >= 2 else str(peer)
-
-
-def _shown(value: object) -> str:
-    """A value from the network, quoted and cut short for a log line."""
-    text = repr(value)
-    return text if len(text) <= 40 else text[:37] + "..."

@@ -27,7 +27,8 @@ from wyoming.wake import Detect, Detection, NotDetected
 
 from fedspeech.runtime.session import OnnxModel, load_local
 from fedspeech.runtime.streaming import Detection as HeardWord
-from fedspeech.runtime.wyoming_service import WyomingLimits, serve
+from fedspeech.runtime.wyoming_events import WyomingLimits
+from fedspeech.runtime.wyoming_service import serve
 from tests.helpers.ports import free_port
 from tests.helpers.recordings import held_out_digits
 from tests.helpers.waiting import wait_for

@@ -1,4 +1,4 @@
-"""The Wyoming service's bounded event reader and its limits, on bytes alone: no model, no network."""
+"""Wyoming events read within bounds: what wyoming's writer writes reads back; bad events are refused."""
 
 import asyncio
 import io
@@ -9,7 +9,7 @@ from wyoming.event import Event, write_event
 from wyoming.info import Describe
 from wyoming.wake import Detect
 
-from fedspeech.runtime.wyoming_service import WyomingError, WyomingLimits, read_event
+from fedspeech.runtime.wyoming_events import WyomingError, WyomingLimits, read_event
 
 pytestmark = pytest.mark.timeout(30)
 
