@@ -100,13 +100,11 @@ class DetectionHook:
         """Queue detection for the command (the listener's on_detection); never waits."""
         self.submit(detection)
 
-    def submit(self, detection: Detection, spoken: str | None = None) -> bool:
-        """Queue detection for the command, said as spoken (else as the hook's spoken tells); whether it was
-        queued: not if the queue is full (logged) or the hook closed.
+    def submit(self, detection: Detection) -> bool:
+        """Queue detection for the command; whether it was queued: not if the queue is full (logged) or the
+        hook closed.
         """
-        if spoken is None:
-            spoken = self._say(detection.label)
-        job = _Job(detection.label, environment(detection, spoken))
+        job = _Job(detection.label, environment(detection, self._say(detection.label)))
         with self._lock:
             if self._closed:
                 log.debug("detection hook closed: %r at %.2f s not run", detection.label, detection.time_s)
