@@ -27,7 +27,7 @@ from fedspeech.connection_options import (
 )
 from fedspeech.installed_commands import require_extra
 from fedspeech.models.architectures import MODELS, NEW_BLOCKS
-from fedspeech.privacy_options import add_dp_options, dp_options
+from fedspeech.privacy_options import add_dp_options
 from fedspeech.protocol.files import warn_if_readable
 from fedspeech.protocol.topics import DEFAULT_ROOT
 from fedspeech.protocol.weights import PRECISIONS
@@ -90,34 +90,20 @@ def run(args: argparse.Namespace) -> None:
 def settings(
     args: argparse.Namespace, environ: "Mapping[str, str] | None" = None
 ) -> "tuple[CoordinatorConfig, list[Layer]]":
-    """The service's settings: defaults < --config FILE < FEDSPEECH_* variables < options, the --dp-*
-    ones last, with the noise calibrated to their epsilon where they give no multiplier; and the layers.
+    """The service's settings: defaults < --config FILE < FEDSPEECH_* variables < options, and the layers.
     ValueError (a ConfigError naming the option, the variable or the file) for a setting that cannot be.
     """
     from fedspeech.coordinator.config_sources import combine, source_layers
-    from fedspeech.coordinator.strategies.dp_fedavg import calibrated
 
-    dp = dp_options(args)
-    if dp and args.strategy not in (None, "dp_fedavg"):
-        raise ValueError(
-            f"the --dp-* options are the dp_fedavg strategy's settings, not {args.strategy}'s: leave out "
-            "--strategy"
-        )
-    layers = source_layers(
-        argparse.Namespace(**{**vars(args), "strategy": "dp_fedavg"}) if dp else args, environ
-    )
+    layers = source_layers(args, environ)
     config = combine(*layers)
-    if not dp:
-        return config, layers
     rounds = config.rounds
-    given = {**rounds.strategy_options, **dp}
-    options = calibrated(given, rounds.rounds)
-    if "noise_multiplier" not in given and "noise_multiplier" in options:
+    if rounds.privacy is not None and rounds.dp_noise_multiplier is None and rounds.dp_epsilon:
         logging.getLogger(__name__).info(
             "noise multiplier %.4g: the least that keeps %d rounds within epsilon %g",
-            options["noise_multiplier"], rounds.rounds, options["epsilon"],
+            rounds.privacy.noise_multiplier, rounds.rounds, rounds.dp_epsilon,
         )  # fmt: skip
-    return config.changed(strategy_options=options), layers
+    return config, layers
 
 
 def _check_paths(config: "CoordinatorConfig", layers: "Sequence[Layer]") -> None:
@@ -359,12 +345,14 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         help="of the weights devices download and upload (default float32); float16 halves the bytes",
     )
     c.add_argument(
-        "--strategy-opt",
+        "--strategy-setting",
         action="append",
         metavar="NAME=VALUE",
-        help="one of the strategy's own settings, e.g. --strategy fedprox --strategy-opt mu=0.1 "
+        help="one of the strategy's own settings, e.g. --strategy fedprox --strategy-setting mu=0.1 "
         "(`fedspeech strategies` lists each strategy's settings); repeat for several",
     )
+    # its name before the setting was named as its config key is
+    c.add_argument("--strategy-opt", action="append", dest="strategy_setting", help=argparse.SUPPRESS)
     methods = c.add_argument_group("the coordinator's own clips, for the methods that use them")
     methods.add_argument(
         "--validation-data", help="quality: score each update on a folder DIR/<label>/* of clips"

@@ -1,24 +1,16 @@
-"""The differential privacy options of `fedspeech coordinator` and `fedspeech demo`: DP-FedAvg's settings
-by their own names, so that `--dp-epsilon 8` is all it takes.
+"""The differential privacy options of `fedspeech coordinator` and `fedspeech demo`: `--dp-NAME` is the
+config key `dp_NAME` and the setting NAME of the privacy wrapper around the strategy, so that
+`--dp-epsilon 8` is all it takes.
 """
 
 import argparse
-
-# option -> the dp_fedavg setting it gives
-DP_SETTINGS = {
-    "dp_epsilon": "epsilon",
-    "dp_delta": "delta",
-    "dp_clip": "clip",
-    "dp_noise_multiplier": "noise_multiplier",
-    "dp_sampling_rate": "sampling_rate",
-    "dp_clip_quantile": "target_quantile",
-}
+from typing import Any
 
 
 def add_dp_options(parser: argparse.ArgumentParser) -> None:
-    """Add the --dp-* options: each is a setting of the dp_fedavg strategy, which any of them picks."""
+    """Add the --dp-* options: any of them wraps the strategy in user-level differential privacy."""
     group = parser.add_argument_group(
-        "differential privacy (the dp_fedavg strategy, README: Privacy): what the model may tell of a device"
+        "differential privacy around the strategy (README: Privacy): what the model may tell of a device"
     )
     group.add_argument(
         "--dp-epsilon",
@@ -55,12 +47,14 @@ def add_dp_options(parser: argparse.ArgumentParser) -> None:
         help="adapt the clip, from --dp-clip, to the norm this share of changes stay within (0.5: their "
         "median; Andrew et al. 2021), at no cost in epsilon; default: a fixed clip",
     )
+    group.add_argument(
+        "--dp-clip-learning-rate",
+        type=float,
+        metavar="RATE",
+        help="with --dp-clip-quantile: how far the clip steps each round (default 0.2)",
+    )
 
 
-def dp_options(args: argparse.Namespace) -> dict[str, float]:
-    """The dp_fedavg settings the --dp-* options give; empty when none is given."""
-    return {
-        setting: value
-        for option, setting in DP_SETTINGS.items()
-        if (value := getattr(args, option)) is not None
-    }
+def dp_options(args: argparse.Namespace) -> dict[str, Any]:
+    """The dp_* settings the --dp-* options give, by their config keys; empty when none is given."""
+    return {name: value for name, value in vars(args).items() if name.startswith("dp_") and value is not None}

@@ -288,36 +288,6 @@ def stepped_norms(current: Arrays, updates: Sequence[Arrays]) -> list[float]:
     ]
 
 
-def dp_mean(
-    current: Arrays,
-    updates: Sequence[Arrays],
-    clip: float,
-    noise_multiplier: float,
-    expected: float,
-    rng: np.random.Generator,
-) -> Arrays:
-    """User-level DP-FedAvg's step (McMahan et al. 2018, "Learning Differentially Private Recurrent
-    Language Models"): each update's change from current clipped to norm clip and weighted alike, summed,
-    Gaussian noise of standard deviation noise_multiplier * clip added to every stepped weight, divided by
-    the expected number of devices, not the number that came: so one device changes the step by at most
-    clip / expected, whether it took part or not. Arrays that training does not step are averaged.
-    """
-    if not updates or not expected > 0 or not noise_multiplier >= 0:
-        raise ValueError("need updates, a positive expected count and a noise multiplier of at least 0")
-    names = [name for name, array in current.items() if stepped(name, array)]
-    total = {name: np.zeros(current[name].shape) for name in names}
-    for update, norm in zip(updates, stepped_norms(current, updates), strict=True):
-        change = {name: update[name].astype(np.float64) - current[name] for name in names}
-        scale = min(1.0, clip / norm) if norm > 0 else 1.0
-        for name in names:
-            total[name] += scale * change[name]
-    step = {name: np.mean([u[name] for u in updates], axis=0).astype(a.dtype) for name, a in current.items()}
-    for name in names:
-        noise = rng.normal(0.0, noise_multiplier * clip, current[name].shape)
-        step[name] = (current[name] + (total[name] + noise) / expected).astype(current[name].dtype)
-    return step
-
-
 def quality_weights(
     scores: Sequence[float], temperature: float, num_samples: Sequence[int] | None = None
 ) -> list[float]:
@@ -349,31 +319,3 @@ def population_distribution(counts: Sequence[Sequence[int]], num_samples: Sequen
     if (n <= 0).any():
         raise ValueError("sample counts must be positive")
     return (n / n.sum()) @ q
-
-
-# Adaptive clipping (Andrew et al. 2021, "Differentially Private Learning with Adaptive Clipping"): the clip
-# follows a quantile of the changes' norms, learnt from a noised count of the changes within it.
-
-
-def count_noise(expected: float, noise_multiplier: float) -> float:
-    """The deviation of the noise on a round's count of changes within the clip: the paper's expected / 20,
-    and at least the noise multiplier, so that the changes' own noise grows by 1 / sqrt(3/4) at most.
-    """
-    return max(expected / 20, noise_multiplier)
-
-
-def change_noise_multiplier(noise_multiplier: float, count_deviation: float) -> float:
-    """The changes' noise multiplier with which they and a count noised at count_deviation are together
-    one Gaussian mechanism of noise_multiplier (each device counts +1/2 within the clip, -1/2 past it).
-    """
-    if not 0 < noise_multiplier < 2 * count_deviation:
-        raise ValueError(f"the count's noise {count_deviation} is too small for z {noise_multiplier}")
-    return float((noise_multiplier**-2 - (2 * count_deviation) ** -2) ** -0.5)
-
-
-def adapted_clip(clip: float, within: float, expected: float, target: float, learning_rate: float) -> float:
-    """The next round's clip, stepped geometrically towards the target quantile of the changes' norms;
-    within is the round's noised sum of +1/2 for each change within the clip and -1/2 for each past it.
-    """
-    fraction = within / expected + 0.5
-    return clip * math.exp(-learning_rate * (fraction - target))

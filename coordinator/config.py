@@ -6,15 +6,15 @@ config file, an environment variable (FEDSPEECH_ROUNDS) and `CoordinatorConfig.c
 reads the files and variables).
 """
 
-from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
 from fedspeech.coordinator.acknowledgements import DEFAULT_TIMEOUT_S
 from fedspeech.coordinator.enrolment import MAX_DEVICES
-from fedspeech.coordinator.influence import parse_norm_bound
-from fedspeech.coordinator.strategies import strategy_params
+from fedspeech.coordinator.influence import NormBound, check_norm_bound
+from fedspeech.coordinator.strategies import StrategyParams, make_strategy, strategy_class
+from fedspeech.coordinator.strategies.differential_privacy import PrivacySettings, privacy_settings
 from fedspeech.models.architectures import MODELS, NEW_BLOCKS
 from fedspeech.models.clips.datasets import CORPORA
 from fedspeech.protocol import bounds
@@ -168,11 +168,24 @@ class RoundConfig:
     samples_over_median: float = 3.0
     # each update's change to the global model is bounded in L2 norm before the strategy combines it
     # (influence.norm_bounded): "median" (norm_bound_factor times the round's median change), a fixed
-    # norm such as "5.0", or "off"
-    norm_bound: str = "median"
+    # norm such as 5.0, or "off"
+    norm_bound: NormBound = "median"
     norm_bound_factor: float = 2.0
-    # the strategy's own settings, name -> value (text or number), checked against its Params
-    strategy_options: Mapping[str, Any] = field(default_factory=dict)
+    # the strategy's own settings: its Params (strategies.strategy_params makes them from name=value
+    # texts); None: its defaults
+    strategy_settings: StrategyParams | None = None
+    # user-level differential privacy around the strategy (strategies.differential_privacy), on when any
+    # is given: each is a setting of PrivacySettings, unset ones at its defaults; without
+    # dp_noise_multiplier, the least noise that keeps all the rounds within dp_epsilon
+    dp_noise_multiplier: float | None = None
+    dp_clip: float | None = None
+    dp_delta: float | None = None
+    dp_epsilon: float | None = None
+    dp_sampling_rate: float | None = None
+    dp_clip_quantile: float | None = None
+    dp_clip_learning_rate: float | None = None
+    # the settings above made once, with their noise calibrated: what the round loop is given
+    privacy: PrivacySettings | None = field(init=False, default=None, repr=False, compare=False)
     # the coordinator learns only the sum of a round's updates (rounds.secure_sum): each device's change
     # clipped to L2 norm secure_clip; a secret rebuilt from secure_threshold of the round's devices (at
     # least 2); the keys agreed within secure_keys_timeout_s, the sum unmasked within as long again
@@ -214,8 +227,18 @@ class RoundConfig:
             raise ValueError(f"precision must be one of {', '.join(PRECISIONS)}, got {self.precision!r}")
         if self.new_blocks not in NEW_BLOCKS:
             raise ValueError(f"new_blocks must be one of {', '.join(NEW_BLOCKS)}, got {self.new_blocks!r}")
-        parse_norm_bound(self.norm_bound)
-        strategy_params(self.strategy, self.strategy_options)  # refuses a bad name or setting
+        check_norm_bound(self.norm_bound)
+        params = strategy_class(self.strategy).Params  # refuses an unknown name
+        if self.strategy_settings is not None and not isinstance(self.strategy_settings, params):
+            raise ValueError(f"strategy_settings are not {self.strategy}'s ({params.__qualname__})")
+        given = {name[3:]: getattr(self, name) for name in DP_FIELDS if getattr(self, name) is not None}
+        try:
+            privacy = privacy_settings(given, self.rounds)
+        except ValueError as exc:
+            raise ValueError(f"dp_{exc}") from None
+        if privacy is not None:  # refuses a strategy privacy cannot wrap, before anything starts
+            make_strategy(self.strategy, self.k, self.epochs, self.strategy_settings, privacy)
+        object.__setattr__(self, "privacy", privacy)  # frozen: made once, here
 
 
 @dataclass(frozen=True)
@@ -250,6 +273,8 @@ class CoordinatorConfig:
         values together. ValueError for a name no part has.
         """
         parts: dict[str, dict[str, Any]] = {}
+        if settings.get("strategy", self.rounds.strategy) != self.rounds.strategy:  # at its own defaults
+            settings = {"strategy_settings": None, **settings}
         for name, value in settings.items():
             if name not in SECTION_OF:
                 raise ValueError(f"no setting {name!r}")
@@ -259,4 +284,5 @@ class CoordinatorConfig:
 
 SECTIONS: dict[str, type] = {"service": ServiceConfig, "rounds": RoundConfig, "evaluation": EvaluationConfig}
 # setting -> the part of CoordinatorConfig that holds it
-SECTION_OF = {f.name: section for section, cls in SECTIONS.items() for f in fields(cls)}
+SECTION_OF = {f.name: section for section, cls in SECTIONS.items() for f in fields(cls) if f.init}
+DP_FIELDS = [f.name for f in fields(RoundConfig) if f.name.startswith("dp_")]  # "dp_" + a PrivacySettings

@@ -3,9 +3,10 @@
 A config file is TOML with sections [service], [rounds] and [evaluation], each holding settings of that
 part of CoordinatorConfig by field name, and [strategy]: the strategy's `name` and its own settings. An
 environment variable is FEDSPEECH_ and a setting's name in upper case (FEDSPEECH_ROUNDS=5); the
-strategy's own settings are FEDSPEECH_STRATEGY_OPTIONS=name=value,name=value. Each source is read into a
+strategy's own settings are FEDSPEECH_STRATEGY_SETTINGS=name=value,name=value. Each source is read into a
 Layer and laid over the ones below it; a setting that cannot be used is a ConfigError, one line naming
-the setting and its source.
+the setting and its source. Every value is made its setting's type here, once: what the round loop and
+the strategies receive are those values, never text.
 """
 
 import argparse
@@ -15,11 +16,13 @@ import tomllib
 import types
 import typing
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, fields
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
-from fedspeech.coordinator.config import SECTION_OF, SECTIONS, CoordinatorConfig, RoundConfig
+from fedspeech.coordinator.config import SECTION_OF, SECTIONS, CoordinatorConfig
+from fedspeech.coordinator.influence import norm_bound_value
+from fedspeech.coordinator.strategies import strategy_params
 from fedspeech.coordinator.strategies.params import split_option
 
 ENV_PREFIX = "FEDSPEECH_"
@@ -37,9 +40,11 @@ OPTION_DEST = {
     "secure_keys_timeout_s": "secure_keys_timeout",
     "learning_rate": "lr",
     "model_depth": "depth",
-    "strategy_options": "strategy_opt",
+    "strategy_settings": "strategy_setting",
 }
-_OPTIONS = "strategy_options"  # the strategy's own settings: name=value texts, or a file's [strategy]
+_OPTIONS = "strategy_settings"  # the strategy's own settings: name=value texts, or a file's [strategy]
+# settings whose type is more than one: each made from a file's value or a text by its own function
+_PARSED = {"norm_bound": norm_bound_value}
 _WORDS = {int: "a whole number", float: "a number", bool: "true or false", str: "text", Path: "a path"}
 
 
@@ -57,11 +62,13 @@ class Layer:
 
 
 def _kinds() -> dict[str, tuple[type, bool]]:
-    """Each setting's type (a Literal as str) and whether it may be None; strategy_options aside."""
+    """Each setting's type (a Literal as str) and whether it may be None; strategy_settings aside."""
     kinds = {}
     for cls in SECTIONS.values():
         hints = typing.get_type_hints(cls)
         for f in fields(cls):
+            if not f.init or f.name in _PARSED:
+                continue
             hint, optional = hints[f.name], False
             if isinstance(hint, types.UnionType):
                 optional = type(None) in typing.get_args(hint)
@@ -78,6 +85,8 @@ _KINDS = _kinds()
 
 def _checked(value: Any, name: str, label: str) -> Any:
     """A typed value (a file's, an option's) as the setting's type; ConfigError if it is another."""
+    if name in _PARSED:
+        return _parsed(value, name, label)
     kind, _ = _KINDS[name]
     number = isinstance(value, int | float) and not isinstance(value, bool)
     if kind is float and number:
@@ -91,6 +100,8 @@ def _checked(value: Any, name: str, label: str) -> Any:
 
 def _from_text(text: str, name: str, label: str) -> Any:
     """An environment variable's text as the setting's type (empty: None, where None is allowed)."""
+    if name in _PARSED:
+        return _parsed(text, name, label)
     kind, optional = _KINDS[name]
     if optional and not text:
         return None
@@ -104,6 +115,16 @@ def _from_text(text: str, name: str, label: str) -> Any:
     elif kind is str or (kind is Path and text):
         return kind(text)
     raise ConfigError(f"{label}: expected {_WORDS[kind]}, got {text!r}")
+
+
+def _parsed(value: Any, name: str, label: str) -> Any:
+    """value made by its setting's own function; ConfigError naming where it was given if it cannot be."""
+    if not isinstance(value, str | int | float) or isinstance(value, bool):
+        raise ConfigError(f"{label}: expected text or a number, got {value!r}")
+    try:
+        return _PARSED[name](value)
+    except ValueError as exc:
+        raise ConfigError(f"{label}: {exc}") from None
 
 
 _BOOLS = {"true": True, "1": True, "yes": True, "false": False, "0": False, "no": False}
@@ -209,26 +230,32 @@ def args_layer(args: argparse.Namespace) -> Layer:
     return Layer("", values, names)
 
 
-def _carry_options(rounds: RoundConfig, values: Mapping[str, Any]) -> dict[str, Any]:
-    """values, with the strategy options below kept (under those given) while the strategy stays."""
-    strategy = values.get("strategy", rounds.strategy)
-    below = rounds.strategy_options if strategy == rounds.strategy else {}
-    return {**values, _OPTIONS: {**below, **values.get(_OPTIONS, {})}}
-
-
 def combine(*layers: Layer, base: CoordinatorConfig | None = None) -> CoordinatorConfig:
     """The config of base (default: the defaults) with each layer over the one before.
 
-    A layer's options for the strategy add to those below while it keeps the strategy, and replace them
-    when it names another. ConfigError, prefixed with the layer's source, for a value out of bounds.
+    A layer's settings of the strategy add to those below while it keeps the strategy, and replace them
+    when it names another; they are made the strategy's Params once, over all the layers. ConfigError,
+    prefixed with the layer's source, for a value out of bounds.
     """
     config = base or CoordinatorConfig()
+    given = config.rounds.strategy_settings
+    options: dict[str, Any] = asdict(given) if given is not None else {}
     for layer in layers:
+        values = dict(layer.values)
+        if values.get("strategy", config.rounds.strategy) != config.rounds.strategy:
+            options = {}
+        options.update(values.pop(_OPTIONS, {}))
         try:
-            config = config.changed(**_carry_options(config.rounds, layer.values))
+            config = config.changed(**values)
         except ValueError as exc:
             raise ConfigError(f"{layer.source}: {exc}" if layer.source else str(exc)) from None
-    return config
+    if not options:
+        return config
+    try:
+        settings = strategy_params(config.rounds.strategy, options)
+    except ValueError as exc:
+        raise ConfigError(f"{where(_OPTIONS, layers)}: {exc}") from None
+    return config.changed(strategy_settings=settings)
 
 
 def where(name: str, layers: Iterable[Layer]) -> str:

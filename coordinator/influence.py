@@ -11,6 +11,7 @@ Learning?"): a device that boosts its change to replace the model is brought bac
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
+from typing import Literal
 
 import numpy as np
 
@@ -19,6 +20,7 @@ from fedspeech.coordinator.strategies import Result
 from fedspeech.protocol.weights import Arrays
 
 NORM_BOUNDS = ("median", "off")  # or a positive number: a fixed bound
+NormBound = float | Literal["median", "off"]
 
 
 @dataclass(frozen=True)
@@ -56,30 +58,34 @@ def sample_ceiling(registered: int, last: int | None, median: float | None, limi
     return max(most, 0)
 
 
-def parse_norm_bound(text: str) -> float | None:
-    """A norm_bound setting: None for "median" or "off", the number for a fixed bound; ValueError else."""
+def norm_bound_value(text: str | float) -> NormBound:
+    """A norm bound as given (text, or a number in a config file): "median", "off" or a positive number;
+    ValueError else.
+    """
     if text in NORM_BOUNDS:
-        return None
+        return text  # type: ignore[return-value]  # one of the Literal's words
     try:
         value = float(text)
     except ValueError:
         value = math.nan
-    if not 0 < value < math.inf:
-        raise ValueError(f"norm_bound must be median, off or a positive number, got {text!r}")
+    check_norm_bound(value)
     return value
 
 
-def norm_limit(setting: str, factor: float, norms: Sequence[float]) -> float | None:
+def check_norm_bound(bound: NormBound) -> None:
+    """ValueError unless bound is "median", "off" or a positive number."""
+    if bound not in NORM_BOUNDS and not (isinstance(bound, float) and 0 < bound < math.inf):
+        raise ValueError(f"norm_bound must be median, off or a positive number, got {bound!r}")
+
+
+def norm_limit(bound: NormBound, factor: float, norms: Sequence[float]) -> float | None:
     """The longest change an update may make this round: fixed, factor x the median of the finite norms,
     or None for no bound (off, or no finite norm to take the median of).
     """
-    if setting == "off":
-        return None
-    fixed = parse_norm_bound(setting)
-    if fixed is not None:
-        return fixed
+    if isinstance(bound, float):
+        return bound
     finite = [n for n in norms if math.isfinite(n)]
-    return factor * float(np.median(finite)) if finite else None
+    return factor * float(np.median(finite)) if finite and bound == "median" else None
 
 
 @dataclass(frozen=True)
@@ -92,22 +98,22 @@ class Shortened:
 
 
 def norm_bounded(
-    current: Arrays, results: Sequence[Result], setting: str, factor: float
+    current: Arrays, results: Sequence[Result], bound: NormBound, factor: float
 ) -> tuple[list[Result], list[Shortened]]:
     """The results, each change from current scaled down to the round's bound (norm_limit); those shortened.
 
     A change that is not finite is left as it is, for the aggregation to drop.
     """
     norms = update_norms(current, [r.arrays for r in results])
-    bound = norm_limit(setting, factor, norms)
-    if bound is None:
+    limit = norm_limit(bound, factor, norms)
+    if limit is None:
         return list(results), []
-    clipped = clip_updates(current, [r.arrays for r in results], bound)
+    clipped = clip_updates(current, [r.arrays for r in results], limit)
     bounded, shortened = [], []
     for result, arrays, norm in zip(results, clipped, norms, strict=True):
-        if norm > bound and math.isfinite(norm):
+        if norm > limit and math.isfinite(norm):
             bounded.append(replace(result, arrays=arrays))
-            shortened.append(Shortened(result.device_id, norm, bound))
+            shortened.append(Shortened(result.device_id, norm, limit))
         else:
             bounded.append(result)
     return bounded, shortened

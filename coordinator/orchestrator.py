@@ -24,7 +24,6 @@ from fedspeech.coordinator.influence import SampleLimits, norm_bounded
 from fedspeech.coordinator.ports import DeviceLink, ModelOps
 from fedspeech.coordinator.records import RoundRecord
 from fedspeech.coordinator.round_storage import RoundTally
-from fedspeech.coordinator.rounds import secure_sum
 from fedspeech.coordinator.rounds.base import RoundContext
 from fedspeech.coordinator.rounds.modes import MODES
 from fedspeech.coordinator.scheduling import depth_for_round, learning_rate_for_round
@@ -50,7 +49,9 @@ class Orchestrator:
 
     def __init__(self, config: RoundConfig, store: Store, link: DeviceLink, model: ModelOps) -> None:
         self.config, self.store, self.link, self.model = config, store, link, model
-        self.strategy = make_strategy(config.strategy, config.k, config.epochs, config.strategy_options)
+        self.strategy = make_strategy(
+            config.strategy, config.k, config.epochs, config.strategy_settings, config.privacy
+        )
         if config.secure_aggregation and self.strategy.secure_terms() is None:
             raise ValueError(
                 f"the {self.strategy.name} strategy cannot run with secure aggregation: it needs each "
@@ -68,8 +69,8 @@ class Orchestrator:
         # what keeps the next round from starting, in words an operator can act on; None while none waits
         self.waiting: str | None = None
         self.finished = threading.Event()
-        # how its rounds train
-        self._train = secure_sum.train if config.secure_aggregation else MODES[self.strategy.mode]
+        # how its rounds train: by the strategy's mode, or summed securely
+        self._train = MODES["secure_sum" if config.secure_aggregation else self.strategy.mode]
         self.desk = SecureSumDesk()  # a secure sum's phases, between the HTTP handlers and its mode
         first = model.spec_at(self._depth(1))  # a bad depth schedule fails here, at start-up
         limits = SampleLimits(config.sample_growth, config.samples_over_median, config.max_device_samples)
@@ -87,7 +88,7 @@ class Orchestrator:
                     latest = self._resume()
                 elif latest.round >= self.config.rounds:
                     break
-                elif (spent := self.strategy.stop_before(next_round)) is not None:
+                elif (spent := self._past_budget(next_round)) is not None:
                     log.warning("%s", spent)
                     self.finished.set()
                     break
@@ -163,8 +164,6 @@ class Orchestrator:
         new, kept = aggregated
         if collected.tally is not None:
             self._take_tally(collected.tally, len(results))
-        if collected.within_clip is not None:
-            self.strategy.clip_count(round, collected.within_clip)
         if self.config.server_momentum:
             new, self._velocity = server_momentum(
                 self._current, new, self._velocity, self.config.server_momentum
@@ -210,6 +209,11 @@ class Orchestrator:
             started, self.config, self.inbox, self.link, self.store, tasks, stop, self.desk,
             self.strategy.secure_terms(),
         )  # fmt: skip
+
+    def _past_budget(self, round: int) -> str | None:
+        """Why round may not train (it would spend more privacy than the budget); None: it may."""
+        spent = self.strategy.privacy_after(round)
+        return spent.past_budget(round) if spent is not None else None
 
     def _still_training(self, ready: Sequence[str]) -> set[str]:
         """The devices busy with an earlier round's task, once the tasks no longer wanted are dropped."""

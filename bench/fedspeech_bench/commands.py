@@ -282,21 +282,16 @@ def _add_listen_bench_parser(bench_subparsers: argparse._SubParsersAction) -> No
 
 
 def _demo(args: argparse.Namespace) -> None:
-    from fedspeech.coordinator.strategies import STRATEGIES, strategy_params
-    from fedspeech.coordinator.strategies.dp_fedavg import calibrated
+    from fedspeech.coordinator.config import RoundConfig
+    from fedspeech.coordinator.strategies import STRATEGIES
     from fedspeech_bench.demo import DemoConfig, run_demo
 
     if args.strategy is not None and args.strategy not in STRATEGIES:
         known = ", ".join(STRATEGIES)
         raise SystemExit(f"fedspeech demo: unknown strategy {args.strategy!r}, expected one of {known}")
     dp = dp_options(args)
-    if dp and args.strategy not in (None, "dp_fedavg"):
-        raise SystemExit(
-            "fedspeech demo: the --dp-* options are the dp_fedavg strategy's: leave out --strategy"
-        )
     try:
-        options = calibrated(dp, args.rounds)
-        strategy_params("dp_fedavg", options)
+        RoundConfig(rounds=args.rounds, strategy=args.strategy or DemoConfig.strategy, **dp)
     except ValueError as exc:
         raise SystemExit(f"fedspeech demo: {exc}") from None
     fleet = None if args.fleet is None else fleet_path(args.fleet)
@@ -318,8 +313,8 @@ def _demo(args: argparse.Namespace) -> None:
         DemoConfig(
             out=args.out,
             fleet=None if args.full_speed else fleet or DemoConfig.fleet,
-            strategy="dp_fedavg" if dp else args.strategy or DemoConfig.strategy,
-            strategy_options=options,
+            strategy=args.strategy or DemoConfig.strategy,
+            privacy=dp,
             rounds=args.rounds,
             epochs=args.epochs,
             broker_url=args.broker,

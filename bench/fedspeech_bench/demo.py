@@ -11,6 +11,7 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
+from typing import Any
 
 from fedspeech.coordinator.records import RoundRecord
 from fedspeech.models.clips.datasets import load_corpus, server_test_clips, speakers
@@ -59,7 +60,7 @@ class DemoConfig:
     secure_aggregation: bool = False  # the coordinator sees only each round's sum of updates
     synthetic: bool = False  # a first model from synthetic speech, synthetic takes mixed in on the devices
     seed: int = 0  # the coordinator's: the first model's weights, and the seed of each device's task
-    strategy_options: Mapping[str, float] = field(default_factory=dict)  # e.g. dp_fedavg's noise
+    privacy: Mapping[str, Any] = field(default_factory=dict)  # dp_* settings: differential privacy
 
 
 def federated_text(r: RoundRecord) -> str:
@@ -202,7 +203,7 @@ def run_demo(cfg: DemoConfig) -> dict:
         rounds=cfg.rounds,
         round_timeout_s=cfg.round_timeout_s,
         strategy=cfg.strategy,
-        strategy_options=cfg.strategy_options,
+        **cfg.privacy,
         eval_every=cfg.eval_every,
         final_lr_fraction=DEMO_FINAL_LR_FRACTION,
         server_momentum=DEMO_SERVER_MOMENTUM,

@@ -4,10 +4,10 @@ for it to mean something, simulated in this process.
 Each Speech Commands speaker is a device holding its own clips, so the fleet is label-skewed the way
 people are: a speaker says a few of the words. Every round each device is taken with probability
 `sampling_rate` (Poisson sampling), trains from the global model with the product's own training step and
-settings, and the coordinator's own dp_fedavg strategy (changes clipped, Gaussian noise, the expected
-count as denominator) makes the new model. Epsilon at delta comes from dp-accounting. Each arm is one
+settings, and the coordinator's own differential privacy around FedAvg (changes clipped, Gaussian noise, the
+expected count as denominator) makes the new model. Epsilon at delta comes from dp-accounting. Each arm is one
 target epsilon, with the least noise multiplier that keeps the rounds within it; one more arm clips
-without noise (`aggregate.dp_mean` at no noise), and with a clip quantile each epsilon has a second arm
+without noise (`dp_mean` at no noise), and with a clip quantile each epsilon has a second arm
 whose clip adapts to it. Every arm samples the same devices each round, so arms differ by their noise and
 clip alone. The model is scored on every speaker's held-out clips.
 """
@@ -65,11 +65,15 @@ def run_curve(
     """
     import torch
 
-    from fedspeech.coordinator.aggregate import dp_mean
     from fedspeech.coordinator.config import RoundConfig
     from fedspeech.coordinator.privacy_budget import epsilon_spent, noise_multiplier_for
     from fedspeech.coordinator.strategies import Result
-    from fedspeech.coordinator.strategies.dp_fedavg import DPFedAvg
+    from fedspeech.coordinator.strategies.differential_privacy import (
+        DifferentiallyPrivate,
+        PrivacySettings,
+        dp_mean,
+    )
+    from fedspeech.coordinator.strategies.fedavg import FedAvg
     from fedspeech.models import build_model
     from fedspeech.models.clips.datasets import (
         client_clips,
@@ -108,8 +112,8 @@ def run_curve(
     pool = dict.fromkeys(f"{n:05}" for n in range(len(fleet)))
     points = []
     for z, quantile in arms:
-        options = {"noise_multiplier": max(z, 0.01), "clip": clip, "sampling_rate": sampling_rate}
-        strategy = DPFedAvg(1, 1, DPFedAvg.Params(**options, target_quantile=quantile))
+        privacy = PrivacySettings(max(z, 0.01), clip, sampling_rate=sampling_rate, clip_quantile=quantile)
+        strategy = DifferentiallyPrivate(FedAvg(1, 1), privacy)
         current, marks, scores = dict(start), [], []
         for round in range(1, rounds + 1):
             # the same devices each round in every arm

@@ -192,8 +192,7 @@ def strategy_settings(text: str) -> dict[str, Any]:
     if name not in STRATEGIES:
         raise ValueError(f"unknown strategy {name!r}, expected one of {', '.join(STRATEGIES)}")
     options = dict(split_option(part) for part in rest.split(",")) if rest else {}
-    strategy_params(name, options)
-    return {"strategy": name, "strategy_options": options} if options else {"strategy": name}
+    return {"strategy": name, "strategy_settings": strategy_params(name, options)}
 
 
 def poisoning_config(out: Path, strategies: Sequence[str] = ROBUST_STRATEGIES, **kw: Any) -> BenchConfig:

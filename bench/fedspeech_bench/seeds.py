@@ -67,9 +67,9 @@ ARMS: dict[str, dict[str, Any]] = {
     "fedbn": {"strategy": "fedbn", "model": "cnn_bn"},
     "fedavg-bn": {"strategy": "fedavg", "model": "cnn_bn"},  # what FedBN is measured against
     "quality": {"strategy": "quality"},
-    "grouped-1": {"strategy": "grouped", "strategy_options": {"groups": 1}},
-    "grouped-2": {"strategy": "grouped", "strategy_options": {"groups": 2}},
-    "grouped-N": {"strategy": "grouped", "strategy_options": {"groups": 0}},  # one group per device
+    "grouped-1": {"strategy": "grouped", "strategy_settings": {"groups": 1}},
+    "grouped-2": {"strategy": "grouped", "strategy_settings": {"groups": 2}},
+    "grouped-N": {"strategy": "grouped", "strategy_settings": {"groups": 0}},  # one group per device
     "class_prior": {"strategy": "class_prior"},
     "mkd": {"strategy": "mkd"},
 }
@@ -142,9 +142,12 @@ def check_arms(names: Sequence[str]) -> None:
 
 def arm_for(name: str, setting: Setting) -> Arm:
     """The harness.Arm of an arm name on a setting: its settings, the shared folder, FedBN's evaluation."""
+    from fedspeech.coordinator.strategies import strategy_params
     from fedspeech_bench.harness import Arm
 
     settings = dict(ARMS[name])
+    if "strategy_settings" in settings:  # as text here: made the strategy's settings once
+        settings["strategy_settings"] = strategy_params(settings["strategy"], settings["strategy_settings"])
     if name in ARM_FOLDERS:
         settings[ARM_FOLDERS[name]] = setting.validation
     if name == "fedbn" and setting.personalised:  # the devices score their own; the global model as well

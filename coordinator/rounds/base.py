@@ -46,7 +46,6 @@ class Collected:
     # the round's new model already (a secure sum's): no update was seen alone, none is aggregated again
     combined: Arrays | None = None
     tally: Tally | None = None  # the secure sum's counts: its devices' clips per label and evaluations
-    within_clip: float | None = None  # the secure sum's noised count of changes within the clip (±1/2 each)
 
     def devices_in(self, results: Sequence[Result]) -> set[str]:
         """The devices whose updates went into these results."""

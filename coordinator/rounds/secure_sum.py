@@ -128,8 +128,9 @@ def train(round: int, plan: RoundPlan, context: RoundContext) -> Collected:
     )  # fmt: skip
     results = [closed.updates[d][0] for d in survivors]
     tally = decode_tally(total[counted:], classes)
-    within = float(values[length] / terms.count_scale) if terms.count_scale else None
-    return Collected(closed, results, missed, combined=new, tally=tally, within_clip=within)
+    if terms.count_scale and terms.on_count is not None:  # adaptive clipping's noised count
+        terms.on_count(round, float(values[length] / terms.count_scale))
+    return Collected(closed, results, missed, combined=new, tally=tally)
 
 
 def _phases(

@@ -18,7 +18,7 @@ from fedspeech.coordinator.strategies.bulyan import Bulyan
 from fedspeech.coordinator.strategies.ca2fl import CachedCalibration
 from fedspeech.coordinator.strategies.class_prior import ClassPrior
 from fedspeech.coordinator.strategies.clipped import NormClipped
-from fedspeech.coordinator.strategies.dp_fedavg import DPFedAvg
+from fedspeech.coordinator.strategies.differential_privacy import DifferentiallyPrivate, PrivacySettings
 from fedspeech.coordinator.strategies.fedavg import FedAvg
 from fedspeech.coordinator.strategies.fedbn import FedBN
 from fedspeech.coordinator.strategies.fedbuff import FedBuff
@@ -73,8 +73,6 @@ STRATEGIES: dict[str, Callable[..., Strategy]] = {
     "grouped": GroupedSequential,
     "class_prior": ClassPrior,
     "mkd": MutualDistillation,
-    # user-level differential privacy: devices sampled at a rate, changes clipped, noise on their sum
-    "dp_fedavg": DPFedAvg,
 }
 
 
@@ -95,10 +93,19 @@ def strategy_params(name: str, options: Mapping[str, Any] | None = None) -> Stra
         raise ValueError(f"strategy {name}: {exc}") from None
 
 
-def make_strategy(name: str, k: int, epochs: int, options: Mapping[str, Any] | None = None) -> Strategy:
-    """A fresh strategy by name with its settings from options; ValueError for a bad name or setting."""
-    params = strategy_params(name, options)  # first: it refuses an unknown name
-    return STRATEGIES[name](k, epochs, params)
+def make_strategy(
+    name: str,
+    k: int,
+    epochs: int,
+    settings: StrategyParams | None = None,
+    privacy: PrivacySettings | None = None,
+) -> Strategy:
+    """A fresh strategy by name with its settings (None: its defaults), wrapped in differential privacy
+    where privacy is given; ValueError for an unknown name or a strategy privacy cannot wrap.
+    """
+    strategy_class(name)  # refuses an unknown name with the known ones
+    strategy = STRATEGIES[name](k, epochs, settings)
+    return DifferentiallyPrivate(strategy, privacy) if privacy is not None else strategy
 
 
 def summing() -> list[str]:
@@ -109,6 +116,7 @@ def summing() -> list[str]:
 __all__ = [
     "STRATEGIES",
     "Needs",
+    "PrivacySettings",
     "PrivacySpent",
     "Result",
     "RoundPlan",

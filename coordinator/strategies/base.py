@@ -2,9 +2,12 @@
 
 A strategy decides who trains each round and with what settings (`configure_round`), may prepare the
 accepted updates (`before_aggregate`: scored on the coordinator's validation set), combines them and the
-global model they started from into the new global model (`aggregate`), may train a model of its own
-from it (`after_aggregate`: a teacher sent with the next tasks) and keeps whatever it needs across rounds
-(`on_round_end`). The orchestrator calls only these hooks and knows no strategy by name.
+global model they started from into the new global model (`aggregate`), says how a secure sum gives that
+model where one can (`secure_terms`), may train a model of its own from it (`after_aggregate`: a teacher
+sent with the next tasks, taken back after a restart by `restore`), reports the differential privacy its
+rounds spend (`privacy_after`) and keeps whatever it needs across rounds (`on_round_end`). The
+orchestrator calls only these hooks and knows no strategy by name. Differential privacy is itself a
+strategy around another (differential_privacy.DifferentiallyPrivate), as Flower's is.
 
 Beside its hooks a strategy declares its settings (`Params`, a frozen dataclass with bounds), what it
 `needs` (batch normalisation, a validation set, server data, a minimum of results) and its round `mode`:
@@ -12,12 +15,16 @@ parallel (every selected device trains from the global model), buffered (a devic
 its round closes goes on, and its update counts in a later round) or chained (groups of devices train one
 after another). `personal` holds the task settings with which each device trains and evaluates a model of
 its own (FedBN's normalisation layers that stay on the devices, SiloBN's statistics).
+
+Where a method's maths lives: in its strategy's file when that strategy alone uses it (Krum's scores,
+differential privacy's noise and clip); in `aggregate` when several strategies or the round loop share it.
 """
 
 from abc import ABC, abstractmethod
-from collections.abc import Mapping, Sequence, Set
+from collections.abc import Callable, Mapping, Sequence, Set
 from dataclasses import dataclass, field
-from typing import ClassVar, Literal, Protocol
+from types import MappingProxyType
+from typing import Literal, Protocol
 
 import numpy as np
 
@@ -79,6 +86,16 @@ class PrivacySpent:
 
     epsilon: float
     delta: float
+    budget: float | None = None  # the epsilon no round may pass; None: none
+
+    def past_budget(self, round: int) -> str | None:
+        """Why round may not train, in one line: it would spend more than the budget; None: it may."""
+        if self.budget is None or self.epsilon <= self.budget:
+            return None
+        return (
+            f"the privacy budget is spent: round {round} would bring epsilon to {self.epsilon:.3g}, past "
+            f"{self.budget:g} at delta {self.delta:g}; training stops, round {round - 1}'s model stays"
+        )
 
 
 @dataclass(frozen=True)
@@ -96,6 +113,8 @@ class SecureTerms:
     # adaptive clipping: each device adds +count_scale/2 after its change if it was within the clip
     # before clipping, -count_scale/2 if not, noised with it; 0: nothing added
     count_scale: float = 0.0
+    # what hears the round's noised count of changes within the clip, (round, count), where there is one
+    on_count: Callable[[int, float], None] | None = None
 
 
 @dataclass(frozen=True)
@@ -127,7 +146,7 @@ class Strategy(ABC):
     mode: Mode = "parallel"  # buffered: devices that miss a round train on and count later; chained: groups
     # the task settings that have a device train and evaluate with normalisation of its own: FedBN's
     # local_norm (the layers stay on the device, uploads hold the other arrays), SiloBN's local_statistics
-    personal: ClassVar[Mapping[str, float]] = {}
+    personal: Mapping[str, float] = MappingProxyType({})
 
     def __init__(self, k: int, epochs: int, params: StrategyParams | None = None) -> None:
         if k < 1 or epochs < 1:
@@ -158,17 +177,8 @@ class Strategy(ABC):
         plain = own.aggregate is Strategy.aggregate and own.before_aggregate is Strategy.before_aggregate
         return SecureTerms() if plain and self.mode == "parallel" else None
 
-    def clip_count(self, round: int, within: float) -> None:  # noqa: B027 - a hook: most ignore it
-        """A secure round's noised sum of +1/2 for each change within the clip, -1/2 for each past it
-        (where secure_terms asks for it): ignored.
-        """
-
     def privacy_after(self, rounds: int) -> PrivacySpent | None:
         """The differential privacy spent once `rounds` rounds are aggregated: none guaranteed."""
-        return None
-
-    def stop_before(self, round: int) -> str | None:
-        """Why no more rounds may train (a privacy budget spent), in one line; None: they may."""
         return None
 
     def after_aggregate(self, round: int, new: Arrays, server: ServerSide) -> Arrays | None:

@@ -6,7 +6,7 @@ microphone and room shift the features' statistics; local normalisation absorbs 
 """
 
 from collections.abc import Mapping
-from typing import ClassVar
+from types import MappingProxyType
 
 from fedspeech.coordinator.strategies.base import Needs
 from fedspeech.coordinator.strategies.fedavg import FedAvg
@@ -17,4 +17,4 @@ class FedBN(FedAvg):
 
     name = "fedbn"
     needs = Needs(batch_norm=True)
-    personal: ClassVar[Mapping[str, float]] = {"local_norm": 1.0}
+    personal: Mapping[str, float] = MappingProxyType({"local_norm": 1.0})

@@ -7,7 +7,7 @@ which statistics a device runs with.
 """
 
 from collections.abc import Mapping
-from typing import ClassVar
+from types import MappingProxyType
 
 from fedspeech.coordinator.strategies.base import Needs
 from fedspeech.coordinator.strategies.fedbuff import FedBuff
@@ -18,4 +18,4 @@ class FedBuffSiloBN(FedBuff):
 
     name = "fedbuff_silobn"
     needs = Needs(batch_norm=True)
-    personal: ClassVar[Mapping[str, float]] = {"local_statistics": 1.0}
+    personal: Mapping[str, float] = MappingProxyType({"local_statistics": 1.0})

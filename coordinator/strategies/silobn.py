@@ -8,7 +8,7 @@ the exported global model is FedAvg's and runs on a device without clips of its 
 """
 
 from collections.abc import Mapping
-from typing import ClassVar
+from types import MappingProxyType
 
 from fedspeech.coordinator.strategies.base import Needs
 from fedspeech.coordinator.strategies.fedavg import FedAvg
@@ -19,4 +19,4 @@ class SiloBN(FedAvg):
 
     name = "silobn"
     needs = Needs(batch_norm=True)
-    personal: ClassVar[Mapping[str, float]] = {"local_statistics": 1.0}
+    personal: Mapping[str, float] = MappingProxyType({"local_statistics": 1.0})

@@ -16,6 +16,7 @@ from fedspeech.coordinator.influence import SampleLimits
 from fedspeech.coordinator.orchestrator import Orchestrator
 from fedspeech.coordinator.ports import Evaluation, OnnxFiles
 from fedspeech.coordinator.store import Store
+from fedspeech.coordinator.strategies import strategy_params
 from fedspeech.models.calibration import Decisions
 from fedspeech.protocol import weights
 from fedspeech.protocol.messages import (
@@ -113,6 +114,8 @@ class Fleet:
 
     def __init__(self, tmp_path, model: FakeModel | None = None, **config) -> None:
         defaults = {"min_devices": 2, "min_results": 1, "round_timeout_s": 0.3, "eval_every": 0}
+        if isinstance(config.get("strategy_settings"), dict):  # name -> value, as an operator gives them
+            config["strategy_settings"] = strategy_params(config["strategy"], config["strategy_settings"])
         self.config = RoundConfig(**{**defaults, **config})
         self.store = Store(tmp_path / "state")
         self.link = FakeLink()

@@ -232,19 +232,19 @@ def _cases(tmp: Path, busy: int, broker: str, nothing: str) -> dict[str, tuple[l
             ["'fedbest'", "fedavg"],
         ),
         "coordinator setting out of bounds": (
-            [*coordinator, "--strategy", "fedprox", "--strategy-opt", "mu=-1"],
+            [*coordinator, "--strategy", "fedprox", "--strategy-setting", "mu=-1"],
             "coordinator",
             ["strategy fedprox", "mu must be between 0 and 100"],
         ),
         "coordinator setting the strategy lacks": (
-            [*coordinator, "--strategy", "trimmed_mean", "--strategy-opt", "mu=1"],
+            [*coordinator, "--strategy", "trimmed_mean", "--strategy-setting", "mu=1"],
             "coordinator",
             ["strategy trimmed_mean", "unknown setting 'mu'", "its settings: trim"],
         ),
-        "coordinator dp options with another strategy": (
-            [*coordinator, "--strategy", "fedprox", "--dp-epsilon", "8"],
+        "coordinator dp options around a strategy that does not average": (
+            [*coordinator, "--strategy", "median", "--dp-epsilon", "8"],
             "coordinator",
-            ["--dp-* options are the dp_fedavg strategy's", "not fedprox's"],
+            ["differential privacy wraps a strategy that averages; median does not"],
         ),
         "coordinator dp delta out of bounds": (
             [*coordinator, "--dp-delta", "0.5"],
@@ -252,9 +252,9 @@ def _cases(tmp: Path, busy: int, broker: str, nothing: str) -> dict[str, tuple[l
             ["delta must be between"],
         ),
         "coordinator setting that is no name=value": (
-            [*coordinator, "--strategy", "fedprox", "--strategy-opt", "mu"],
+            [*coordinator, "--strategy", "fedprox", "--strategy-setting", "mu"],
             "coordinator",
-            ["--strategy-opt", "name=value"],
+            ["--strategy-setting", "name=value"],
         ),
         "coordinator HTTP port taken": (
             [*coordinator[:-1], str(busy)],

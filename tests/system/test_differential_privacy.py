@@ -31,8 +31,9 @@ def test_epsilon_is_shown_everywhere_and_training_stops_at_the_budget(
         "min_devices": 3,
         "min_results": 2,
         "eval_every": 0,
-        "strategy": "dp_fedavg",
-        "strategy_options": {"noise_multiplier": 1.5, "clip": 2.0, "epsilon": budget},
+        "dp_noise_multiplier": 1.5,
+        "dp_clip": 2.0,
+        "dp_epsilon": budget,
     }
     with running_coordinator(tmp_path, **config) as (service, url):
         clients = start_clients(processes, SPEAKERS, url, mosquitto_url, topic_root, max_samples=24)

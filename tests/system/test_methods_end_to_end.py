@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from fedspeech.coordinator.strategies import strategy_params
 from fedspeech.models.clips.datasets import client_clips, load_corpus
 from fedspeech.protocol import weights
 from tests.helpers.coordinators import running_coordinator, wait_until_finished
@@ -103,7 +104,7 @@ def test_quality_on_clips_devices_chose_to_share(tmp_path, processes, mosquitto_
 
 @pytest.mark.parametrize("groups", [1])
 def test_grouped_sequential_relays_the_model(tmp_path, processes, mosquitto_url, topic_root, caplog, groups):
-    config = {"strategy": "grouped", "strategy_options": {"groups": groups}}
+    config = {"strategy": "grouped", "strategy_settings": strategy_params("grouped", {"groups": groups})}
     _run(tmp_path, processes, mosquitto_url, topic_root, config, caplog)
     assert caplog.text.count("trains from the update of") == ROUNDS, "the second device of each round"
 

@@ -8,7 +8,7 @@ import signal
 
 import numpy as np
 
-from fedspeech.coordinator.aggregate import count_noise
+from fedspeech.coordinator.strategies.differential_privacy import count_noise
 from tests.helpers.coordinators import running_coordinator, wait_until_finished
 from tests.helpers.devices import start_clients
 from tests.helpers.waiting import wait_for
@@ -101,8 +101,9 @@ def test_adaptive_clipping_under_secure_aggregation_learns_from_the_devices_nois
         "min_results": 2,
         "eval_every": 0,
         "secure_aggregation": True,
-        "strategy": "dp_fedavg",
-        "strategy_options": {"noise_multiplier": z, "clip": clip, "target_quantile": target},
+        "dp_noise_multiplier": z,
+        "dp_clip": clip,
+        "dp_clip_quantile": target,
     }
     with running_coordinator(tmp_path, **config) as (service, url):
         clients = start_clients(processes, SPEAKERS[:3], url, mosquitto_url, topic_root, max_samples=24)

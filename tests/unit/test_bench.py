@@ -2,10 +2,12 @@
 
 import math
 from dataclasses import asdict, replace
+from dataclasses import fields as dataclass_fields
 
 import pytest
 from scipy import stats
 
+from fedspeech.coordinator.strategies.krum import Krum
 from fedspeech_bench.fleets.fleet_files import FLEETS_DIR, load_fleet
 from fedspeech_bench.harness import (
     arm_config,
@@ -74,7 +76,6 @@ def test_unreached_target_and_report(tmp_path):
 
 def test_run_reads_back_from_its_dict():
     import json
-    from dataclasses import asdict
 
     run = RUNS[3]
     again = Run.from_dict(json.loads(json.dumps(asdict(run))))
@@ -108,7 +109,8 @@ def test_every_arm_is_the_coordinators_config_with_its_settings(tmp_path):
             settings = cfg.corpus_settings.get(corpus, {})
             for arm in cfg.arms:
                 config = arm_config(cfg, corpus, arm)
-                fields = asdict(config.service) | asdict(config.rounds) | asdict(config.evaluation)
+                parts = (config.service, config.rounds, config.evaluation)
+                fields = {f.name: getattr(part, f.name) for part in parts for f in dataclass_fields(part)}
                 assert {name: fields[name] for name in {**settings, **arm.settings}} == {
                     **settings,
                     **arm.settings,
@@ -167,7 +169,7 @@ def test_poisoning_arms_take_a_strategys_settings_and_refuse_bad_ones(tmp_path):
         "attacked-median", "attacked-krum:m=0,f=1", "attacked-fedavg-unbounded"
     ]  # fmt: skip
     assert arm_config(cfg, "fsdd", cfg.arms[-1]).rounds.norm_bound == "off"
-    assert (multi.rounds.strategy, dict(multi.rounds.strategy_options)) == ("krum", {"m": "0", "f": "1"})
+    assert (multi.rounds.strategy, multi.rounds.strategy_settings) == ("krum", Krum.Params(f=1, m=0))
     bad_arms = [("krum:m=-1", "m must be between"), ("krum:q=1", "unknown setting 'q'"), ("kram", "kram")]
     for bad, why in bad_arms:
         with pytest.raises(ValueError, match=why):

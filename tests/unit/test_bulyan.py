@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from fedspeech.coordinator.strategies import Result, make_strategy
+from fedspeech.coordinator.strategies import Result, make_strategy, strategy_params
 from fedspeech.coordinator.strategies.bulyan import bulyan, bulyan_picks
 from fedspeech.coordinator.strategies.catalogue import listing
 
@@ -51,9 +51,11 @@ def test_with_no_byzantine_device_it_is_the_plain_average():
 def test_too_few_updates_are_refused_and_the_strategy_asks_for_enough_devices():
     with pytest.raises(ValueError, match="at least 7 updates"):
         bulyan(HONEST, 1)
-    assert make_strategy("bulyan", 10, 1, {"f": "2"}).needs.min_devices == 11
+    assert make_strategy("bulyan", 10, 1, strategy_params("bulyan", {"f": "2"})).needs.min_devices == 11
     updates = [*HONEST, {"w": 50 * HONEST[2]["w"], "b": HONEST[2]["b"]}]
     results = [Result(f"d{i}", u, 10**9 if i == 6 else 10) for i, u in enumerate(updates)]  # claims count not
-    aggregated = make_strategy("bulyan", 10, 1, {"f": "1"}).aggregate(1, results, HONEST[0])
+    aggregated = make_strategy("bulyan", 10, 1, strategy_params("bulyan", {"f": "1"})).aggregate(
+        1, results, HONEST[0]
+    )
     assert all(np.array_equal(aggregated[name], bulyan(updates, 1)[name]) for name in ("w", "b"))
     assert "bulyan: " in listing() and "    f=1 (0 to 1000)" in listing().split("bulyan: ")[1]

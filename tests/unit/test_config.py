@@ -18,6 +18,9 @@ from fedspeech.coordinator.config_sources import (
     from_file,
     where,
 )
+from fedspeech.coordinator.strategies.differential_privacy import PrivacySettings
+from fedspeech.coordinator.strategies.fedprox import FedProx
+from fedspeech.coordinator.strategies.trimmed_mean import FedTrimmedMean
 
 FILE = """
 [service]
@@ -58,7 +61,8 @@ def _parsed(*options: str) -> argparse.Namespace:
 
 
 def test_a_setting_has_one_name_across_the_parts():
-    assert len(SECTION_OF) == sum(len(dataclasses.fields(cls)) for cls in SECTIONS.values())
+    given = [f for cls in SECTIONS.values() for f in dataclasses.fields(cls) if f.init]
+    assert len(SECTION_OF) == len(given)
 
 
 def test_a_file_sets_each_part_and_the_strategy(tmp_path):
@@ -67,7 +71,7 @@ def test_a_file_sets_each_part_and_the_strategy(tmp_path):
     assert config.service.open_enrolment is True
     assert (config.rounds.rounds, config.rounds.min_devices) == (30, 4)
     assert config.rounds.round_timeout_s == 300.0 and isinstance(config.rounds.round_timeout_s, float)
-    assert config.rounds.strategy == "fedprox" and dict(config.rounds.strategy_options) == {"mu": 0.1}
+    assert config.rounds.strategy == "fedprox" and config.rounds.strategy_settings == FedProx.Params(mu=0.1)
     assert (config.evaluation.eval_corpus, config.evaluation.eval_limit) == ("emodb", 200)
     assert config.rounds.epochs == RoundConfig().epochs, "what the file leaves out keeps its default"
 
@@ -89,20 +93,38 @@ def test_variables_are_read_as_their_settings_types():
         "FEDSPEECH_STATE_DIR": "/var/lib/fedspeech",
         "FEDSPEECH_BROKER_URL": "",
         "FEDSPEECH_STRATEGY": "trimmed_mean",
-        "FEDSPEECH_STRATEGY_OPTIONS": "trim=0.2",
+        "FEDSPEECH_STRATEGY_SETTINGS": "trim=0.2",
+        "FEDSPEECH_NORM_BOUND": "5",
     }
     config = from_env(environ)
     assert config.service.open_enrolment is True and config.rounds.learning_rate == 0.01
     assert config.service.state_dir == Path("/var/lib/fedspeech") and config.service.broker_url is None
-    assert dict(config.rounds.strategy_options) == {"trim": "0.2"}
+    assert config.rounds.strategy_settings == FedTrimmedMean.Params(trim=0.2)
+    assert config.rounds.norm_bound == 5.0, "a number where a number is meant, made once"
 
 
-def test_strategy_options_add_up_while_the_strategy_stays_and_go_when_it_changes(tmp_path):
+def test_strategy_settings_add_up_while_the_strategy_stays_and_go_when_it_changes(tmp_path):
     layers = [file_layer(_file(tmp_path))]
-    same = combine(*layers, args_layer(_args(strategy_opt=["mu=0.3"])))
-    assert same.rounds.strategy == "fedprox" and dict(same.rounds.strategy_options) == {"mu": "0.3"}
+    same = combine(*layers, args_layer(_args(strategy_setting=["mu=0.3"])))
+    assert same.rounds.strategy == "fedprox" and same.rounds.strategy_settings == FedProx.Params(mu=0.3)
     other = combine(*layers, args_layer(_args(strategy="trimmed_mean")))
-    assert other.rounds.strategy == "trimmed_mean" and not other.rounds.strategy_options
+    assert other.rounds.strategy == "trimmed_mean" and other.rounds.strategy_settings is None
+
+
+def test_a_strategy_setting_out_of_bounds_is_refused_naming_where_it_was_given(tmp_path):
+    layers = [file_layer(_file(tmp_path)), args_layer(_args(strategy_setting=["mu=-1"]))]
+    with pytest.raises(ConfigError, match="^--strategy-setting: strategy fedprox: mu must be between"):
+        combine(*layers)
+
+
+def test_a_norm_bound_is_made_a_number_or_a_word_where_it_enters(tmp_path):
+    assert combine(args_layer(_args(norm_bound="2.5"))).rounds.norm_bound == 2.5
+    assert combine(args_layer(_args(norm_bound="off"))).rounds.norm_bound == "off"
+    assert from_file(_file(tmp_path, "[rounds]\nnorm_bound = 3\n")).rounds.norm_bound == 3.0
+    with pytest.raises(ConfigError, match="^--norm-bound: norm_bound must be median, off or a positive"):
+        args_layer(_args(norm_bound="-1"))
+    with pytest.raises(ValueError, match="norm_bound must be"):
+        RoundConfig(norm_bound="5.0")  # type: ignore[arg-type]  # text past the edge is refused
 
 
 @pytest.mark.parametrize(
@@ -150,8 +172,8 @@ def test_a_missing_file_says_it_cannot_be_read(tmp_path):
             "FEDSPEECH_ROUNDS, FEDSPEECH_MIN_RESULTS: min_results must be at least 1",
         ),
         (
-            {"FEDSPEECH_STRATEGY_OPTIONS": "mu"},
-            "FEDSPEECH_STRATEGY_OPTIONS: a strategy setting is name=value",
+            {"FEDSPEECH_STRATEGY_SETTINGS": "mu"},
+            "FEDSPEECH_STRATEGY_SETTINGS: a strategy setting is name=value",
         ),
     ],
 )
@@ -161,8 +183,8 @@ def test_a_bad_variable_is_named(environ, says):
 
 
 def test_a_strategy_option_given_twice_is_refused():
-    with pytest.raises(ConfigError, match="--strategy-opt mu given twice"):
-        args_layer(_args(strategy="fedprox", strategy_opt=["mu=0.1", "mu=0.2"]))
+    with pytest.raises(ConfigError, match="--strategy-setting mu given twice"):
+        args_layer(_args(strategy="fedprox", strategy_setting=["mu=0.1", "mu=0.2"]))
 
 
 def test_where_names_the_source_that_gave_a_setting_last(tmp_path):
@@ -211,11 +233,11 @@ def test_round_counts_below_one_are_refused_as_the_options_are(setting):
 
 def test_the_command_lines_options_given_win_and_those_left_out_keep_the_file(tmp_path):
     args = _parsed(
-        "--config", str(_file(tmp_path)), "--rounds", "7", "--lr", "0.01", "--strategy-opt", "mu=1"
+        "--config", str(_file(tmp_path)), "--rounds", "7", "--lr", "0.01", "--strategy-setting", "mu=1"
     )
     config = from_args(args, environ={})
     assert (config.rounds.rounds, config.rounds.learning_rate) == (7, 0.01)
-    assert dict(config.rounds.strategy_options) == {"mu": "1"}
+    assert config.rounds.strategy_settings == FedProx.Params(mu=1.0)
     # left out: the file's, never the option's own default
     assert config.service.state_dir == Path("fleet-state") and config.service.open_enrolment is True
     assert config.rounds.min_devices == 4 and config.evaluation.eval_corpus == "emodb"
@@ -228,13 +250,11 @@ def test_every_option_names_a_setting():
 
     args = vars(_parsed())
     settings = {OPTION_DEST.get(name, name) for name in SECTION_OF}
-    # the --dp-* options are dp_fedavg's strategy options under their own names
-    from fedspeech.privacy_options import DP_SETTINGS
-
-    dp = set(DP_SETTINGS)
-    assert dp >= {"dp_epsilon", "dp_delta", "dp_clip", "dp_noise_multiplier", "dp_sampling_rate"}
-    assert set(args) - settings == {"command", "config", "run", "verbose"} | dp
+    assert set(args) - settings == {"command", "config", "run", "verbose"}
     assert set(OPTION_DEST.values()) <= set(args)
+    # each of differential privacy's settings is an option --dp-NAME and a config key dp_NAME
+    privacy = {f"dp_{f.name}" for f in dataclasses.fields(PrivacySettings)}
+    assert privacy <= set(args) and privacy <= set(SECTION_OF)
 
 
 def test_the_readmes_config_file_is_read_as_it_says(tmp_path):
@@ -242,5 +262,5 @@ def test_the_readmes_config_file_is_read_as_it_says(tmp_path):
     example = readme.split("## Configuration", 1)[1].split("```toml\n", 1)[1].split("```", 1)[0]
     config = from_file(_file(tmp_path, example))
     assert config.service.http_host == "0.0.0.0" and config.rounds.round_timeout_s == 300.0
-    assert config.rounds.strategy == "fedprox" and dict(config.rounds.strategy_options) == {"mu": 0.1}
+    assert config.rounds.strategy == "fedprox" and config.rounds.strategy_settings == FedProx.Params(mu=0.1)
     assert config.evaluation.eval_data == Path("/var/lib/fedspeech/heldout")

@@ -5,9 +5,15 @@ import math
 import numpy as np
 import pytest
 
-from fedspeech.coordinator.aggregate import adapted_clip, change_noise_multiplier, count_noise, dp_mean
 from fedspeech.coordinator.strategies import Result, make_strategy
-from fedspeech.coordinator.strategies.dp_fedavg import DPFedAvg
+from fedspeech.coordinator.strategies.differential_privacy import (
+    DifferentiallyPrivate,
+    PrivacySettings,
+    adapted_clip,
+    change_noise_multiplier,
+    count_noise,
+    dp_mean,
+)
 
 CURRENT = {"w": np.zeros(4000, np.float32), "running_mean": np.ones(3, np.float32)}
 UNIT = np.full(4000, 1 / math.sqrt(4000), np.float32)  # a change of norm 1
@@ -80,9 +86,9 @@ def test_the_clip_steps_geometrically_towards_the_target_quantile():
 
 
 def test_adapting_dp_fedavg_finds_the_median_norm_of_the_changes_in_a_few_dozen_rounds():
-    options = {"noise_multiplier": 0.1, "clip": 0.1, "target_quantile": 0.5, "clip_learning_rate": 0.2}
-    strategy = make_strategy("dp_fedavg", 1, 1, options)
-    assert isinstance(strategy, DPFedAvg)
+    privacy = PrivacySettings(noise_multiplier=0.1, clip=0.1, clip_quantile=0.5, clip_learning_rate=0.2)
+    strategy = make_strategy("fedavg", 1, 1, privacy=privacy)
+    assert isinstance(strategy, DifferentiallyPrivate)
     pool = {f"d{n:02}": None for n in range(40)}
     current = {"w": np.zeros(4000, np.float32)}
     norms = {d: 1.0 + n / 4 for n, d in enumerate(pool)}  # 1 to 10.75: the median is 5.875

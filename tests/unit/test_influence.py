@@ -12,6 +12,7 @@ from fedspeech.coordinator.evaluation import check_counts
 from fedspeech.coordinator.influence import (
     SampleLimits,
     fleet_median,
+    norm_bound_value,
     norm_bounded,
     norm_limit,
     sample_ceiling,
@@ -87,7 +88,7 @@ def test_the_norm_bound_keeps_fedavg_near_the_honest_mean_against_minus_three_ti
 
     assert distance(aggregated("off"), honest_mean) > 10 * step, "without the bound the liar owns the model"
     assert distance(aggregated("median"), honest_mean) < 1.0 * step
-    assert distance(aggregated("0.4"), honest_mean) < 1.0 * step, "a fixed bound twice the honest norms"
+    assert distance(aggregated(0.4), honest_mean) < 1.0 * step, "a fixed bound twice the honest norms"
 
 
 def test_the_norm_bound_leaves_changes_within_it_untouched_and_says_which_it_shortened():
@@ -110,14 +111,18 @@ def test_a_change_that_is_not_finite_is_left_for_the_aggregation_to_drop():
     bounded, shortened = norm_bounded(START, results, "median", 2.0)
     assert shortened == [] and bounded[3] is results[3]
     assert norm_limit("median", 2.0, [1.0, math.nan, 3.0, math.inf]) == pytest.approx(4.0)
+    assert norm_limit(5.0, 2.0, [1.0, 30.0]) == 5.0
     assert norm_limit("off", 2.0, [1.0]) is None and norm_limit("median", 2.0, [math.nan]) is None
 
 
 @pytest.mark.parametrize("setting", ["", "0", "-1", "nan", "inf", "mean", "1e999"])
 def test_a_norm_bound_setting_is_median_off_or_a_positive_number(setting):
     with pytest.raises(ValueError, match="norm_bound must be median, off or a positive number"):
-        RoundConfig(norm_bound=setting)
-    assert RoundConfig(norm_bound="2.5").norm_bound == "2.5"
+        norm_bound_value(setting)
+    with pytest.raises(ValueError, match="norm_bound must be median, off or a positive number"):
+        RoundConfig(norm_bound=setting)  # type: ignore[arg-type]
+    assert norm_bound_value("2.5") == 2.5 and norm_bound_value("off") == "off"
+    assert RoundConfig(norm_bound=2.5).norm_bound == 2.5
 
 
 @pytest.mark.parametrize(

@@ -5,7 +5,7 @@ import itertools
 import numpy as np
 import pytest
 
-from fedspeech.coordinator.strategies import Result, make_strategy
+from fedspeech.coordinator.strategies import Result, make_strategy, strategy_params
 from fedspeech.coordinator.strategies.krum import krum_scores, multi_krum
 
 RNG = np.random.default_rng(0)
@@ -50,16 +50,16 @@ def test_too_few_updates_for_f_are_refused():
 
 
 def test_the_strategy_is_set_from_text_and_ignores_claimed_samples():
-    krum = make_strategy("krum", 3, 1, {"f": "1", "m": "0"})
+    krum = make_strategy("krum", 3, 1, strategy_params("krum", {"f": "1", "m": "0"}))
     assert krum.needs.min_devices == 5
     results = [Result(f"d{i}", u, 10) for i, u in enumerate(HONEST)]
     results.append(Result("liar", POISONED, 100_000))
     new = krum.aggregate(1, results, HONEST[0])
     assert np.allclose(new["w"], np.mean([u["w"] for u in HONEST], axis=0), atol=1e-6)
-    assert make_strategy("krum", 3, 1, {"f": 2}).needs.min_devices == 7
+    assert make_strategy("krum", 3, 1, strategy_params("krum", {"f": 2})).needs.min_devices == 7
 
 
 @pytest.mark.parametrize("options", [{"f": "-1"}, {"f": "1.5"}, {"m": "-2"}, {"g": "1"}])
 def test_bad_settings_are_refused(options):
     with pytest.raises(ValueError, match="strategy krum"):
-        make_strategy("krum", 3, 1, options)
+        strategy_params("krum", options)

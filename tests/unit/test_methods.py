@@ -11,10 +11,9 @@ import numpy as np
 import pytest
 
 from fedspeech.coordinator.aggregate import population_distribution, quality_weights
-from fedspeech.coordinator.config import RoundConfig
 from fedspeech.coordinator.errors import BadUpload, NotWanted
 from fedspeech.coordinator.rounds.chained import Chain
-from fedspeech.coordinator.strategies import Result, make_strategy
+from fedspeech.coordinator.strategies import Result, strategy_params
 from fedspeech.coordinator.strategies.grouped import deal_groups
 from fedspeech.protocol import routes, weights
 from fedspeech.protocol.messages import BlobRef, Task
@@ -123,7 +122,7 @@ def _start_value(fleet: Fleet, device: str, task: Task) -> float:
 def _chain_fleet(tmp_path, groups: int, silent: str | None = None) -> Fleet:
     """Three devices that each upload the model they start from plus one (silent: never answers)."""
     fleet = Fleet(
-        tmp_path, rounds=1, strategy="grouped", strategy_options={"groups": groups}, round_timeout_s=0.5
+        tmp_path, rounds=1, strategy="grouped", strategy_settings={"groups": groups}, round_timeout_s=0.5
     )
     for device in ("a", "b", "c"):
         fleet.device(device, value=None, samples=10)
@@ -185,7 +184,7 @@ def test_an_update_out_of_turn_in_a_group_is_not_wanted(tmp_path):
 
 def test_quality_weighting_favours_the_update_that_validates_better(tmp_path):
     fleet = Fleet(
-        tmp_path, model=MethodsModel(), rounds=1, strategy="quality", strategy_options={"temperature": 0.1}
+        tmp_path, model=MethodsModel(), rounds=1, strategy="quality", strategy_settings={"temperature": 0.1}
     )
     fleet.device("good", value=2.0, samples=10)
     fleet.device("poor", value=1.0, samples=10)
@@ -262,7 +261,7 @@ def test_silobn_averages_everything_and_has_devices_train_and_evaluate_with_thei
 
 
 def test_class_prior_sends_the_population_distribution_of_reported_counts(tmp_path):
-    fleet = Fleet(tmp_path, rounds=2, strategy="class_prior", strategy_options={"weight": 0.5})
+    fleet = Fleet(tmp_path, rounds=2, strategy="class_prior", strategy_settings={"weight": 0.5})
     counts = {"a": "[3, 1]", "b": "[0, 2]"}
     for device in ("a", "b"):
         fleet.device(device, value=None, samples=10)
@@ -303,7 +302,7 @@ def test_malformed_predicted_counts_are_a_bad_upload(tmp_path, counts):
 
 def test_mkd_trains_the_server_model_after_each_round_and_sends_it_as_teacher(tmp_path):
     model = MethodsModel()
-    fleet = Fleet(tmp_path, model=model, rounds=2, strategy="mkd", strategy_options={"weight": 0.3})
+    fleet = Fleet(tmp_path, model=model, rounds=2, strategy="mkd", strategy_settings={"weight": 0.3})
     fleet.device("a", value=1.0)
     fleet.device("b", value=3.0)
     fleet.finish()
@@ -349,8 +348,8 @@ def test_mkd_without_server_data_refuses_to_start(tmp_path):
 
 def test_method_settings_are_bounded():
     with pytest.raises(ValueError, match="quality: temperature must be between 0.01 and 100"):
-        make_strategy("quality", 1, 1, {"temperature": 0.0})
+        strategy_params("quality", {"temperature": 0.0})
     with pytest.raises(ValueError, match="groups must be between 0"):
-        make_strategy("grouped", 1, 1, {"groups": -1})
+        strategy_params("grouped", {"groups": -1})
     with pytest.raises(ValueError, match="strategy grouped: groups takes a whole number"):
-        RoundConfig(strategy="grouped", strategy_options={"groups": "1.5"})
+        strategy_params("grouped", {"groups": "1.5"})

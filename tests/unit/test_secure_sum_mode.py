@@ -10,11 +10,11 @@ import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from scipy import stats
 
-from fedspeech.coordinator.aggregate import change_noise_multiplier, count_noise
 from fedspeech.coordinator.errors import NotWanted
 from fedspeech.coordinator.privacy_budget import epsilon_spent
 from fedspeech.coordinator.rounds.secure_sum import device_noise
 from fedspeech.coordinator.secure_sum_desk import SecureSumDesk
+from fedspeech.coordinator.strategies.differential_privacy import change_noise_multiplier, count_noise
 from fedspeech.edge_client.secure_sum_device import DeviceRound, encode_change
 from fedspeech.protocol import secure_sum as ss
 from fedspeech.protocol import secure_sum_wire as wire
@@ -175,7 +175,7 @@ def test_a_strategy_that_needs_each_update_alone_is_refused_at_start(tmp_path, s
 
 
 def test_the_summing_strategies_run(tmp_path):
-    for strategy in ("fedavg", "fedprox", "epochs_only", "random_k", "dp_fedavg"):
+    for strategy in ("fedavg", "fedprox", "epochs_only", "random_k"):
         secure_fleet(tmp_path / strategy, strategy=strategy)
 
 
@@ -183,8 +183,8 @@ def test_dp_under_secure_aggregation_noises_the_sum_on_the_devices_and_divides_b
     tmp_path,
 ):
     z, delta = 0.5, 1e-5
-    options = {"noise_multiplier": z, "clip": 1.0, "delta": delta}
-    fleet = secure_fleet(tmp_path, BigModel(), rounds=1, strategy="dp_fedavg", strategy_options=options)
+    options = {"dp_noise_multiplier": z, "dp_clip": 1.0, "dp_delta": delta}
+    fleet = secure_fleet(tmp_path, BigModel(), rounds=1, **options)
     values = {"a": 0.001, "b": 0.002, "c": 0.003, "d": 0.004}  # changes of norm 0.14 to 0.57: not clipped
     for d, value in values.items():
         SecureDevice(fleet, d, value, 10 * (1 + ord(d) - ord("a")))  # samples that must not weigh
@@ -204,8 +204,9 @@ def test_dp_under_secure_aggregation_noises_the_sum_on_the_devices_and_divides_b
 
 def test_adaptive_clipping_under_secure_aggregation_counts_the_changes_within_the_clip_with_noise(tmp_path):
     z, clip, target, rate = 0.01, 0.3, 0.9, 1.0
-    options = {"noise_multiplier": z, "clip": clip, "target_quantile": target, "clip_learning_rate": rate}
-    fleet = secure_fleet(tmp_path, BigModel(), rounds=2, strategy="dp_fedavg", strategy_options=options)
+    options = {"dp_noise_multiplier": z, "dp_clip": clip, "dp_clip_quantile": target}
+    options["dp_clip_learning_rate"] = rate
+    fleet = secure_fleet(tmp_path, BigModel(), rounds=2, **options)
     values = {"a": 0.001, "b": 0.002, "c": 0.003, "d": 0.004}  # changes of norm 0.14, 0.28, 0.42, 0.57
     for d, value in values.items():
         SecureDevice(fleet, d, value, 10)

@@ -25,6 +25,7 @@ from fedspeech.coordinator.strategies import (
     Work,
     make_strategy,
     strategy_class,
+    strategy_params,
 )
 from fedspeech.coordinator.strategies.ca2fl import CACHE_ROUNDS
 from fedspeech.protocol.messages import Profile
@@ -341,7 +342,9 @@ ALL = ["d0", "d1", "d2", "d3", "d4"]
 def strategy(name: str, k: int = 2, **changes) -> Strategy:
     """A strategy with its settings (Params fields) and any other attribute changed."""
     settings = {f.name for f in dataclasses.fields(strategy_class(name).Params)}
-    made = make_strategy(name, k, 4, {key: v for key, v in changes.items() if key in settings})
+    made = make_strategy(
+        name, k, 4, strategy_params(name, {key: v for key, v in changes.items() if key in settings})
+    )
     for key, value in changes.items():
         if key not in settings:
             setattr(made, key, value)
@@ -423,7 +426,7 @@ def test_plan_refuses_bad_arguments():
     with pytest.raises(ValueError):
         make_strategy("fedavg", 2, 0)
     with pytest.raises(ValueError, match="explore must be between 0 and 1"):
-        make_strategy("hardware", 2, 4, {"explore": 1.5})
+        make_strategy("hardware", 2, 4, strategy_params("hardware", {"explore": 1.5}))
 
 
 def test_stale_devices_are_required_on_top_of_the_first_k():

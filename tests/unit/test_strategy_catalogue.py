@@ -24,7 +24,7 @@ def test_every_strategy_and_setting_is_listed_with_its_default_and_bounds():
         for field in dataclasses.fields(strategy_class(name).Params):
             assert f"    {field.name}=" in text
     assert "    f=1 (0 to 1000): Byzantine devices tolerated" in text
-    assert "    delta=1e-05 (1e-12 to 0.09)" in text
+    assert "    dp_delta=1e-05 (1e-12 to 0.09)" in text, "differential privacy's, as their options say"
 
 
 def test_the_command_prints_them():
