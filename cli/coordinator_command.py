@@ -351,8 +351,6 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         help="one of the strategy's own settings, e.g. --strategy fedprox --strategy-setting mu=0.1 "
         "(`fedspeech strategies` lists each strategy's settings); repeat for several",
     )
-    # its name before the setting was named as its config key is
-    c.add_argument("--strategy-opt", action="append", dest="strategy_setting", help=argparse.SUPPRESS)
     methods = c.add_argument_group("the coordinator's own clips, for the methods that use them")
     methods.add_argument(
         "--validation-data", help="quality: score each update on a folder DIR/<label>/* of clips"

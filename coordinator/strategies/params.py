@@ -1,7 +1,7 @@
 """A strategy's own settings: a frozen dataclass whose fields carry their bounds, set by name from text.
 
 A strategy declares `Params` with `setting(default, low, high, "what it does")` fields; the operator
-sets them as `--strategy-opt name=value` (or STRATEGY_OPTIONS in a config file), and `parse` turns those
+sets them as `--strategy-setting name=value` (or in a config file's [strategy]), and `parse` turns those
 into the dataclass with one clear line for a name that does not exist or a value out of bounds.
 """
 
