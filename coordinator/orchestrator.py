@@ -88,8 +88,8 @@ class Orchestrator:
                     latest = self._resume()
                 elif latest.round >= self.config.rounds:
                     break
-                elif (spent := self._past_budget(next_round)) is not None:
-                    log.warning("%s", spent)
+                elif (spent := self.strategy.privacy_after(next_round)) and spent.past_budget(next_round):
+                    log.warning("%s", spent.past_budget(next_round))
                     self.finished.set()
                     break
                 else:
@@ -209,11 +209,6 @@ class Orchestrator:
             started, self.config, self.inbox, self.link, self.store, tasks, stop, self.desk,
             self.strategy.secure_terms(),
         )  # fmt: skip
-
-    def _past_budget(self, round: int) -> str | None:
-        """Why round may not train (it would spend more privacy than the budget); None: it may."""
-        spent = self.strategy.privacy_after(round)
-        return spent.past_budget(round) if spent is not None else None
 
     def _still_training(self, ready: Sequence[str]) -> set[str]:
         """The devices busy with an earlier round's task, once the tasks no longer wanted are dropped."""
