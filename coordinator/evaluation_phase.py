@@ -11,13 +11,14 @@ import numpy as np
 from fedspeech.coordinator.acknowledgements import Acknowledgements
 from fedspeech.coordinator.config import RoundConfig
 from fedspeech.coordinator.errors import BadUpload, NotWanted
-from fedspeech.coordinator.evaluation import Counts, check_counts, check_decisions, combine
+from fedspeech.coordinator.evaluation import Counts, check_counts, check_decisions, combine, scored
 from fedspeech.coordinator.ports import DeviceLink
-from fedspeech.coordinator.store import Store
+from fedspeech.coordinator.store import StateWriteError, Store
 from fedspeech.models.calibration import BINS, Decisions
 from fedspeech.protocol import bounds, messages
 from fedspeech.protocol.bounds import ProtocolError
 from fedspeech.protocol.messages import EvaluationReport, Task
+from fedspeech.protocol.secure_tally import Tally
 
 log = logging.getLogger(__name__)
 
@@ -150,6 +151,28 @@ class EvaluationPhase:
             return None
         devices = f"{len(result.devices)} device{'s' if len(result.devices) > 1 else ''}"
         on = f"the test clips of {devices} (round {round}'s model)"
+        return Decisions(result.decisions, on)
+
+    def take_summed(self, round: int, tally: Tally, devices: int) -> Decisions | None:
+        """A secure round's summed evaluation of round's model by its devices, stored as that round's
+        federated scores (a disk that does not take them is logged); its word decisions pooled (None if
+        the devices counted no test clip or no decision).
+        """
+        if tally.confusion.sum() == 0:
+            return None
+        result = scored(Counts(tally.confusion, tally.loss_sum, tally.decisions), [])
+        try:
+            scores = (result.accuracy, result.macro_f1, result.loss)
+            self.store.save_evaluation(round, devices, scores, [], summed=(devices, result.clips))
+        except StateWriteError as exc:
+            log.error("%s; the round goes on without it", exc)
+        log.info(
+            "round %d's model, evaluated on the devices and summed securely: accuracy %.4f, macro-F1 %.4f "
+            "over %d clips of %d devices", round, result.accuracy, result.macro_f1, result.clips, devices,
+        )  # fmt: skip
+        if not result.decisions.any():
+            return None
+        on = f"the test clips of {devices} devices, summed securely (round {round}'s model)"
         return Decisions(result.decisions, on)
 
     def _all_reported(self, evaluation: OpenEvaluation) -> bool:

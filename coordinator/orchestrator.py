@@ -17,7 +17,6 @@ from fedspeech.coordinator import device_tasks, method_needs, round_storage
 from fedspeech.coordinator.acknowledgements import Acknowledgements
 from fedspeech.coordinator.aggregate import server_momentum, without_breakers
 from fedspeech.coordinator.config import RoundConfig
-from fedspeech.coordinator.evaluation import Counts, scored
 from fedspeech.coordinator.evaluation_phase import EvaluationPhase, evaluates, evaluation_plan
 from fedspeech.coordinator.inbox import Inbox
 from fedspeech.coordinator.influence import SampleLimits, norm_bounded
@@ -88,8 +87,10 @@ class Orchestrator:
                     latest = self._resume()
                 elif latest.round >= self.config.rounds:
                     break
-                elif (spent := self.strategy.privacy_after(next_round)) and spent.past_budget(next_round):
-                    log.warning("%s", spent.past_budget(next_round))
+                elif (spent := self.strategy.privacy_after(next_round)) and (
+                    why := spent.past_budget(next_round)
+                ):
+                    log.warning("%s", why)
                     self.finished.set()
                     break
                 else:
@@ -286,27 +287,13 @@ class Orchestrator:
 
     def _take_tally(self, tally: Tally, devices: int) -> None:
         """A secure round's sums: the clips per label its devices train on, and their evaluation of the
-        model they were sent, stored as that model's round's federated evaluation; its word decisions
-        calibrate the models exported next.
+        model they were sent, stored as that model's round's federated evaluation (whose word decisions
+        calibrate the models exported next).
         """
         labels = self.model.definition.labels
         self.fleet_counts = dict(zip(labels, tally.train_counts.tolist(), strict=True))
-        if tally.confusion.sum() == 0:
-            return
-        sent = self.settled_round
-        result = scored(Counts(tally.confusion, tally.loss_sum, tally.decisions), [])
-        try:
-            scores = (result.accuracy, result.macro_f1, result.loss)
-            self.store.save_evaluation(sent, devices, scores, [], summed=(devices, result.clips))
-        except StateWriteError as exc:
-            log.error("%s; the round goes on without it", exc)
-        log.info(
-            "round %d's model, evaluated on the devices and summed securely: accuracy %.4f, macro-F1 %.4f "
-            "over %d clips of %d devices", sent, result.accuracy, result.macro_f1, result.clips, devices,
-        )  # fmt: skip
-        if result.decisions.any():
-            on = f"the test clips of {devices} devices, summed securely (round {sent}'s model)"
-            self._device_decisions = Decisions(result.decisions, on)
+        decisions = self.evaluation.take_summed(self.settled_round, tally, devices)
+        self._device_decisions = decisions or self._device_decisions
 
     def _tasks(self, round: int, deadline: float, work: Mapping[str, Mapping[str, Any]]) -> dict[str, Task]:
         """One task per device on the latest global model, with that device's work."""
