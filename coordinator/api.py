@@ -1,23 +1,28 @@
-"""HTTP API blueprint: registration, model downloads, update uploads, failure reports, status, devices and
-rounds.
+"""HTTP API blueprint, the devices' routes: registration, model downloads, update uploads, failure reports.
+
+The operator's routes (status, devices, rounds, revocation) are added to the same blueprint by operator_api.
 """
 
 import logging
 from dataclasses import asdict
+from typing import TYPE_CHECKING
 
 from flask import Blueprint, Response, current_app, g, jsonify, request, send_file
 from werkzeug.exceptions import ClientDisconnected, HTTPException, RequestEntityTooLarge
 
 from fedspeech.coordinator import broker_users
-from fedspeech.coordinator.admin import admin_only, is_admin, refusal
+from fedspeech.coordinator.admin import admin_only
 from fedspeech.coordinator.body_rules import BodyRule, Rules
-from fedspeech.coordinator.enrolment import EnrolmentRefused, revoke_device, revoked_reason
+from fedspeech.coordinator.enrolment import EnrolmentRefused, revoked_reason
 from fedspeech.coordinator.errors import BadUpload, NotWanted
 from fedspeech.coordinator.secure_sum_desk import Phase
 from fedspeech.coordinator.store import StateWriteError
 from fedspeech.protocol import messages, routes, signing, weights
 from fedspeech.protocol.bounds import MAX_BLOB_BYTES, ProtocolError
 from fedspeech.protocol.messages import Credentials, Registration, TaskFailure, TaskInfo
+
+if TYPE_CHECKING:
+    from fedspeech.coordinator.app import Service
 
 log = logging.getLogger(__name__)
 bp = Blueprint("api", __name__, url_prefix=routes.PREFIX)
@@ -26,11 +31,13 @@ MAX_UPDATE_BYTES = MAX_BLOB_BYTES
 MAX_FAILURE_BYTES = 4096  # a failure report: its reason, JSON-escaped at worst, and the message's fields
 
 
-def _service():
+def current_service() -> "Service":
+    """The coordinator's service this request's app runs."""
     return current_app.extensions["fedspeech"]
 
 
-def _error(status: int, reason: str, revoked: bool = False) -> tuple[Response, int]:
+def error(status: int, reason: str, revoked: bool = False) -> tuple[Response, int]:
+    """A JSON refusal with its status, logged (409, routine, at INFO)."""
     # 409 is routine: an over-selected device's update arriving after its round took the first K
     level = logging.INFO if status == 409 else logging.WARNING
     log.log(level, "%s %s rejected (%d): %s", request.method, request.path, status, reason)
@@ -38,7 +45,7 @@ def _error(status: int, reason: str, revoked: bool = False) -> tuple[Response, i
     return (jsonify(error=reason, revoked=True) if revoked else jsonify(error=reason)), status
 
 
-class _Unauthorized(Exception):
+class Unauthorized(Exception):
     """No bearer token, or one the coordinator never issued or no longer takes (revoked: by the operator)."""
 
     def __init__(self, reason: str, revoked: bool = False) -> None:
@@ -50,10 +57,10 @@ class _TooLarge(Exception):
     """A body over the size its route allows."""
 
 
-_STATUSES = {BadUpload: 400, _Unauthorized: 401, NotWanted: 409, _TooLarge: 413}
+_STATUSES = {BadUpload: 400, Unauthorized: 401, NotWanted: 409, _TooLarge: 413}
 _KINDS = {
     BadUpload: "invalid",
-    _Unauthorized: "unauthorized",
+    Unauthorized: "unauthorized",
     NotWanted: "not_wanted",
     _TooLarge: "too_large",
 }
@@ -61,19 +68,19 @@ _KINDS = {
 
 @bp.errorhandler(BadUpload)
 @bp.errorhandler(NotWanted)
-@bp.errorhandler(_Unauthorized)
+@bp.errorhandler(Unauthorized)
 @bp.errorhandler(_TooLarge)
 def _refused(exc: Exception) -> tuple[Response, int]:
     if request.endpoint == "api.upload_update":
         round = (request.view_args or {}).get("round", -1)
-        _service().outcomes.rejected(g.get("device_id"), round, _KINDS[type(exc)], str(exc))
-    return _error(_STATUSES[type(exc)], str(exc), getattr(exc, "revoked", False))
+        current_service().outcomes.rejected(g.get("device_id"), round, _KINDS[type(exc)], str(exc))
+    return error(_STATUSES[type(exc)], str(exc), getattr(exc, "revoked", False))
 
 
 @bp.errorhandler(StateWriteError)
 def _not_stored(exc: StateWriteError) -> tuple[Response, int]:
     log.error("%s", exc)
-    return _error(503, "the coordinator cannot store this now (its state folder takes no writes); try later")
+    return error(503, "the coordinator cannot store this now (its state folder takes no writes); try later")
 
 
 @bp.app_errorhandler(HTTPException)
@@ -82,12 +89,12 @@ def _flask_refused(exc: HTTPException) -> HTTPException | tuple[Response, int]:
     # the API they are JSON as every other refusal there, elsewhere its pages
     if not request.path.startswith(routes.PREFIX + "/") or exc.code is None:
         return exc
-    return _error(exc.code, exc.name)
+    return error(exc.code, exc.name)
 
 
 @bp.errorhandler(EnrolmentRefused)
 def _enrolment_refused(exc: EnrolmentRefused) -> tuple[Response, int]:
-    return _error(exc.status, f"registration refused: {exc}", exc.revoked)
+    return error(exc.status, f"registration refused: {exc}", exc.revoked)
 
 
 def _body(limit: int) -> bytes:
@@ -108,7 +115,7 @@ def _body(limit: int) -> bytes:
     return body
 
 
-def _bearer() -> str | None:
+def bearer() -> str | None:
     """The credential of an `Authorization: Bearer` header, or None."""
     auth = request.headers.get("Authorization", "")
     return auth.removeprefix("Bearer ") if auth.startswith("Bearer ") else None
@@ -116,16 +123,16 @@ def _bearer() -> str | None:
 
 def _device() -> str:
     """The device whose bearer token authorises this request: checked before the body is read."""
-    token = _bearer()
+    token = bearer()
     if token is None:
-        raise _Unauthorized("missing bearer token")
-    store = _service().store
+        raise Unauthorized("missing bearer token")
+    store = current_service().store
     device_id = store.device_for_token(token)
     if device_id is None:
         revoked = store.revoked_device(token)
         if revoked is not None:
-            raise _Unauthorized(revoked_reason(revoked), revoked=True)
-        raise _Unauthorized("unknown bearer token")
+            raise Unauthorized(revoked_reason(revoked), revoked=True)
+        raise Unauthorized("unknown bearer token")
     g.device_id = device_id
     return device_id
 
@@ -145,7 +152,7 @@ def _update_rule(round: int) -> BodyRule:
     """An update: only from a device with an open task, no larger than that task's model and a header,
     and a header of a size worth parsing.
     """
-    limit = _service().inbox.upload_limit(round, _device())
+    limit = current_service().inbox.upload_limit(round, _device())
     return BodyRule(limit, weights.check_header_length, weights.HEADER_LENGTH_BYTES)
 
 
@@ -158,7 +165,7 @@ def _failure_rule(task_id: str) -> BodyRule:
 def _validation_rule() -> BodyRule:
     """Shared validation clips: only from a device, only if this coordinator takes them."""
     _device()
-    shared = _service().shared_validation
+    shared = current_service().shared_validation
     if shared is None:
         raise NotWanted("this coordinator takes no shared validation clips")
     return BodyRule(shared.max_body)
@@ -170,9 +177,9 @@ def register():
     try:
         reg = messages.decode(_body(_message_rule().limit), Registration)
     except ProtocolError as exc:
-        return _error(400, f"bad registration: {exc}")
-    service = _service()
-    token = service.enrolment.register(reg, _bearer())
+        return error(400, f"bad registration: {exc}")
+    service = current_service()
+    token = service.enrolment.register(reg, bearer())
     key = signing.public_key_text(service.key)
     logins = broker_users.device_logins(service.store.dir, reg.device_id)
     if logins is None:
@@ -185,13 +192,13 @@ def register():
 @bp.get(routes.KEY_RULE)
 def key():
     """The public key the coordinator signs tasks and model announcements with."""
-    return jsonify(coordinator_key=signing.public_key_text(_service().key))
+    return jsonify(coordinator_key=signing.public_key_text(current_service().key))
 
 
 @bp.get(routes.TASK_RULE)
 def task():
     """What the fleet learns and the model it trains, for a device that is starting."""
-    service = _service()
+    service = current_service()
     orchestrator = service.orchestrator
     info = TaskInfo(
         orchestrator.model.definition, service.inbox.current_spec(), orchestrator.config.secure_aggregation
@@ -202,11 +209,11 @@ def task():
 @bp.get(routes.MODEL_RULE)
 def model_file(round: int, kind: str):
     """Download the global model of a completed round."""
-    service = _service()
+    service = current_service()
     path = service.store.model_path(round, kind)
     if not path.exists():
-        return _error(404, f"no {kind} for round {round}")
-    token = _bearer()  # a device's download is the round's traffic; a listener's or an operator's is not
+        return error(404, f"no {kind} for round {round}")
+    token = bearer()  # a device's download is the round's traffic; a listener's or an operator's is not
     if token is not None and service.store.device_for_token(token) is not None:
         service.inbox.count_download(round, path.stat().st_size)
     return send_file(path, mimetype="application/octet-stream", max_age=0)
@@ -215,10 +222,10 @@ def model_file(round: int, kind: str):
 @bp.get(routes.RELAY_RULE)
 def relayed_update(round: int, step: int):
     """Download the update a device's group passed on to it: only the device whose task trains from it."""
-    service = _service()
+    service = current_service()
     path = service.inbox.relay_file(round, step, _device())
     if not path.exists():
-        return _error(404, f"no relayed update {step} in round {round}")
+        return error(404, f"no relayed update {step} in round {round}")
     return send_file(path, mimetype="application/octet-stream", max_age=0)
 
 
@@ -227,9 +234,9 @@ def announcement():
     """The latest model announcement, signed as on the broker (public, as there): a listener checks it
     before it trusts a retained one, which anyone on an open broker may have replaced.
     """
-    payload = _service().link.signed_announcement()
+    payload = current_service().link.signed_announcement()
     if payload is None:
-        return _error(404, "no model announced yet")
+        return error(404, "no model announced yet")
     return Response(payload, mimetype="application/json")
 
 
@@ -237,8 +244,8 @@ def announcement():
 @admin_only
 def latest_model():
     """The latest completed round's record."""
-    latest = _service().store.latest_round()
-    return (jsonify(asdict(latest)), 200) if latest else _error(404, "no model yet")
+    latest = current_service().store.latest_round()
+    return (jsonify(asdict(latest)), 200) if latest else error(404, "no model yet")
 
 
 @bp.post(routes.UPDATES_RULE)
@@ -246,7 +253,7 @@ def upload_update(round: int):
     """Accept a device's trained weights for the open round."""
     body = _body(_update_rule(round).limit)
     device = g.device_id
-    service = _service()
+    service = current_service()
     service.inbox.receive_update(round, device, body, request.headers.get("X-Content-SHA256", ""))
     service.outcomes.accepted(device, round)
     return jsonify(accepted=True, device_id=device, round=round)
@@ -254,21 +261,21 @@ def upload_update(round: int):
 
 def _secure_sum_rule(round: int, phase: Phase) -> BodyRule:
     """A secure-sum message: only from a device the open phase expects, no larger than the phase takes."""
-    return BodyRule(_service().orchestrator.desk.body_limit(_device(), round, phase))
+    return BodyRule(current_service().orchestrator.desk.body_limit(_device(), round, phase))
 
 
 @bp.post(routes.SECURE_SUM_RULE)
 def secure_sum_message(round: int, phase: Phase):
     """A device's message of the open phase of a round's secure sum."""
     body = _body(_secure_sum_rule(round, phase).limit)
-    _service().orchestrator.desk.take(g.device_id, round, phase, body)
+    current_service().orchestrator.desk.take(g.device_id, round, phase, body)
     return jsonify(accepted=True)
 
 
 @bp.get(routes.SECURE_SUM_RULE)
 def secure_sum_outcome(round: int, phase: Phase):
     """A closed phase's outcome for the device asking; 202 while the phase is open."""
-    reply = _service().orchestrator.desk.outcome(_device(), round, phase)
+    reply = current_service().orchestrator.desk.outcome(_device(), round, phase)
     if reply is None:
         return jsonify(waiting=phase), 202
     return Response(reply, mimetype="application/json")
@@ -278,7 +285,7 @@ def secure_sum_outcome(round: int, phase: Phase):
 def acknowledge(task_id: str):
     """A device took its task: its round waits for its result (not for a device that only looks online)."""
     device = _device()
-    _service().inbox.acknowledge(device, task_id)
+    current_service().inbox.acknowledge(device, task_id)
     return jsonify(acknowledged=True, device_id=device)
 
 
@@ -292,9 +299,9 @@ def report_failure(task_id: str):
     try:
         failure = messages.decode(body, TaskFailure)
     except ProtocolError as exc:
-        return _error(400, f"bad failure report: {exc}")
+        return error(400, f"bad failure report: {exc}")
     device = g.device_id
-    _service().inbox.fail(device, task_id, failure.reason)
+    current_service().inbox.fail(device, task_id, failure.reason)
     return jsonify(reported=True, device_id=device)
 
 
@@ -303,7 +310,7 @@ def upload_evaluation(round: int):
     """Accept a device's evaluation of a round's model on its own test split (counts only)."""
     body = _body(_device_message_rule().limit)
     device = g.device_id
-    _service().inbox.receive_evaluation(round, device, body)
+    current_service().inbox.receive_evaluation(round, device, body)
     return jsonify(accepted=True, device_id=device, round=round)
 
 
@@ -311,114 +318,11 @@ def upload_evaluation(round: int):
 def share_validation():
     """Take the validation clips a device chose to share, if this coordinator takes any."""
     body = _body(_validation_rule().limit)
+    shared = current_service().shared_validation
+    assert shared is not None  # _validation_rule refused the request otherwise
     device = g.device_id
-    clips = _service().shared_validation.receive(device, body)
+    clips = shared.receive(device, body)
     return jsonify(accepted=clips, device_id=device)
-
-
-@bp.get(routes.STATUS_RULE)
-def status():
-    """What the coordinator is doing now: its rounds to anyone, its devices and broker to the operator."""
-    service = _service()
-    latest = service.store.latest_round()
-    answer = {
-        "completed_round": latest.round if latest else None,
-        # the latest round's federated accuracy, with the devices and test clips it rests on
-        "federated": (
-            {
-                "accuracy": latest.federated_accuracy,
-                "devices": latest.evaluation_reports,
-                "clips": latest.evaluation_clips,
-            }
-            if latest is not None and latest.federated_accuracy is not None
-            else None
-        ),
-        "open_round": service.inbox.open_round(),
-        "target_rounds": service.orchestrator.config.rounds,
-        "finished": service.orchestrator.finished.is_set(),
-    }
-    if is_admin():  # devices measure their round trip here without the admin token; they learn no ids
-        registered = service.store.registered()  # anyone on the broker can claim a device id there
-        answer["devices_online"] = [d for d in service.link.online() if d in registered]
-        answer["broker"] = service.broker_url
-        # the last task each device could not do, and why, since the coordinator started
-        errors = service.inbox.last_errors()
-        answer["device_errors"] = {d: asdict(errors[d]) for d in sorted(errors)}
-        # what keeps the next round from starting, and how to change it (it tells how many are online)
-        answer["waiting"] = service.orchestrator.waiting
-    return jsonify(answer)
-
-
-@bp.get(routes.DEVICES_RULE)
-@admin_only
-def devices():
-    """Known devices (registered or enrolled) with their latest MQTT status and clips per label."""
-    service = _service()
-    statuses = service.link.statuses()
-    listed = []
-    for device in service.store.devices():
-        status = statuses.get(device.device_id)
-        listed.append(
-            {
-                **asdict(device),
-                "state": status.state if status else "unknown",
-                "train_counts": status.train_counts if status else {},
-                "test_counts": status.test_counts if status else {},
-            }
-        )
-    return jsonify(listed)
-
-
-@bp.get(routes.ROUNDS_RULE)
-@admin_only
-def rounds():
-    """Every completed round with its metrics."""
-    return jsonify([asdict(r) for r in _service().store.rounds()])
-
-
-@bp.get(routes.ROUND_RULE)
-@admin_only
-def round_detail(round: int):
-    """One completed round and the updates aggregated into it."""
-    store = _service().store
-    record = next((r for r in store.rounds() if r.round == round), None)
-    if record is None:
-        return _error(404, f"round {round} is not complete")
-    evaluations = [{**asdict(e), "accuracy": e.accuracy} for e in store.device_evaluations(round)]
-    return jsonify(
-        {**asdict(record), "updates": [asdict(u) for u in store.updates(round)], "evaluations": evaluations}
-    )
-
-
-@bp.get(routes.DEVICE_RULE)
-def device_record(device_id: str):
-    """One device's record, for its own token (its daemon checks it was not revoked) or the admin token."""
-    service = _service()
-    token = _bearer()
-    if token is None or service.store.device_for_token(token) != device_id:
-        if token is not None and service.store.revoked_device(token) == device_id:
-            raise _Unauthorized(revoked_reason(device_id), revoked=True)
-        refused = refusal()  # the same answer for every id without the device's token or the admin's
-        if refused is not None:
-            return refused
-    record = service.store.device(device_id)
-    return jsonify(asdict(record)) if record else _error(404, f"no device {device_id[:64]!r}")
-
-
-@bp.delete(routes.DEVICE_RULE)
-@admin_only
-def revoke(device_id: str):
-    """Revoke a device: its token stops working and it must be enrolled again. Only with an admin token."""
-    service = _service()
-    if service.admin_token is None:
-        return _error(
-            403,
-            "this coordinator has no admin token (--admin-token-file): revoke beside its state with "
-            "`fedspeech devices revoke ID --state DIR`",
-        )
-    if not revoke_device(service.store, device_id):
-        return _error(404, f"no device {device_id[:64]!r}")
-    return jsonify(revoked=device_id)
 
 
 # endpoint -> what it takes as a body, checked by the HTTP server before the body is read (body_rules)

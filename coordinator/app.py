@@ -10,6 +10,7 @@ import numpy as np
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from flask import Flask
 
+import fedspeech.coordinator.operator_api  # noqa: F401  # adds the operator's routes to api's blueprint
 from fedspeech.coordinator import broker_users
 from fedspeech.coordinator.api import bp as api_bp
 from fedspeech.coordinator.broker import EmbeddedBroker
@@ -216,7 +217,7 @@ def create_app(config: CoordinatorConfig | None = None) -> Flask:
         shared_validation=model.shared_validation,
         admin_token=admin_token,
     )
-    app.register_blueprint(api_bp)
+    app.register_blueprint(api_bp)  # the devices' routes, and the operator's that operator_api adds to it
     app.register_blueprint(dashboard_bp)
     app.register_blueprint(metrics_bp)
     app.register_blueprint(openapi_bp)
