@@ -1,9 +1,8 @@
-"""The coordinator's state directory: SQLite for devices and rounds, safetensors and ONNX model files."""
+"""The coordinator's state directory: SQLite for devices, rounds and evaluations, its files by state_files."""
 
 import contextlib
 import hashlib
 import json
-import shutil
 import sqlite3
 import time
 from collections.abc import Iterable, Iterator, Mapping
@@ -24,10 +23,9 @@ from fedspeech.coordinator.records import (
     add_missing_columns,
     device_record,
 )
-from fedspeech.protocol.files import write_atomically
+from fedspeech.coordinator.state_files import StateFiles, StateWriteError, pair_files
 from fedspeech.protocol.weights import sha256
 
-PAIR_KINDS = ("frontend", "classifier")  # the ONNX model's two graphs, as model_path names them
 # tokens of revoked devices, kept so that the device holding one can be told (the newest are kept)
 MAX_REVOKED_TOKENS = 10_000
 DATABASE = "state.sqlite3"
@@ -35,10 +33,6 @@ DATABASE = "state.sqlite3"
 
 class StateError(ValueError):
     """The state directory cannot be used as it is; the text says which file and what to do."""
-
-
-class StateWriteError(Exception):
-    """The state directory did not take a write (a full disk, a read-only folder); nothing half written."""
 
 
 def holds_state(state_dir: Path) -> bool:
@@ -56,9 +50,10 @@ class Store:
 
     def __init__(self, state_dir: Path) -> None:
         self.dir = Path(state_dir).resolve()  # Flask serves files relative to the package, not the cwd
-        self.models_dir = self.dir / "models"
+        self.files = StateFiles(self.dir)
+        self.models_dir = self.files.models_dir
         try:
-            self.models_dir.mkdir(parents=True, exist_ok=True)
+            self.files.make_folders()
         except OSError as exc:
             raise StateError(f"cannot use the state directory {self.dir}: {exc.strerror}") from None
         self._db = self.dir / DATABASE
@@ -89,10 +84,7 @@ class Store:
         A read-only mount or a folder of another user otherwise fails only at the first registration.
         """
         try:
-            for folder in (self.dir, self.models_dir):
-                probe = folder / ".write-check"
-                write_atomically(probe, b"")
-                probe.unlink(missing_ok=True)  # another writer may have removed it first
+            self.files.check_writable()
             with self._connect() as db:  # the same value written back: a write all the same
                 version = db.execute("PRAGMA user_version").fetchone()[0]
                 db.execute(f"PRAGMA user_version = {int(version)}")
@@ -108,9 +100,7 @@ class Store:
 
         Only while no coordinator runs on this state.
         """
-        for unfinished in self.models_dir.glob(".round-*.tmp"):
-            unfinished.unlink(missing_ok=True)
-        shutil.rmtree(self.dir / "relays", ignore_errors=True)
+        self.files.remove_unfinished_writes()
 
     def register_device(
         self,
@@ -242,42 +232,24 @@ class Store:
             return db.execute("SELECT COUNT(*) FROM devices").fetchone()[0]
 
     def model_path(self, round: int, kind: str) -> Path:
-        """Where a round's model lives: kind weights (safetensors), float16 (in half), onnx, teacher, or the
-        ONNX model's two graphs, frontend and classifier.
-        """
-        suffix = {
-            "weights": "safetensors",
-            "float16": "float16.safetensors",
-            "onnx": "onnx",
-            "teacher": "teacher.safetensors",
-            "frontend": "frontend.onnx",
-            "classifier": "classifier.onnx",
-        }[kind]
-        return self.models_dir / f"round-{round:05d}.{suffix}"
+        """Where a round's model file of this kind lives (StateFiles.model_path)."""
+        return self.files.model_path(round, kind)
 
     def save_model_file(self, round: int, kind: str, data: bytes) -> None:
-        """Add a file of a stored round's model (model_path); StateWriteError if the disk does not take it."""
-        try:
-            write_atomically(self.model_path(round, kind), data)
-        except OSError as exc:
-            raise StateWriteError(f"could not store the {kind} of round {round}: {exc}") from None
+        """Add a file of a stored round's model; StateWriteError if the disk does not take it."""
+        self.files.save_model_file(round, kind, data)
 
     def relay_path(self, round: int, step: int) -> Path:
         """Where an update relayed inside a round's group waits for the next device."""
-        return self.dir / "relays" / f"round-{round:05d}" / f"step-{step:05d}.safetensors"
+        return self.files.relay_path(round, step)
 
     def save_relay(self, round: int, step: int, blob: bytes) -> None:
         """Keep an update for the next device of its group; StateWriteError if the disk does not take it."""
-        path = self.relay_path(round, step)
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            write_atomically(path, blob)
-        except OSError as exc:
-            raise StateWriteError(f"could not store a relayed update of round {round}: {exc}") from None
+        self.files.save_relay(round, step, blob)
 
     def remove_relays(self, round: int) -> None:
         """Delete a round's relayed updates once the round is stored: devices' updates are kept no longer."""
-        shutil.rmtree(self.relay_path(round, 0).parent, ignore_errors=True)
+        self.files.remove_relays(round)
 
     def save_round(
         self,
@@ -299,17 +271,11 @@ class Store:
             stored = db.execute("SELECT 1 FROM rounds WHERE round = ?", (record.round,)).fetchone()
         if stored:
             raise ValueError(f"round {record.round} is already stored")
-        files = [(self.model_path(record.round, "weights"), weights)]
-        if onnx is not None:
-            files.append((self.model_path(record.round, "onnx"), onnx))
-        if teacher is not None:
-            files.append((self.model_path(record.round, "teacher"), teacher))
-        if pair is not None:
-            files += zip((self.model_path(record.round, kind) for kind in PAIR_KINDS), pair, strict=True)
+        given = {"weights": weights, "onnx": onnx, "teacher": teacher} | pair_files(pair)
+        files = {kind: data for kind, data in given.items() if data is not None}
         columns = ROUND_COLUMNS
         try:
-            for path, data in files:
-                write_atomically(path, data)
+            self.files.write_model_files(record.round, files)
             with self._connect() as db:
                 db.execute(
                     f"INSERT INTO rounds ({', '.join(columns)}) VALUES ({', '.join('?' * len(columns))})",
@@ -320,8 +286,8 @@ class Store:
                     [(record.round, *asdict(u).values()) for u in updates],
                 )
         except (OSError, sqlite3.Error) as exc:
-            for path, _ in files:  # files of a round without a record: never served, and they take space
-                path.unlink(missing_ok=True)
+            # files of a round without a record: never served, and they take space
+            self.files.remove_model_files(record.round, files)
             raise StateWriteError(f"could not store round {record.round} in {self.dir}: {exc}") from None
 
     def replace_onnx(
@@ -333,23 +299,17 @@ class Store:
         StateWriteError if the disk does not take them; then the round keeps its files and digests.
         """
         round = record.round
-        files = {"onnx": onnx} | dict(zip(PAIR_KINDS, pair or (None, None), strict=True))
+        files = {"onnx": onnx} | pair_files(pair)
         digests = {f"{kind}_sha256": None if data is None else sha256(data) for kind, data in files.items()}
-        paths = {kind: self.model_path(round, kind) for kind in files}
-        previous = {kind: path.read_bytes() for kind, path in paths.items() if path.exists()}
+        previous = self.files.read_model_files(round, files)
         try:
-            for kind, data in files.items():
-                if data is None:
-                    paths[kind].unlink(missing_ok=True)
-                else:
-                    write_atomically(paths[kind], data)
+            self.files.write_model_files(round, files)
             with self._connect() as db:
                 assignments = ", ".join(f"{column} = ?" for column in digests)
                 db.execute(f"UPDATE rounds SET {assignments} WHERE round = ?", [*digests.values(), round])
         except (OSError, sqlite3.Error) as exc:
             with contextlib.suppress(OSError):
-                for kind, data in previous.items():
-                    write_atomically(paths[kind], data)
+                self.files.write_model_files(round, previous)
             raise StateWriteError(f"could not store the new ONNX model of round {round}: {exc}") from None
         return replace(
             record,
