@@ -20,8 +20,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-import numpy as np
-
 from fedspeech.edge_client.broker_link import BrokerLink
 from fedspeech.edge_client.coordinator_http import CoordinatorClient
 from fedspeech.edge_client.credentials import DeviceCredentials, Refused
@@ -29,16 +27,15 @@ from fedspeech.edge_client.local_data import MAX_MIXED_TAKES, DataSource, LocalD
 from fedspeech.edge_client.local_norm import LocalNorm
 from fedspeech.edge_client.model_keeper import ModelKeeper
 from fedspeech.edge_client.profile import measure_profile, measure_rtt_ms
-from fedspeech.edge_client.secure_sum_client import SecureUpload
-from fedspeech.edge_client.trainer import Trainer, TrainingStopped, UnknownSetting, training_settings
+from fedspeech.edge_client.task_work import Device, clip_counts, device_status, do_task, register_again
+from fedspeech.edge_client.trainer import Trainer
 from fedspeech.edge_client.validation_share import share_validation_clips
-from fedspeech.protocol import bounds, routes, signing, weights
-from fedspeech.protocol.messages import DeviceStatus, ModelSpec, Profile, State, Task, TaskDefinition
+from fedspeech.protocol import bounds, routes, signing
+from fedspeech.protocol.messages import Task
 from fedspeech.protocol.mqtt import BrokerSettings
-from fedspeech.protocol.secure_tally import Tally
 from fedspeech.protocol.topics import DEFAULT_ROOT, Topics
 from fedspeech.runtime.announcements import FLOOR_FILE, Floor
-from fedspeech.runtime.http_requests import Dropped, Unwanted, https_context
+from fedspeech.runtime.http_requests import Dropped, https_context
 
 log = logging.getLogger(__name__)
 
@@ -101,21 +98,6 @@ class ClientConfig:
         if not 0.1 <= self.token_check_s <= 86_400:
             raise ValueError(f"the token check's period must be 0.1 s to a day, got {self.token_check_s}")
         self.data.check()
-
-
-@dataclass
-class _Device:
-    """What the main loop works with; the link's MQTT thread only fills its queue and offers models."""
-
-    config: ClientConfig
-    http: CoordinatorClient
-    data: LocalData
-    trainer: Trainer
-    link: BrokerLink
-    profile: Profile
-    registered: tuple[int, dict[str, int]]  # the training clips and test clips per label it registered
-    # the coordinator runs secure aggregation: the clips per label go only into its sums, never alone
-    private: bool = False
 
 
 def run_client(config: ClientConfig, stop: threading.Event | None = None) -> None:
@@ -210,7 +192,7 @@ def _run(config: ClientConfig, stop: threading.Event) -> None:
         seconds_per_sample=seconds_per_sample,
         rtt_ms=measure_rtt_ms(config.coordinator_url, context=context),
     )
-    registered = _counts(data, info.secure_aggregation)
+    registered = clip_counts(data, info.secure_aggregation)
     if stop.is_set() or not http.register(registered[0], profile, registered[1]):
         return
     if config.share_validation > 0:
@@ -232,24 +214,34 @@ def _run(config: ClientConfig, stop: threading.Event) -> None:
         on_connected=keeper.recheck if keeper is not None else None,
         on_task=arrived.put,
     )
-    device = _Device(config, http, data, trainer, link, profile, registered, info.secure_aggregation)
+    device = Device(
+        config.device_id,
+        config.coordinator_url,
+        http,
+        data,
+        trainer,
+        link,
+        profile,
+        registered,
+        info.secure_aggregation,
+    )
     done = threading.Event()
     acks = threading.Thread(target=_acknowledge, args=(http, link, arrived, done), name="acks", daemon=True)
     acks.start()
-    link.start(_status(device, "online"))
+    link.start(device_status(device, "online"))
     next_check = time.monotonic() + config.token_check_s
     try:
         while not stop.is_set():
             if keeper is not None:
                 keeper.keep(http)
             if time.monotonic() >= next_check:  # a revoked device is sent no task: it asks (Refused)
-                http.check_token(functools.partial(_register_again, device))
+                http.check_token(functools.partial(register_again, device))
                 next_check = time.monotonic() + config.token_check_s
             try:
                 task = link.tasks.get(timeout=0.5)
             except queue.Empty:
                 continue
-            _do_task(device, task)
+            do_task(device, task)
     finally:
         done.set()
         link.go_offline()
@@ -293,128 +285,3 @@ def _log_data(data: LocalData, config: ClientConfig) -> None:
     )
     if not train:
         log.warning("%s has no usable training clips yet: it will train once it has some", config.device_id)
-
-
-def _status(device: _Device, state: State, round: int | None = None) -> DeviceStatus:
-    """The device's status with its profile and its clips per label (counts only, never names or audio;
-    none under secure aggregation).
-    """
-    data, private = device.data, device.private
-    return DeviceStatus(
-        device.config.device_id,
-        state,
-        len(data.train.labels),
-        device.profile,
-        round,
-        train_counts={} if private else data.train.counts,
-        test_counts={} if private else data.test.counts,
-    )
-
-
-def _tally(device: _Device, task: Task, arrays: weights.Arrays) -> Tally:
-    """What this device adds to a secure sum besides its change: its clips per label, and its
-    evaluation of the model it was sent on its test clips.
-    """
-    counts = device.data.train.counts
-    confusion, loss_sum, decisions = device.trainer.evaluation_counts(
-        task, arrays, device.data.test, device.data.train
-    )
-    train = np.array([counts.get(label, 0) for label in task.definition.labels])
-    return Tally(train, confusion, decisions, loss_sum)
-
-
-def _counts(data: LocalData, private: bool) -> tuple[int, dict[str, int]]:
-    """The device's training clips and its test clips per label (none if private), as it registers them."""
-    return len(data.train.labels), {} if private else dict(data.test.counts)
-
-
-def _register_again(device: _Device) -> bool:
-    """Register with the current counts (the coordinator counts no more than these); False if stopped."""
-    counts = _counts(device.data, device.private)
-    if not device.http.register(counts[0], device.profile, counts[1]):
-        return False
-    device.registered = counts
-    return True
-
-
-def _do_task(device: _Device, task: Task) -> None:
-    """Train or evaluate one task and upload the result; whatever happens, report online again afterwards.
-
-    A task that fails is reported to the coordinator at once, unless it is no longer wanted anyway.
-    """
-    trained = None
-    secure: SecureUpload | None = None
-    failure: str | None = None  # why the task could not be done, for the coordinator
-    try:
-        if task.deadline < time.time():
-            raise Unwanted("its deadline passed while it was queued")
-        _check_wanted(device, task)
-        _check_consistent(task.spec, task.definition)
-        device.data.refresh(task.definition)  # recordings added since the last task count now
-        if _counts(device.data, device.private) != device.registered and not _register_again(device):
-            raise Dropped("stopped while registering its new clip counts")
-        if task.action == "train":
-            training_settings(task)  # refused before anything is downloaded
-        busy: State = "training" if task.action == "train" else "evaluating"
-        device.link.publish_status(_status(device, busy, task.round))
-        blob = device.http.fetch(task.weights)
-        arrays = weights.with_precision(weights.decode(blob)[0], "float32")  # float16 on the wire, perhaps
-        if task.action == "evaluate":
-            body = device.trainer.evaluate(task, arrays, device.data.test, device.data.train)
-            content_type = "application/json"
-        else:
-            if len(device.data.train.labels) == 0:
-                raise Dropped("no usable training clips")
-            if task.secure_sum is not None:  # keys agreed with the round's other devices before training
-                secure = SecureUpload(device.http, task, device.http.credentials.identity)
-                secure.agree()
-                tally = _tally(device, task, arrays)  # the model received, scored before it is trained
-            # mutual knowledge distillation: the server model's arrays, fetched like the weights
-            teacher = weights.decode(device.http.fetch(task.teacher))[0] if task.teacher else None
-            trained, body = device.trainer.train(task, arrays, device.data.train, teacher)
-            content_type = "application/octet-stream"
-        _check_wanted(device, task)
-        if secure is not None:  # the change goes into the round's sum, masked: the upload is not sent
-            sent = secure.send(arrays, weights.decode(body)[0], tally)
-        else:
-            register = functools.partial(_register_again, device)
-            device.http.upload(task.upload_path, body, content_type, task.deadline, register)
-            sent = len(body)
-        if trained is None:
-            log.info("round %d evaluated on %d test clips", task.round, len(device.data.test.labels))
-        else:
-            log.info(
-                "round %d done: %d samples, loss %.4f, %.1f s, %d B down, %d B up",
-                task.round, trained.num_samples, trained.loss, trained.seconds, len(blob), sent,
-            )  # fmt: skip
-    except (Unwanted, TrainingStopped) as exc:  # withdrawn, past its deadline, or the daemon is stopping
-        log.warning("dropping task %s of round %d: %s", task.task_id, task.round, exc)
-    except (Dropped, weights.WeightsError, UnknownSetting, OSError) as exc:  # OSError: the data folder's
-        log.warning("dropping task %s of round %d: %s", task.task_id, task.round, exc)
-        failure = str(exc)
-    except Refused:
-        raise  # the coordinator no longer takes this device: it stops
-    except Exception as exc:
-        log.exception("task %s of round %d failed", task.task_id, task.round)
-        failure = f"{type(exc).__name__}: {exc}"
-    if device.http.stop.is_set():
-        return  # going offline
-    if failure is not None:
-        device.http.report_failure(task, failure)
-    if trained is not None:  # a training run measured this device's speed on the real model
-        rtt_ms = measure_rtt_ms(device.config.coordinator_url, context=device.http.context)
-        device.profile = measure_profile(trained.seconds_per_sample, rtt_ms)
-    device.link.publish_status(_status(device, "online"))
-
-
-def _check_wanted(device: _Device, task: Task) -> None:
-    """Raise Unwanted if the coordinator withdrew the task (its round took the results it needed)."""
-    if device.link.withdrawn(task):
-        raise Unwanted("the coordinator withdrew it: its round closed")
-
-
-def _check_consistent(spec: ModelSpec, definition: TaskDefinition) -> None:
-    """Raise Dropped unless the model fits the task it is sent with."""
-    expected = (definition.sample_rate, definition.num_samples, len(definition.labels))
-    if (spec.sample_rate, spec.num_samples, spec.num_classes) != expected:
-        raise Dropped(f"its model ({spec}) does not fit its task {definition.name!r}")
