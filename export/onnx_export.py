@@ -22,6 +22,7 @@ from torch import nn
 from fedspeech.export.graph import strip_debug_info
 from fedspeech.export.onnx_weights import PREFIX, _save_atomically, threshold_metadata, update_onnx_weights
 from fedspeech.models.frontend import LogMel
+from fedspeech.models.train import TORCH_TRACING
 from fedspeech.protocol import onnx_metadata as meta
 from fedspeech.protocol.messages import ModelSpec
 
@@ -212,7 +213,7 @@ def _export_graph(
     output: str = "probabilities",
 ) -> Any:
     """The ONNX program of module on inputs like example (dimension 0 the batch, and dynamic's)."""
-    with _quiet_exporter():
+    with TORCH_TRACING, _quiet_exporter():
         program = torch.onnx.export(
             module,
             (example,),

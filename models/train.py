@@ -1,6 +1,7 @@
 """The local training step, evaluation, and moving weights between a model and named numpy arrays."""
 
 import math
+import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
@@ -34,6 +35,13 @@ def set_arrays(model: nn.Module, arrays: dict[str, np.ndarray]) -> None:
         raise ValueError(f"tensor names differ: missing {sorted(missing)}, unexpected {sorted(extra)}")
     state = {name: torch.from_numpy(np.ascontiguousarray(value)) for name, value in arrays.items()}
     model.load_state_dict(state, strict=False)
+
+
+# torch.export keeps the node it is tracing in a module global (torch.fx.traceback.current_meta) that the
+# optimiser's calls write as well, so an export in one thread and a training step in another corrupt it
+# (KeyError 'custom' in zero_grad): the coordinator exports while a device daemon or its own server-side
+# training may run in the same process. Both hold this lock, a training step only for its update.
+TORCH_TRACING = threading.Lock()
 
 
 class Interrupted(Exception):
@@ -169,9 +177,10 @@ def train_local(
         batch_labels = None if batch_targets is None else torch.from_numpy(batch_targets)
         loss, reported = _batch_loss(inputs, logits, batch_labels, started)
         recent.append((reported.item() * len(inputs), len(inputs)))
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
+        with TORCH_TRACING:
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
         steps += 1
     refresh_statistics(model, waveforms, batch_size)
     seconds = time.perf_counter() - start

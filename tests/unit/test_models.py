@@ -1,6 +1,7 @@
 """The CNN, its front-end, weight transfer, local training and evaluation."""
 
 import copy
+import threading
 
 import numpy as np
 import pytest
@@ -12,7 +13,7 @@ from fedspeech.models.clips.datasets import client_clips, default_spec, load_cor
 from fedspeech.models.frontend import LogMel
 from fedspeech.models.norm import norm_names, refresh_statistics
 from fedspeech.models.objectives import Proximal, TimeBudget
-from fedspeech.models.train import evaluate, get_arrays, set_arrays, train_local
+from fedspeech.models.train import TORCH_TRACING, evaluate, get_arrays, set_arrays, train_local
 from fedspeech.protocol.messages import ModelSpec
 
 SPECS = [ModelSpec("cnn", 8000, 8000, 10), ModelSpec("cnn", 16000, 16000, 12)]
@@ -306,3 +307,25 @@ def test_train_local_ends_with_the_statistics_of_its_clips_at_the_trained_weight
     # a running average over a few steps would trail the weights and differ from a fresh estimate
     for name in BN_NAMES:
         np.testing.assert_allclose(get_arrays(again)[name], trained[name], rtol=1e-5, atol=1e-6)
+
+
+def test_a_training_step_waits_for_an_export_in_another_thread():
+    """torch.export's node metadata is a module global the optimiser writes too: the two never overlap."""
+    model = build_model(SPECS[0])
+    rng = np.random.default_rng(0)
+    waveforms, labels = rng.standard_normal((8, 8000)).astype(np.float32), rng.integers(0, 10, 8)
+    done = threading.Event()
+
+    def train() -> None:
+        train_local(model, waveforms, labels, epochs=1, batch_size=8, learning_rate=1e-3)
+        done.set()
+
+    with TORCH_TRACING:  # as onnx_export holds it while it traces
+        before = get_arrays(model)
+        worker = threading.Thread(target=train)
+        worker.start()
+        assert not done.wait(2.0)
+        assert all(np.array_equal(before[name], value) for name, value in get_arrays(model).items())
+    assert done.wait(60.0)
+    worker.join()
+    assert any(not np.array_equal(before[name], value) for name, value in get_arrays(model).items())
