@@ -9,8 +9,8 @@ from fedspeech.protocol.topics import DEFAULT_ROOT
 
 def run(args: argparse.Namespace) -> None:
     """Write STATE/broker/ for the enrolled devices and say how to run Mosquitto with it."""
-    from fedspeech.coordinator import broker_users
-    from fedspeech.coordinator.store import StateError, Store
+    from fedspeech.coordinator.broker import broker_users
+    from fedspeech.coordinator.state.store import StateError, Store
 
     try:
         broker_users.check_topic_root(args.topic_root)  # before the state is touched

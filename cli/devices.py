@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 from fedspeech.coordinator_api import CoordinatorApiError, add_admin_options, admin_request
 
 if TYPE_CHECKING:  # the parser is built without coordinator code
-    from fedspeech.coordinator.store import Store
+    from fedspeech.coordinator.state.store import Store
 
 
 def run(args: argparse.Namespace) -> None:
@@ -39,8 +39,8 @@ def _over_http(args: argparse.Namespace) -> None:
 
 
 def _on_state(args: argparse.Namespace) -> None:
-    from fedspeech.coordinator.enrolment import revoke_device
-    from fedspeech.coordinator.store import Store, holds_state
+    from fedspeech.coordinator.fleet.enrolment import revoke_device
+    from fedspeech.coordinator.state.store import Store, holds_state
 
     folder = args.state.resolve()
     new = not holds_state(folder)
@@ -67,7 +67,7 @@ def _on_state(args: argparse.Namespace) -> None:
 
 def _add(args: argparse.Namespace, store: "Store", new: bool) -> None:
     """Enrol the device; its secret to --secret-file (mode 0600), else printed once on stdout."""
-    from fedspeech.coordinator.enrolment import add_device, revoke_device
+    from fedspeech.coordinator.fleet.enrolment import add_device, revoke_device
     from fedspeech.protocol.files import write_atomically
 
     store.check_writable()

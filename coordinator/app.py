@@ -10,27 +10,27 @@ import numpy as np
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from flask import Flask
 
-import fedspeech.coordinator.operator_api  # noqa: F401  # adds the operator's routes to api's blueprint
-from fedspeech.coordinator import broker_users
-from fedspeech.coordinator.api import bp as api_bp
-from fedspeech.coordinator.broker import EmbeddedBroker
+import fedspeech.coordinator.http.operator_api  # noqa: F401  # adds the operator's routes to api's blueprint
+from fedspeech.coordinator.broker import broker_users
+from fedspeech.coordinator.broker.embedded import EmbeddedBroker
+from fedspeech.coordinator.broker.mqtt_link import CoordinatorLink, TopicRootTaken
 from fedspeech.coordinator.config import APP_KEY, CoordinatorConfig, EvaluationConfig, ServiceConfig
-from fedspeech.coordinator.dashboard import bp as dashboard_bp
-from fedspeech.coordinator.enrolment import Enrolment
-from fedspeech.coordinator.global_model import GlobalModel
-from fedspeech.coordinator.guesses import GuessLimit
-from fedspeech.coordinator.http_server import HttpServer, serve
-from fedspeech.coordinator.inbox import Inbox
-from fedspeech.coordinator.metrics import bp as metrics_bp
-from fedspeech.coordinator.mqtt_link import CoordinatorLink, TopicRootTaken
-from fedspeech.coordinator.openapi import APP_KEY as OPENAPI_KEY
-from fedspeech.coordinator.openapi import bp as openapi_bp
-from fedspeech.coordinator.openapi import describe
-from fedspeech.coordinator.orchestrator import Orchestrator
-from fedspeech.coordinator.pretraining import Pretraining, start_weights
-from fedspeech.coordinator.shared_validation import SharedValidation
-from fedspeech.coordinator.store import StateError, Store
-from fedspeech.coordinator.upload_outcomes import UploadOutcomes
+from fedspeech.coordinator.fleet.enrolment import Enrolment
+from fedspeech.coordinator.fleet.shared_validation import SharedValidation
+from fedspeech.coordinator.http.api import bp as api_bp
+from fedspeech.coordinator.http.dashboard import bp as dashboard_bp
+from fedspeech.coordinator.http.metrics import bp as metrics_bp
+from fedspeech.coordinator.http.openapi import APP_KEY as OPENAPI_KEY
+from fedspeech.coordinator.http.openapi import bp as openapi_bp
+from fedspeech.coordinator.http.openapi import describe
+from fedspeech.coordinator.http.server import HttpServer, serve
+from fedspeech.coordinator.http.wrong_tokens import GuessLimit
+from fedspeech.coordinator.model.global_model import GlobalModel
+from fedspeech.coordinator.model.pretraining import Pretraining, start_weights
+from fedspeech.coordinator.round.orchestrator import Orchestrator
+from fedspeech.coordinator.round.upload_outcomes import UploadOutcomes
+from fedspeech.coordinator.round.uploads import Uploads
+from fedspeech.coordinator.state.store import StateError, Store
 from fedspeech.protocol import signing
 from fedspeech.protocol.files import write_atomically
 from fedspeech.protocol.messages import TaskDefinition
@@ -46,7 +46,7 @@ CHECK_TOPIC_ROOT_S = 10.0  # the longest start waits for the broker to show what
 
 @dataclass
 class Service:
-    """Everything the coordinator runs: store, broker link, round loop, inbox, optional embedded broker."""
+    """Everything the coordinator runs: store, broker link, round loop, uploads, optional embedded broker."""
 
     store: Store
     link: CoordinatorLink
@@ -63,9 +63,9 @@ class Service:
     thread: threading.Thread | None = None
 
     @property
-    def inbox(self) -> Inbox:
+    def uploads(self) -> Uploads:
         """Where request threads hand in devices' uploads and ask about the round being trained."""
-        return self.orchestrator.inbox
+        return self.orchestrator.uploads
 
     def start(self) -> None:
         """Start the embedded broker (if any), the MQTT link and the round loop.

@@ -6,13 +6,12 @@ config file, an environment variable (FEDSPEECH_ROUNDS) and `CoordinatorConfig.c
 reads the files and variables).
 """
 
+import math
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
-from fedspeech.coordinator.acknowledgements import DEFAULT_TIMEOUT_S
-from fedspeech.coordinator.enrolment import MAX_DEVICES
-from fedspeech.coordinator.influence import NormBound, check_norm_bound
+from fedspeech.coordinator.fleet.enrolment import MAX_DEVICES
 from fedspeech.coordinator.strategies import StrategyParams, make_strategy, strategy_class
 from fedspeech.coordinator.strategies.differential_privacy import PrivacySettings, privacy_settings
 from fedspeech.models.architectures import MODELS, NEW_BLOCKS
@@ -22,8 +21,11 @@ from fedspeech.protocol.topics import DEFAULT_ROOT
 from fedspeech.protocol.weights import PRECISIONS, Precision
 
 APP_KEY = "FEDSPEECH"  # the CoordinatorConfig in the Flask app's config
+DEFAULT_ACK_TIMEOUT_S = 10.0  # how long a device has to acknowledge its task
 MAX_ACK_TIMEOUT_S = 600.0
 MAX_HTTP_TIMEOUT_S = 3600.0
+NORM_BOUNDS = ("median", "off")  # or a positive number: a fixed bound
+NormBound = float | Literal["median", "off"]
 
 
 def _at_least(name: str, value: int | None, low: int) -> None:
@@ -44,6 +46,26 @@ def _port(name: str, value: int) -> None:
         raise ValueError(f"{name} must be a port number, 1 to 65535 (0: any free one), got {value}")
 
 
+def norm_bound_value(text: str | float) -> NormBound:
+    """A norm bound as given (text, or a number in a config file): "median", "off" or a positive number;
+    ValueError else.
+    """
+    if text in NORM_BOUNDS:
+        return text  # type: ignore[return-value]  # one of the Literal's words
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    check_norm_bound(value)
+    return value
+
+
+def check_norm_bound(bound: NormBound) -> None:
+    """ValueError unless bound is "median", "off" or a positive number."""
+    if bound not in NORM_BOUNDS and not (isinstance(bound, float) and 0 < bound < math.inf):
+        raise ValueError(f"norm_bound must be median, off or a positive number, got {bound!r}")
+
+
 @dataclass(frozen=True)
 class ServiceConfig:
     """What the coordinator keeps and serves, where: its state, broker, HTTP server, task and model."""
@@ -61,7 +83,7 @@ class ServiceConfig:
     # who may register: only devices enrolled with a secret, or anyone (demo, emulated fleets) up to a cap
     open_enrolment: bool = False
     max_devices: int = MAX_DEVICES
-    # the HTTP server (http_server.serve): HTTPS when both TLS files are given
+    # the HTTP server (http.server.serve): HTTPS when both TLS files are given
     http_host: str = "127.0.0.1"
     http_port: int = 8080  # 0: any free port
     # requests handled at a time, each only once it has arrived whole: a slow client never holds one
@@ -137,7 +159,7 @@ class RoundConfig:
     round_timeout_s: float = 120.0
     # a device that has not acknowledged its task this long after it is absent for it: a round never waits
     # its deadline for a device that only looks online
-    ack_timeout_s: float = DEFAULT_TIMEOUT_S
+    ack_timeout_s: float = DEFAULT_ACK_TIMEOUT_S
     epochs: int = 2
     batch_size: int = 16
     learning_rate: float = 3e-3
@@ -186,7 +208,7 @@ class RoundConfig:
     dp_clip_learning_rate: float | None = None
     # the settings above made once, with their noise calibrated: what the round loop is given
     privacy: PrivacySettings | None = field(init=False, default=None, repr=False, compare=False)
-    # the coordinator learns only the sum of a round's updates (rounds.secure_sum): each device's change
+    # the coordinator learns only the sum of a round's updates (round.modes.secure_sum): each device's change
     # clipped to L2 norm secure_clip; a secret rebuilt from secure_threshold of the round's devices (at
     # least 2); the keys agreed within secure_keys_timeout_s, the sum unmasked within as long again
     secure_aggregation: bool = False

@@ -20,8 +20,7 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
-from fedspeech.coordinator.config import SECTION_OF, SECTIONS, CoordinatorConfig
-from fedspeech.coordinator.influence import norm_bound_value
+from fedspeech.coordinator.config import SECTION_OF, SECTIONS, CoordinatorConfig, norm_bound_value
 from fedspeech.coordinator.strategies import strategy_params
 from fedspeech.coordinator.strategies.params import split_option
 

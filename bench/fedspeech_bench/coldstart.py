@@ -129,7 +129,7 @@ def run_coldstart(
     """Run every arm on every seed's fleet; write results.md, results.json and accuracy-rounds.png."""
     import torch
 
-    from fedspeech.coordinator.pretraining import Pretraining, pretrained
+    from fedspeech.coordinator.model.pretraining import Pretraining, pretrained
     from fedspeech.models.clips.tasks import spec_for
     from fedspeech.models.train import get_arrays, predict, set_arrays
 

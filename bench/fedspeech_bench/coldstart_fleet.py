@@ -80,8 +80,8 @@ def fedavg_round(
     """One round: each device's (waveforms, labels) trained from current with the product's step and
     settings (device n with seed + n, training's extra arguments to train_local), averaged by clips.
     """
-    from fedspeech.coordinator.aggregate import fedavg
     from fedspeech.coordinator.config import RoundConfig
+    from fedspeech.coordinator.strategies.aggregate import fedavg
     from fedspeech.models.train import get_arrays, set_arrays, train_local
 
     settings, updates, samples = RoundConfig(), [], []

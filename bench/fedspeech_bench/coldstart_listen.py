@@ -244,7 +244,7 @@ def run_coldstart_listen(
 
     import torch
 
-    from fedspeech.coordinator.pretraining import Pretraining, pretrained
+    from fedspeech.coordinator.model.pretraining import Pretraining, pretrained
     from fedspeech.models.clips.tasks import spec_for
     from fedspeech_bench.listen import ListenBenchConfig, check_config, run_listen_bench
     from fedspeech_bench.listen_streams import Heard

@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from fedspeech.coordinator.records import RoundRecord
+from fedspeech.coordinator.state.records import RoundRecord
 from fedspeech.models.clips.datasets import load_corpus, server_test_clips, speakers
 from fedspeech_bench.demo_defaults import DEMO_EPOCHS, DEMO_FLEET, DEMO_ROUNDS
 from fedspeech_bench.fleet_run import fleet_config, fleet_run

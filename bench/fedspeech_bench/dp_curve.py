@@ -66,7 +66,7 @@ def run_curve(
     import torch
 
     from fedspeech.coordinator.config import RoundConfig
-    from fedspeech.coordinator.privacy_budget import epsilon_spent, noise_multiplier_for
+    from fedspeech.coordinator.privacy.budget import epsilon_spent, noise_multiplier_for
     from fedspeech.coordinator.strategies import Result
     from fedspeech.coordinator.strategies.differential_privacy import (
         DifferentiallyPrivate,
@@ -182,7 +182,7 @@ def fleet_sizes(
     argument): at each sampling rate q of RATES, the noise multiplier z the accountant needs for the
     rounds to stay within epsilon, and the devices N = z / (q x the arm's noise); the fewest, with q.
     """
-    from fedspeech.coordinator.privacy_budget import noise_multiplier_for
+    from fedspeech.coordinator.privacy.budget import noise_multiplier_for
 
     expected = setting.sampling_rate * setting.devices
     needed = {

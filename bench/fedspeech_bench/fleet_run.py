@@ -10,7 +10,7 @@ from pathlib import Path
 
 from fedspeech.coordinator.app import Service, create_app, serve
 from fedspeech.coordinator.config import CoordinatorConfig
-from fedspeech.coordinator.records import RoundRecord
+from fedspeech.coordinator.state.records import RoundRecord
 from fedspeech_bench.fleets.cpu_limits import DeviceProcess
 from fedspeech_bench.fleets.fleet_files import DeviceSpec
 from fedspeech_bench.fleets.launch import launch_fleet, stop_fleet

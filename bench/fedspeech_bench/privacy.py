@@ -3,7 +3,7 @@ what it and differential privacy hide from a coordinator that tries to infer eac
 (label_attack); and what differential privacy costs in accuracy at each epsilon (dp_curve).
 
 One round of the secure sum runs in this process, through the device's and the coordinator's own phase
-code (edge_client.secure_sum_device, coordinator.secure_sum_server), with no transport: every device
+code (edge_client.secure_sum_device, coordinator.privacy.secure_sum_server), with no transport: every device
 advertises, shares, masks and unmasks, none drops out, and the threshold is a majority (n // 2 + 1). For
 each n it reports a device's CPU time in each phase (the mean over the devices), the coordinator's time
 to take the round in and unmask it, and the bytes one device sends and receives, from the phases'
@@ -44,7 +44,7 @@ def measure(devices: int, length: int, seed: int = 0) -> Costs:
     import numpy as np
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-    from fedspeech.coordinator.secure_sum_server import ServerRound
+    from fedspeech.coordinator.privacy.secure_sum_server import ServerRound
     from fedspeech.edge_client.secure_sum_device import DeviceRound
     from fedspeech.protocol.secure_sum import FixedPoint
 
@@ -193,7 +193,7 @@ def run_privacy_bench(
     of the curve's epsilons) and the accuracy-epsilon curve, then write results.md, results.json and the
     plots into out.
     """
-    from fedspeech.coordinator.privacy_budget import noise_multiplier_for
+    from fedspeech.coordinator.privacy.budget import noise_multiplier_for
     from fedspeech_bench.dp_curve import curve_plot, curve_table, fleet_sizes, run_curve, sizes_table
     from fedspeech_bench.label_attack import MISSING, attack_plot, attack_table, run_attack
 

@@ -4,7 +4,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from fedspeech.coordinator.records import RoundRecord
+from fedspeech.coordinator.state.records import RoundRecord
 
 
 @dataclass(frozen=True)

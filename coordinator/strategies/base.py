@@ -28,7 +28,7 @@ from typing import Literal, Protocol
 
 import numpy as np
 
-from fedspeech.coordinator.aggregate import fedavg
+from fedspeech.coordinator.strategies.aggregate import fedavg
 from fedspeech.coordinator.strategies.params import StrategyParams
 from fedspeech.protocol.messages import Profile
 from fedspeech.protocol.weights import Arrays

@@ -12,7 +12,7 @@ restart starts it again, as it does server momentum, and so does the model growi
 from collections.abc import Sequence, Set
 from dataclasses import dataclass
 
-from fedspeech.coordinator.aggregate import cache_calibrated, change, stepped
+from fedspeech.coordinator.strategies.aggregate import cache_calibrated, change, stepped
 from fedspeech.coordinator.strategies.base import Result, RoundPlan
 from fedspeech.coordinator.strategies.fedbuff import FedBuff
 from fedspeech.coordinator.strategies.params import StrategyParams

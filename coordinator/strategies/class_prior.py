@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from fedspeech.coordinator.aggregate import population_distribution
+from fedspeech.coordinator.strategies.aggregate import population_distribution
 from fedspeech.coordinator.strategies.base import Result, RoundPlan, Work
 from fedspeech.coordinator.strategies.fedavg import FedAvg
 from fedspeech.coordinator.strategies.params import StrategyParams, setting

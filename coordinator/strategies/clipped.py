@@ -11,7 +11,7 @@ Sample counts do weigh in; the coordinator caps them, as one device could claim 
 
 from collections.abc import Sequence
 
-from fedspeech.coordinator.aggregate import clip_updates, fedavg, median_norm
+from fedspeech.coordinator.strategies.aggregate import clip_updates, fedavg, median_norm
 from fedspeech.coordinator.strategies.base import Result
 from fedspeech.coordinator.strategies.fedavg import FedAvg
 from fedspeech.protocol.weights import Arrays

@@ -28,8 +28,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from fedspeech.coordinator.aggregate import stepped, stepped_norms
-from fedspeech.coordinator.privacy_budget import epsilon_spent, noise_multiplier_for
+from fedspeech.coordinator.privacy.budget import epsilon_spent, noise_multiplier_for
+from fedspeech.coordinator.strategies.aggregate import stepped, stepped_norms
 from fedspeech.coordinator.strategies.base import (
     PrivacySpent,
     Result,

@@ -10,9 +10,9 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from fedspeech.coordinator.aggregate import staleness_weighted
-from fedspeech.coordinator.selection import select_all
+from fedspeech.coordinator.strategies.aggregate import staleness_weighted
 from fedspeech.coordinator.strategies.base import Result, RoundPlan, Strategy, Work
+from fedspeech.coordinator.strategies.selection import select_all
 from fedspeech.protocol.messages import Profile
 from fedspeech.protocol.weights import Arrays
 

@@ -8,7 +8,7 @@ say over time as one counting every round.
 
 from collections.abc import Sequence, Set
 
-from fedspeech.coordinator.aggregate import staleness_fair
+from fedspeech.coordinator.strategies.aggregate import staleness_fair
 from fedspeech.coordinator.strategies.base import Result, RoundPlan
 from fedspeech.coordinator.strategies.fedbuff import FedBuff
 from fedspeech.coordinator.strategies.params import StrategyParams

@@ -12,9 +12,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from fedspeech.coordinator.aggregate import fedavg, hardware_weighted
-from fedspeech.coordinator.scheduling import adaptive_epochs, fixed_epochs
-from fedspeech.coordinator.selection import (
+from fedspeech.coordinator.strategies.aggregate import fedavg, hardware_weighted
+from fedspeech.coordinator.strategies.base import Result, RoundPlan, SecureTerms, Strategy, Work
+from fedspeech.coordinator.strategies.params import StrategyParams, setting
+from fedspeech.coordinator.strategies.scheduling import adaptive_epochs, fixed_epochs
+from fedspeech.coordinator.strategies.selection import (
     DEFAULT_WEIGHTS,
     ScoreWeights,
     hardware_scores,
@@ -22,8 +24,6 @@ from fedspeech.coordinator.selection import (
     select_top_k,
     update_penalties,
 )
-from fedspeech.coordinator.strategies.base import Result, RoundPlan, SecureTerms, Strategy, Work
-from fedspeech.coordinator.strategies.params import StrategyParams, setting
 from fedspeech.protocol.messages import Profile
 from fedspeech.protocol.weights import Arrays
 

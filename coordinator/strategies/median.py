@@ -6,7 +6,7 @@ extreme values cannot drag the model further than the honest majority allows.
 
 from collections.abc import Sequence
 
-from fedspeech.coordinator.aggregate import coordinate_median
+from fedspeech.coordinator.strategies.aggregate import coordinate_median
 from fedspeech.coordinator.strategies.base import Result
 from fedspeech.coordinator.strategies.fedavg import FedAvg
 from fedspeech.protocol.weights import Arrays

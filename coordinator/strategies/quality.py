@@ -10,7 +10,7 @@ import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
-from fedspeech.coordinator.aggregate import quality_weights, weighted_average
+from fedspeech.coordinator.strategies.aggregate import quality_weights, weighted_average
 from fedspeech.coordinator.strategies.base import Needs, Result, ServerSide
 from fedspeech.coordinator.strategies.fedavg import FedAvg
 from fedspeech.coordinator.strategies.params import StrategyParams, flag, setting

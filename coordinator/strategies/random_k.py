@@ -4,8 +4,8 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from fedspeech.coordinator.selection import select_random
 from fedspeech.coordinator.strategies.base import RoundPlan, Strategy, Work
+from fedspeech.coordinator.strategies.selection import select_random
 from fedspeech.protocol.messages import Profile
 
 

@@ -11,10 +11,10 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from fedspeech.coordinator.aggregate import fedavg, fednova
-from fedspeech.coordinator.selection import select_all
+from fedspeech.coordinator.strategies.aggregate import fedavg, fednova
 from fedspeech.coordinator.strategies.base import Result, RoundPlan, Strategy, Work
 from fedspeech.coordinator.strategies.params import StrategyParams
+from fedspeech.coordinator.strategies.selection import select_all
 from fedspeech.protocol.messages import Profile
 from fedspeech.protocol.weights import Arrays
 

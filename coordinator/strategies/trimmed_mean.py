@@ -13,7 +13,7 @@ trimmed away coordinate by coordinate, and what is left of an attack is trimmed.
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from fedspeech.coordinator.aggregate import clip_updates, median_norm, trimmed_mean
+from fedspeech.coordinator.strategies.aggregate import clip_updates, median_norm, trimmed_mean
 from fedspeech.coordinator.strategies.base import Result
 from fedspeech.coordinator.strategies.fedavg import FedAvg
 from fedspeech.coordinator.strategies.params import StrategyParams, setting

@@ -1,6 +1,6 @@
 """Made-up benchmark runs, for the tests of the benchmarks' reports."""
 
-from fedspeech.coordinator.records import RoundRecord
+from fedspeech.coordinator.state.records import RoundRecord
 from fedspeech_bench.runs import Run
 
 

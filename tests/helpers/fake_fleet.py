@@ -1,5 +1,5 @@
 """A round loop over fakes: a model of two weights, devices that answer the moment a task is published,
-and an orchestrator or an inbox over a real store in a temporary folder. No broker, no HTTP, no torch."""
+and an orchestrator or an Uploads over a real store in a temporary folder. No broker, no HTTP, no torch."""
 
 import threading
 from collections.abc import Callable, Iterator
@@ -9,13 +9,13 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from fedspeech.coordinator.config import RoundConfig
-from fedspeech.coordinator.errors import NotWanted
-from fedspeech.coordinator.evaluation_phase import EvaluationPhase
-from fedspeech.coordinator.inbox import Inbox
-from fedspeech.coordinator.influence import SampleLimits
-from fedspeech.coordinator.orchestrator import Orchestrator
-from fedspeech.coordinator.ports import Evaluation, OnnxFiles
-from fedspeech.coordinator.store import Store
+from fedspeech.coordinator.refusals import NotWanted
+from fedspeech.coordinator.round.evaluation_phase import EvaluationPhase
+from fedspeech.coordinator.round.influence import SampleLimits
+from fedspeech.coordinator.round.interfaces import Evaluation, OnnxFiles
+from fedspeech.coordinator.round.orchestrator import Orchestrator
+from fedspeech.coordinator.round.uploads import Uploads
+from fedspeech.coordinator.state.store import Store
 from fedspeech.coordinator.strategies import strategy_params
 from fedspeech.models.calibration import Decisions
 from fedspeech.protocol import weights
@@ -120,7 +120,7 @@ class Fleet:
         self.store = Store(tmp_path / "state")
         self.link = FakeLink()
         self.orchestrator = Orchestrator(self.config, self.store, self.link, model or FakeModel())
-        self.inbox = self.orchestrator.inbox  # where the devices' uploads go
+        self.uploads = self.orchestrator.uploads  # where the devices' uploads go
 
     def device(
         self,
@@ -145,7 +145,7 @@ class Fleet:
         body = weights.encode(
             {"w": np.full(2, value, np.float32)}, {"task_id": task.task_id, "num_samples": str(samples)}
         )
-        self.inbox.receive_update(task.round, device_id, body, weights.sha256(body))
+        self.uploads.receive_update(task.round, device_id, body, weights.sha256(body))
 
     @contextmanager
     def running(self) -> Iterator[threading.Event]:
@@ -163,8 +163,8 @@ class Fleet:
             assert self.orchestrator.finished.wait(timeout), "rounds did not finish"
 
 
-def inbox_of(tmp_path, link: FakeLink | None = None) -> Inbox:
-    """An inbox on round 0's model, with devices a, b and c registered and online, each with 10 samples."""
+def uploads_of(tmp_path, link: FakeLink | None = None) -> Uploads:
+    """An uploads on round 0's model, with devices a, b and c registered and online, each with 10 samples."""
     link = link or FakeLink()
     store = Store(tmp_path / "state")
     for device in ("a", "b", "c"):
@@ -172,6 +172,6 @@ def inbox_of(tmp_path, link: FakeLink | None = None) -> Inbox:
         store.register_device(device, f"token-{device}", 10, {})
     evaluation = EvaluationPhase(store, link, DEFINITION.labels, 1)
     limits = SampleLimits(growth=0.25, over_median=3.0, most=100)
-    inbox = Inbox(store, link, evaluation, spec=SPEC, local_names=frozenset(), limits=limits)
-    inbox.publish({"w": np.zeros(2, np.float32)}, SPEC)
-    return inbox
+    uploads = Uploads(store, link, evaluation, spec=SPEC, local_names=frozenset(), limits=limits)
+    uploads.publish({"w": np.zeros(2, np.float32)}, SPEC)
+    return uploads

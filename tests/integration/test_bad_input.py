@@ -93,7 +93,7 @@ def test_bad_uploads_and_messages_never_touch_the_global_model(coordinator, capl
         assert reason in reply.get_json()["error"], case
         assert reason in caplog.text, f"{case} is logged"
 
-    assert service.thread.is_alive() and service.inbox.open_round() == 1
+    assert service.thread.is_alive() and service.uploads.open_round() == 1
     assert [r.round for r in service.store.rounds()] == [0], "no bad update made a round"
     assert service.store.model_path(0, "weights").read_bytes() == model_bytes
 

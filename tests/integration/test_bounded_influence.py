@@ -13,9 +13,9 @@ from contextlib import ExitStack
 import numpy as np
 import pytest
 
-from fedspeech.coordinator.aggregate import fedavg
 from fedspeech.coordinator.app import create_app
-from fedspeech.coordinator.enrolment import add_device
+from fedspeech.coordinator.fleet.enrolment import add_device
+from fedspeech.coordinator.strategies.aggregate import fedavg
 from fedspeech.protocol import messages, weights
 from fedspeech.protocol.messages import Credentials, DeviceStatus, EvaluationReport, Profile, Registration
 from fedspeech.protocol.topics import Topics

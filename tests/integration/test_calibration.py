@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from fedspeech.coordinator.global_model import GlobalModel
+from fedspeech.coordinator.model.global_model import GlobalModel
 from fedspeech.export.onnx_export import export_onnx, update_onnx_weights
 from fedspeech.models.calibration import (
     BINS,

@@ -17,9 +17,9 @@ from collections.abc import Callable, Iterator
 import numpy as np
 import pytest
 
-from fedspeech.coordinator import broker_users
-from fedspeech.coordinator.enrolment import add_device
-from fedspeech.coordinator.store import Store
+from fedspeech.coordinator.broker import broker_users
+from fedspeech.coordinator.fleet.enrolment import add_device
+from fedspeech.coordinator.state.store import Store
 from fedspeech.protocol.mqtt import BrokerSettings, connect, make_client
 from fedspeech.protocol.topics import DEFAULT_DISCOVERY_PREFIX, Topics, event_discovery, listen_user
 from fedspeech.runtime.detection_events import DetectionPublisher, publisher_will

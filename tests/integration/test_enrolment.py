@@ -8,8 +8,8 @@ import paho.mqtt.client as mqtt
 import pytest
 
 from fedspeech.coordinator.app import create_app
-from fedspeech.coordinator.enrolment import add_device, revoke_device
-from fedspeech.coordinator.mqtt_link import CoordinatorLink
+from fedspeech.coordinator.broker.mqtt_link import CoordinatorLink
+from fedspeech.coordinator.fleet.enrolment import add_device, revoke_device
 from fedspeech.edge_client import ClientConfig, DataSource, run_client
 from fedspeech.edge_client.credentials import Refused
 from fedspeech.protocol import messages, signing

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 from fedspeech.coordinator.config import RoundConfig
-from fedspeech.coordinator.evaluation import Counts, combine
-from fedspeech.coordinator.evaluation_phase import evaluates, evaluation_plan, evaluators
+from fedspeech.coordinator.round.evaluation import Counts, combine
+from fedspeech.coordinator.round.evaluation_phase import evaluates, evaluation_plan, evaluators
 from fedspeech.models import scores
 from fedspeech.models.calibration import BINS
 from fedspeech.protocol import bounds, messages, weights
@@ -172,5 +172,5 @@ def test_an_evaluation_that_fails_on_its_device_is_not_waited_for(coordinator):
     wait_for(service.orchestrator.finished.is_set, 10, "the evaluation to end, not its 120 s deadline")
     record = service.store.latest_round()
     assert (record.evaluation_asked, record.evaluation_reports, record.federated_accuracy) == (1, 0, None)
-    error = service.inbox.last_errors()[DEVICE]
+    error = service.uploads.last_errors()[DEVICE]
     assert (error.round, error.reason) == (1, "no test clips: /srv/clips cannot be listed")

@@ -18,9 +18,9 @@ import pytest
 from flask import Flask, jsonify, request, send_file
 from werkzeug.exceptions import Conflict
 
-from fedspeech.coordinator.body_rules import BodyRule
 from fedspeech.coordinator.config import APP_KEY, CoordinatorConfig
-from fedspeech.coordinator.http_server import HttpServer, serve
+from fedspeech.coordinator.http.body_rules import BodyRule
+from fedspeech.coordinator.http.server import HttpServer, serve
 from fedspeech.protocol import weights
 
 MiB = 1024 * 1024

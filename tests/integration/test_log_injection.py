@@ -26,7 +26,7 @@ from tests.helpers.configs import coordinator_config
 from tests.helpers.ports import free_port
 from tests.helpers.waiting import wait_for
 
-FORGED = "2026-01-01 00:00:00,000 WARNING fedspeech.coordinator.api: forged"
+FORGED = "2026-01-01 00:00:00,000 WARNING fedspeech.coordinator.http.api: forged"
 LINE = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} [A-Z]+ [\w.]+: ")
 
 

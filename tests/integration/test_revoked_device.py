@@ -10,7 +10,7 @@ import paho.mqtt.publish as publish
 import pytest
 
 from fedspeech.coordinator.app import create_app, serve
-from fedspeech.coordinator.enrolment import revoke_device
+from fedspeech.coordinator.fleet.enrolment import revoke_device
 from fedspeech.edge_client import ClientConfig, DataSource, Refused, run_client
 from fedspeech.protocol import messages
 from fedspeech.protocol.messages import DeviceStatus

@@ -104,12 +104,12 @@ def test_a_forged_failure_report_is_refused_and_the_round_still_waits(tmp_path, 
             assert post(url + routes.failure(attics), too_long, headers) == 400
             assert post(url + routes.failure(attics), b" " * 5000, headers) == 413
             time.sleep(1.0)
-            assert service.inbox.open_round() == 1, "the round still waits for attic"
-            assert service.inbox.last_errors() == {} and not service.orchestrator.finished.is_set()
+            assert service.uploads.open_round() == 1, "the round still waits for attic"
+            assert service.uploads.last_errors() == {} and not service.orchestrator.finished.is_set()
 
             assert barn.send_back_unchanged(url, tasks["barn"], 20) == 200
             time.sleep(0.5)
-            assert service.inbox.open_round() == 1, "and for attic once barn is in"
+            assert service.uploads.open_round() == 1, "and for attic once barn is in"
             assert attic.send_back_unchanged(url, tasks["attic"], 20) == 200
             wait_for(service.orchestrator.finished.is_set, 60, "the round to end with both updates")
             updates = get_json(f"{url}/api/rounds/1")["updates"]

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from fedspeech.coordinator.broker import EmbeddedBroker
+from fedspeech.coordinator.broker.embedded import EmbeddedBroker
 from tests.helpers.ports import free_port
 from tests.helpers.shared_data import SHARED_DATA, needs_shared
 from tests.helpers.waiting import get_json, wait_for
@@ -164,7 +164,7 @@ def test_a_coordinator_polled_writes_no_request_lines_to_its_log(processes, tmp_
     coordinator.send_signal(signal.SIGTERM)
     assert coordinator.wait(timeout=60) == 0
     log = coordinator.log_path.read_text()
-    assert "INFO fedspeech.coordinator.http_server: coordinator HTTP API on" in log, "logging at INFO"
+    assert "INFO fedspeech.coordinator.http.server: coordinator HTTP API on" in log, "logging at INFO"
     assert "/api/status" not in log, log
     assert "Skipping constant folding" not in log, "nor the ONNX export's internals"
 
@@ -470,7 +470,7 @@ def test_a_client_warns_in_one_line_about_a_secret_file_others_can_read(processe
 
 
 def test_a_state_folder_the_coordinator_cannot_write_is_refused_at_start(mosquitto_url, tmp_path):
-    from fedspeech.coordinator.store import Store
+    from fedspeech.coordinator.state.store import Store
 
     state = tmp_path / "state"
     Store(state)  # a coordinator's state, as an earlier run left it

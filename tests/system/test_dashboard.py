@@ -9,7 +9,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from fedspeech.coordinator.app import create_app, serve
-from fedspeech.coordinator.records import RoundRecord, UpdateRecord
+from fedspeech.coordinator.state.records import RoundRecord, UpdateRecord
 from fedspeech.protocol import messages, routes, weights
 from fedspeech.protocol.messages import TaskFailure
 from tests.helpers.configs import coordinator_config
@@ -164,7 +164,7 @@ def test_a_task_a_device_could_not_do_shows_on_it_with_the_reason(tmp_path):
     service.store.register_device("kitchen", "kitchen-token", 40, {})
     service.store.register_device("hall", "hall-token", 40, {})
     task = make_task("task-1", blob=b"weights")
-    service.inbox.acks.expect([("kitchen", task)])  # handed out, as a round does
+    service.uploads.acks.expect([("kitchen", task)])  # handed out, as a round does
     http = app.test_client()
     report = messages.encode(TaskFailure("no data folder /srv/clips\n<script>x</script>"))
     path = routes.failure("task-1")

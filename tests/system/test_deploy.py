@@ -21,7 +21,7 @@ import yaml  # PyYAML: amqtt, of the coordinator extra, depends on it
 
 from fedspeech.__main__ import build_parser
 from fedspeech.coordinator.config import ServiceConfig
-from fedspeech.coordinator.metrics import METRIC_NAMES
+from fedspeech.coordinator.http.metrics import METRIC_NAMES
 from tests.helpers.devices import Processes
 from tests.helpers.ports import free_port
 from tests.helpers.waiting import wait_for

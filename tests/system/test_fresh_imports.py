@@ -16,7 +16,7 @@ def loaded(code: str, prefixes: tuple[str, ...]) -> list[str]:
 
 def test_the_round_loop_needs_no_torch_broker_or_web_framework():
     code = (
-        "import sys; import fedspeech.coordinator.orchestrator, fedspeech.coordinator.strategies; "
+        "import sys; import fedspeech.coordinator.round.orchestrator, fedspeech.coordinator.strategies; "
         "print(sorted(m for m in ('torch', 'paho', 'flask', 'onnx') if m in sys.modules))"
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)

@@ -15,10 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from fedspeech.coordinator import broker_users
 from fedspeech.coordinator.app import create_app, serve
-from fedspeech.coordinator.enrolment import add_device, revoke_device
-from fedspeech.coordinator.store import Store
+from fedspeech.coordinator.broker import broker_users
+from fedspeech.coordinator.fleet.enrolment import add_device, revoke_device
+from fedspeech.coordinator.state.store import Store
 from fedspeech.edge_client.broker_link import BrokerLink
 from fedspeech.edge_client.coordinator_http import CoordinatorClient
 from fedspeech.edge_client.credentials import DeviceCredentials

@@ -21,8 +21,8 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
-from fedspeech.coordinator.api import MAX_UPDATE_BYTES
 from fedspeech.coordinator.app import create_app, serve
+from fedspeech.coordinator.http.api import MAX_UPDATE_BYTES
 from fedspeech.protocol import messages, weights
 from fedspeech.protocol.messages import Credentials, Profile, Registration
 from tests.helpers.configs import coordinator_config
@@ -204,7 +204,7 @@ def test_bodies_over_the_limit_and_absurd_counts_never_reach_the_round(served_ro
     assert upload(server.url, task.upload_path, "a-stale-token-of-kitchen", stale) == 401
     absurd = weights.encode(arrays, {"task_id": task.task_id, "num_samples": str(10**400)})
     assert upload(server.url, task.upload_path, device.token, absurd) == 400
-    assert service.inbox.open_round() == 1, "the round goes on"
+    assert service.uploads.open_round() == 1, "the round goes on"
 
     good = weights.encode(arrays, {"task_id": task.task_id, "num_samples": "40"})
     assert upload(server.url, task.upload_path, device.token, good) == 200

@@ -32,7 +32,7 @@ def test_secure_rounds_with_real_devices_store_no_update_of_one_device(
         clients = start_clients(processes, SPEAKERS[:3], url, mosquitto_url, topic_root, max_samples=24)
         wait_until_finished(service, clients)
         store = service.store
-        length = sum(a.size for a in service.inbox.current.values() if a.dtype.kind == "f")
+        length = sum(a.size for a in service.uploads.current.values() if a.dtype.kind == "f")
         for r in store.rounds()[1:]:
             assert r.results == 3 and r.accuracy is not None
             updates = store.updates(r.round)
@@ -77,10 +77,10 @@ def test_two_devices_killed_after_their_upload_and_one_before_and_the_round_sums
                 strict=True,
             )
         )
-        desk = service.orchestrator.desk
-        wait_for(lambda: desk.phase == "masked", 120, "the keys agreed and the devices training")
+        secure_uploads = service.orchestrator.secure_uploads
+        wait_for(lambda: secure_uploads.phase == "masked", 120, "the keys agreed and the devices training")
         clients["lucas"].send_signal(signal.SIGKILL)  # before its upload
-        wait_for(lambda: {"jackson", "nicolas"} <= desk.answered, 60, "two devices' masked changes")
+        wait_for(lambda: {"jackson", "nicolas"} <= secure_uploads.answered, 60, "two devices' masked changes")
         for speaker in ("jackson", "nicolas"):  # after their upload, before they give up their shares
             clients[speaker].send_signal(signal.SIGKILL)
         wait_for(service.orchestrator.finished.is_set, 120, "the round, unmasked by the three left")

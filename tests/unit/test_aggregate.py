@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from fedspeech.coordinator.aggregate import (
+from fedspeech.coordinator.strategies.aggregate import (
     cache_calibrated,
     change,
     fedavg,

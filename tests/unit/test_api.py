@@ -6,10 +6,10 @@ import pytest
 from flask import Response
 from werkzeug.test import EnvironBuilder
 
-from fedspeech.coordinator.api import BODY_RULES, MAX_FAILURE_BYTES
 from fedspeech.coordinator.app import create_app
-from fedspeech.coordinator.body_rules import DEFAULT_LIMIT, BodyRule, admit
-from fedspeech.coordinator.records import RoundRecord
+from fedspeech.coordinator.http.api import BODY_RULES, MAX_FAILURE_BYTES
+from fedspeech.coordinator.http.body_rules import DEFAULT_LIMIT, BodyRule, admit
+from fedspeech.coordinator.state.records import RoundRecord
 from fedspeech.protocol import messages, weights
 from tests.helpers.configs import coordinator_config
 

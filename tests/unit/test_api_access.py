@@ -7,9 +7,9 @@ import itertools
 import pytest
 
 from fedspeech.coordinator.app import create_app
-from fedspeech.coordinator.enrolment import add_device, revoke_device
-from fedspeech.coordinator.guesses import BURST, GuessLimit
-from fedspeech.coordinator.records import RoundRecord
+from fedspeech.coordinator.fleet.enrolment import add_device, revoke_device
+from fedspeech.coordinator.http.wrong_tokens import BURST, GuessLimit
+from fedspeech.coordinator.state.records import RoundRecord
 from fedspeech.protocol import messages, weights
 from fedspeech.protocol.messages import Credentials, Profile, Registration
 from tests.helpers.configs import coordinator_config

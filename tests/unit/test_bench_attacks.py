@@ -5,7 +5,7 @@ from types import SimpleNamespace
 
 import numpy as np
 
-from fedspeech.coordinator.records import RoundRecord
+from fedspeech.coordinator.state.records import RoundRecord
 from fedspeech.edge_client.local_data import Split
 from fedspeech.protocol import messages
 from fedspeech.protocol.messages import EvaluationReport

@@ -5,7 +5,7 @@ import math
 
 import pytest
 
-from fedspeech.coordinator.privacy_budget import noise_multiplier_for
+from fedspeech.coordinator.privacy.budget import noise_multiplier_for
 from fedspeech_bench.dp_curve import RATES, CurvePoint, CurveSetting, fleet_sizes, sizes_table
 from fedspeech_bench.label_attack import run_attack
 from fedspeech_bench.privacy import CurveOptions, measure, run_privacy_bench

@@ -7,9 +7,9 @@ import stat
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from fedspeech.coordinator import broker_users
-from fedspeech.coordinator.enrolment import add_device, revoke_device
-from fedspeech.coordinator.store import Store
+from fedspeech.coordinator.broker import broker_users
+from fedspeech.coordinator.fleet.enrolment import add_device, revoke_device
+from fedspeech.coordinator.state.store import Store
 from fedspeech.edge_client.credentials import DeviceCredentials, issued_login
 from fedspeech.protocol import messages, signing
 from fedspeech.protocol.bounds import ProtocolError

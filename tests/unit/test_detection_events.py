@@ -6,7 +6,7 @@ from datetime import datetime
 
 import pytest
 
-from fedspeech.coordinator import broker_users
+from fedspeech.coordinator.broker import broker_users
 from fedspeech.protocol.bounds import MAX_LABELS
 from fedspeech.protocol.topics import Topics, event_discovery, listen_user, shares_a_user
 from fedspeech.runtime.detection_events import (

@@ -3,10 +3,10 @@
 import numpy as np
 import pytest
 
-from fedspeech.coordinator import device_tasks
 from fedspeech.coordinator.config import RoundConfig
-from fedspeech.coordinator.records import RoundRecord
-from fedspeech.coordinator.store import Store
+from fedspeech.coordinator.round import device_tasks
+from fedspeech.coordinator.state.records import RoundRecord
+from fedspeech.coordinator.state.store import Store
 from fedspeech.coordinator.strategies import STRATEGIES, RoundPlan, Work
 from fedspeech.protocol import routes, weights
 from fedspeech.protocol.messages import BlobRef, ModelSpec, TaskDefinition

@@ -8,7 +8,7 @@ import argparse
 import numpy as np
 import pytest
 
-from fedspeech.coordinator.privacy_budget import epsilon_spent, noise_multiplier_for
+from fedspeech.coordinator.privacy.budget import epsilon_spent, noise_multiplier_for
 from fedspeech.coordinator.strategies import Result, make_strategy
 from fedspeech.coordinator.strategies.differential_privacy import DifferentiallyPrivate, PrivacySettings
 from fedspeech.coordinator_command import add_parser, settings

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import torch
 
-from fedspeech.coordinator.scheduling import depth_for_round
+from fedspeech.coordinator.strategies.scheduling import depth_for_round
 from fedspeech.models import build_model, depth_of
 from fedspeech.models.growth import grow
 from fedspeech.models.train import get_arrays, set_arrays

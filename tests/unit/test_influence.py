@@ -6,18 +6,17 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from fedspeech.coordinator.aggregate import fedavg, update_norms
-from fedspeech.coordinator.config import RoundConfig
-from fedspeech.coordinator.evaluation import check_counts
-from fedspeech.coordinator.influence import (
+from fedspeech.coordinator.config import RoundConfig, norm_bound_value
+from fedspeech.coordinator.round.evaluation import check_counts
+from fedspeech.coordinator.round.influence import (
     SampleLimits,
     fleet_median,
-    norm_bound_value,
     norm_bounded,
     norm_limit,
     sample_ceiling,
 )
 from fedspeech.coordinator.strategies import Result
+from fedspeech.coordinator.strategies.aggregate import fedavg, update_norms
 from fedspeech.protocol import messages
 from fedspeech.protocol.bounds import ProtocolError
 from fedspeech.protocol.messages import DeviceStatus, Profile, Registration

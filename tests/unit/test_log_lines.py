@@ -8,7 +8,7 @@ import pytest
 
 from fedspeech.protocol import log_lines
 
-FORGED = "2026-01-01 00:00:00,000 WARNING fedspeech.coordinator.api: forged"
+FORGED = "2026-01-01 00:00:00,000 WARNING fedspeech.coordinator.http.api: forged"
 LINE = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} [A-Z]+ [\w.]+: ")
 
 

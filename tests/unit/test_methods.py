@@ -10,10 +10,10 @@ from dataclasses import dataclass, field
 import numpy as np
 import pytest
 
-from fedspeech.coordinator.aggregate import population_distribution, quality_weights
-from fedspeech.coordinator.errors import BadUpload, NotWanted
-from fedspeech.coordinator.rounds.chained import Chain
+from fedspeech.coordinator.refusals import BadUpload, NotWanted
+from fedspeech.coordinator.round.modes.chained import Chain
 from fedspeech.coordinator.strategies import Result, strategy_params
+from fedspeech.coordinator.strategies.aggregate import population_distribution, quality_weights
 from fedspeech.coordinator.strategies.grouped import deal_groups
 from fedspeech.protocol import routes, weights
 from fedspeech.protocol.messages import BlobRef, Task
@@ -113,7 +113,7 @@ def _start_value(fleet: Fleet, device: str, task: Task) -> float:
     """The first weight of the model a task trains from, as the device downloads it."""
     if task.weights.path.startswith(routes.PREFIX + "/rounds/"):
         step = int(task.weights.path.rsplit("/", 1)[1])
-        path = fleet.inbox.relay_file(task.round, step, device)
+        path = fleet.uploads.relay_file(task.round, step, device)
     else:
         path = fleet.store.model_path(routes.model_round(task.weights.path, "weights"), "weights")
     return float(weights.decode(path.read_bytes())[0]["w"][0])
@@ -230,7 +230,7 @@ def test_fedbn_refuses_an_update_that_carries_normalisation_layers(tmp_path):
             {"task_id": task.task_id, "num_samples": "10"},
         )
         with pytest.raises(BadUpload, match="bn"):
-            fleet.inbox.receive_update(1, "a", body, weights.sha256(body))
+            fleet.uploads.receive_update(1, "a", body, weights.sha256(body))
 
 
 @pytest.mark.parametrize("strategy", ["fedbn", "silobn"])
@@ -247,7 +247,7 @@ def test_silobn_averages_everything_and_has_devices_train_and_evaluate_with_thei
         if task.action == "train":
             arrays = {name: np.full(2, value, np.float32) for name in ("w", "bn")}
             body = weights.encode(arrays, {"task_id": task.task_id, "num_samples": "10"})
-            fleet.inbox.receive_update(task.round, device, body, weights.sha256(body))
+            fleet.uploads.receive_update(task.round, device, body, weights.sha256(body))
 
     for device, value in (("a", 1.0), ("b", 3.0)):
         fleet.device(device, value=None, samples=10)
@@ -278,7 +278,7 @@ def _upload_counts(fleet: Fleet, device: str, task: Task, counts: str) -> None:
         {"w": np.ones(2, np.float32)},
         {"task_id": task.task_id, "num_samples": "10", "predicted_counts": counts},
     )
-    fleet.inbox.receive_update(task.round, device, body, weights.sha256(body))
+    fleet.uploads.receive_update(task.round, device, body, weights.sha256(body))
 
 
 BAD_COUNTS = [

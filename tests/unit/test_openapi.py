@@ -8,7 +8,7 @@ import pytest
 from openapi_spec_validator import validate
 
 from fedspeech.coordinator.app import create_app
-from fedspeech.coordinator.openapi import OPERATIONS, Content, describe
+from fedspeech.coordinator.http.openapi import OPERATIONS, Content, describe
 from fedspeech.protocol import routes
 from fedspeech.protocol.messages import Registration
 from tests.helpers.configs import coordinator_config

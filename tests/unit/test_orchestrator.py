@@ -9,10 +9,10 @@ import time
 import numpy as np
 import pytest
 
-from fedspeech.coordinator import orchestrator as orchestrator_module
 from fedspeech.coordinator.config import RoundConfig
-from fedspeech.coordinator.errors import BadUpload, NotWanted
-from fedspeech.coordinator.ports import OnnxFiles
+from fedspeech.coordinator.refusals import BadUpload, NotWanted
+from fedspeech.coordinator.round import orchestrator as orchestrator_module
+from fedspeech.coordinator.round.interfaces import OnnxFiles
 from fedspeech.models.calibration import Decisions
 from fedspeech.protocol import bounds, messages, routes, weights
 from fedspeech.protocol.messages import (
@@ -77,7 +77,7 @@ def test_in_float16_devices_download_and_upload_half_precision_and_the_model_sta
         tasks.append(task)
         meta = {"task_id": task.task_id, "num_samples": "10"}
         body = weights.encode({"w": np.full(2, 1 / 3, np.float16)}, meta)
-        fleet.inbox.receive_update(task.round, "half", body, weights.sha256(body))
+        fleet.uploads.receive_update(task.round, "half", body, weights.sha256(body))
 
     def full(task: Task) -> None:
         try:
@@ -109,7 +109,7 @@ def test_a_float16_update_counts_its_change_from_the_model_as_its_device_receive
         def half(task: Task, device=device, value=value, samples=samples) -> None:
             meta = {"task_id": task.task_id, "num_samples": str(samples)}
             body = weights.encode({"w": np.full(2, value, np.float16)}, meta)
-            fleet.inbox.receive_update(task.round, device, body, weights.sha256(body))
+            fleet.uploads.receive_update(task.round, device, body, weights.sha256(body))
 
         fleet.device(device, samples=samples)
         fleet.link.responders[device] = half
@@ -243,7 +243,7 @@ def test_a_late_update_whose_device_went_offline_is_not_wanted(tmp_path):
         fleet.upload("slow", slow_tasks[0], 5.0)
     forged = weights.encode({"w": np.ones(2, np.float32)}, {"task_id": "0" * 32, "num_samples": "10"})
     with pytest.raises(NotWanted):
-        fleet.inbox.receive_update(1, "fast", forged, weights.sha256(forged))
+        fleet.uploads.receive_update(1, "fast", forged, weights.sha256(forged))
 
 
 def test_a_restarted_orchestrator_resumes_after_the_last_round(tmp_path):
@@ -267,7 +267,7 @@ def _train_or_evaluate(fleet: Fleet, device_id: str, task: Task) -> None:
 
     if task.action == "evaluate":
         body = messages.encode(EvaluationReport(task.task_id, task.round, [[3, 1], [0, 4]], 2.0))
-        fleet.inbox.receive_evaluation(task.round, device_id, body)
+        fleet.uploads.receive_evaluation(task.round, device_id, body)
     else:
         fleet.upload(device_id, task, 1.0)
 
@@ -304,7 +304,7 @@ def test_the_devices_word_decisions_calibrate_the_model_announced_after_its_eval
         confusion = [[3, 1], [0, 4]]  # 7 right words, 1 wrong
         body = messages.encode(EvaluationReport(task.task_id, task.round, confusion, 2.0, decisions))
         try:
-            fleet.inbox.receive_evaluation(task.round, device_id, body)
+            fleet.uploads.receive_evaluation(task.round, device_id, body)
         except BadUpload as exc:
             refused.append((device_id, str(exc)))
 
@@ -365,7 +365,7 @@ def test_a_buffered_method_asks_a_device_still_training_to_evaluate_only_the_las
         asked.append((device_id, task.action, task.round))
         if task.action == "evaluate":
             body = messages.encode(EvaluationReport(task.task_id, task.round, [[1, 0], [0, 1]], 0.0))
-            fleet.inbox.receive_evaluation(task.round, device_id, body)
+            fleet.uploads.receive_evaluation(task.round, device_id, body)
         elif device_id == "fast":
             fleet.upload(device_id, task, 1.0)
 
@@ -418,11 +418,11 @@ def test_local_steps_are_read_within_bounds(tmp_path):
         meta = {"task_id": task.task_id, "num_samples": "10", "local_steps": said[device_id]}
         body = weights.encode({"w": np.full(2, 1.0, np.float32)}, meta)
         try:
-            fleet.inbox.receive_update(task.round, device_id, body, weights.sha256(body))
+            fleet.uploads.receive_update(task.round, device_id, body, weights.sha256(body))
         except BadUpload as exc:
             refused.append(str(exc))
-        with fleet.inbox._lock:
-            open_ = fleet.inbox._open
+        with fleet.uploads._lock:
+            open_ = fleet.uploads._open
             if open_ is not None and device_id in open_.updates:
                 seen[device_id] = open_.updates[device_id][0].steps
 

@@ -7,9 +7,9 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from fedspeech.coordinator import round_storage
-from fedspeech.coordinator.records import RoundRecord
-from fedspeech.coordinator.store import Store
+from fedspeech.coordinator.round import new_model
+from fedspeech.coordinator.state.records import RoundRecord
+from fedspeech.coordinator.state.store import Store
 from fedspeech.protocol import messages, routes
 from fedspeech.protocol import onnx_metadata as meta
 from fedspeech.protocol.bounds import ProtocolError
@@ -186,7 +186,7 @@ def test_an_announcement_names_the_pair_or_not_and_an_old_one_still_parses():
 
 
 class _Model:
-    """What round_storage.announcement asks of the model."""
+    """What new_model.announcement asks of the model."""
 
     labels = LABELS
 
@@ -198,11 +198,11 @@ def test_the_store_keeps_replaces_and_announces_the_pair_and_a_round_without_one
     store = Store(tmp_path)
     record = RoundRecord(1, 0.0, 1.0, 1.0, 1, 1, None, None, None, 0, 0, "cd" * 32, "ef" * 32)
     store.save_round(record, b"weights", b"onnx", [])  # as a round stored before the pair
-    without = round_storage.announcement(store, _Model(), store.rounds()[0], {})  # type: ignore[arg-type]
+    without = new_model.announcement(store, _Model(), store.rounds()[0], {})  # type: ignore[arg-type]
     assert without.frontend is without.classifier is None and without.onnx is not None
     paired = store.replace_onnx(record, b"onnx 2", (b"front", b"classifier"))
     assert store.rounds()[0] == paired and paired.classifier_sha256 is not None
-    announced = round_storage.announcement(store, _Model(), paired, {})  # type: ignore[arg-type]
+    announced = new_model.announcement(store, _Model(), paired, {})  # type: ignore[arg-type]
     assert announced.classifier is not None and announced.frontend is not None
     assert (announced.frontend.size, announced.classifier.size) == (5, 10)
     assert store.model_path(1, "classifier").read_bytes() == b"classifier"

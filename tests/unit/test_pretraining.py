@@ -8,7 +8,7 @@ import shutil
 import numpy as np
 import pytest
 
-from fedspeech.coordinator.pretraining import InitError, Pretraining, balanced, start_weights
+from fedspeech.coordinator.model.pretraining import InitError, Pretraining, balanced, start_weights
 from fedspeech.models import build_model
 from fedspeech.models.clips.tasks import spec_for, task_from_mapping
 from fedspeech.models.train import get_arrays

@@ -4,7 +4,7 @@ import dp_accounting
 import pytest
 from dp_accounting.rdp import RdpAccountant
 
-from fedspeech.coordinator.privacy_budget import (
+from fedspeech.coordinator.privacy.budget import (
     PrivacySettings,
     epsilon_spent,
     next_round_allowed,

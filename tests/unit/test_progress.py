@@ -8,7 +8,7 @@ from dataclasses import asdict
 import numpy as np
 import pytest
 
-from fedspeech.coordinator.records import RoundRecord
+from fedspeech.coordinator.state.records import RoundRecord
 from fedspeech.models.clips.datasets import bundled_data_dir
 from fedspeech.models.clips.tasks import BACKGROUND_NOISE
 from fedspeech_bench import harness as bench

@@ -6,13 +6,13 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from fedspeech.coordinator.aggregate import (
+from fedspeech.coordinator.strategies import STRATEGIES, Result, make_strategy
+from fedspeech.coordinator.strategies.aggregate import (
     clip_updates,
     median_norm,
     trimmed_mean,
     update_norms,
 )
-from fedspeech.coordinator.strategies import STRATEGIES, Result, make_strategy
 from fedspeech.coordinator.strategies.trimmed_mean import FedTrimmedMean
 from fedspeech.edge_client.trainer import Trainer
 from fedspeech.protocol import weights

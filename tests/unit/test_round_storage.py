@@ -4,9 +4,9 @@ import time
 
 import numpy as np
 
-from fedspeech.coordinator.records import UpdateRecord
-from fedspeech.coordinator.round_storage import RoundTally, announcement, store_round
-from fedspeech.coordinator.store import Store
+from fedspeech.coordinator.round.new_model import RoundTally, announcement, store_round
+from fedspeech.coordinator.state.records import UpdateRecord
+from fedspeech.coordinator.state.store import Store
 from fedspeech.protocol import routes, weights
 from tests.helpers.fake_fleet import FakeModel
 

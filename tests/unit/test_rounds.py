@@ -1,5 +1,5 @@
 """Each round mode alone, as the loop calls it: train(round, plan, context) with fake devices answering
-through a real inbox over a real store; no loop, no broker, no HTTP."""
+through a real uploads over a real store; no loop, no broker, no HTTP."""
 
 import threading
 import time
@@ -11,13 +11,13 @@ import numpy as np
 import pytest
 
 from fedspeech.coordinator.config import RoundConfig
-from fedspeech.coordinator.errors import NotWanted
-from fedspeech.coordinator.rounds.base import RoundContext, TaskMaker
-from fedspeech.coordinator.rounds.modes import MODES
+from fedspeech.coordinator.refusals import NotWanted
+from fedspeech.coordinator.round.modes import MODES
+from fedspeech.coordinator.round.modes.base import RoundContext, TaskMaker
 from fedspeech.coordinator.strategies import RoundPlan, Work
 from fedspeech.protocol import routes, weights
 from fedspeech.protocol.messages import BlobRef, Task
-from tests.helpers.fake_fleet import DEFINITION, SPEC, FakeLink, inbox_of
+from tests.helpers.fake_fleet import DEFINITION, SPEC, FakeLink, uploads_of
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -37,18 +37,18 @@ def tasks_of(round: int) -> TaskMaker:
 
 
 def context_of(tmp_path, link: FakeLink, timeout_s: float = 5.0) -> RoundContext:
-    """Round 1's context, starting now; its inbox's global model is w = 1."""
-    inbox = inbox_of(tmp_path, link)
-    inbox.publish({"w": np.ones(2, np.float32)}, SPEC)
+    """Round 1's context, starting now; its Uploads' global model is w = 1."""
+    uploads = uploads_of(tmp_path, link)
+    uploads.publish({"w": np.ones(2, np.float32)}, SPEC)
     config = RoundConfig(round_timeout_s=timeout_s)
-    return RoundContext(time.time(), config, inbox, link, inbox.store, tasks_of(1), threading.Event())
+    return RoundContext(time.time(), config, uploads, link, uploads.store, tasks_of(1), threading.Event())
 
 
 def answer(context: RoundContext, device: str, task: Task, value: float, samples: int = 10) -> None:
     body = weights.encode(
         {"w": np.full(2, value, np.float32)}, {"task_id": task.task_id, "num_samples": str(samples)}
     )
-    context.inbox.receive_update(task.round, device, body, weights.sha256(body))
+    context.uploads.receive_update(task.round, device, body, weights.sha256(body))
 
 
 def plan(devices: Sequence[str], needed: int, groups: list[list[str]] | None = None) -> RoundPlan:
@@ -63,7 +63,7 @@ def test_parallel_waits_for_every_result_until_the_deadline_and_withdraws_every_
     assert time.time() - context.started >= 0.3, "closed at the deadline"
     assert [(r.device_id, r.arrays["w"][0]) for r in collected.results] == [("a", 3.0)]
     assert collected.missed and set(collected.closed.tasks) == {"a", "b"}
-    assert link.cleared == ["a", "b"] and context.inbox.carried() == {}
+    assert link.cleared == ["a", "b"] and context.uploads.carried() == {}
     assert collected.devices_in(collected.results) == {"a"}
 
 
@@ -71,26 +71,26 @@ def test_parallel_waits_for_every_result_until_the_deadline_and_withdraws_every_
 def test_a_device_that_only_looks_online_holds_a_round_its_ack_timeout_not_its_deadline(tmp_path, mode):
     link = FakeLink()
     context = context_of(tmp_path, link, timeout_s=20.0)
-    context.inbox.acks.timeout_s = 0.3
+    context.uploads.acks.timeout_s = 0.3
     link.responders["a"] = lambda task: answer(context, "a", task, 3.0)  # b is online and takes no task
     collected = MODES[mode](1, plan(["a", "b"], needed=2), context)
     assert time.time() - context.started < 10.0, "closed once b had not acknowledged its task in time"
     assert [r.device_id for r in collected.results] == ["a"] and not collected.missed
     assert collected.closed.never_taken == {"b"}
-    assert context.inbox.carried() == {}, "a task never taken is not carried past its round"
+    assert context.uploads.carried() == {}, "a task never taken is not carried past its round"
 
 
 def test_a_device_that_took_its_task_is_waited_for_until_the_deadline(tmp_path):
     link = FakeLink()
     context = context_of(tmp_path, link, timeout_s=1.0)
-    context.inbox.acks.timeout_s = 0.1
+    context.uploads.acks.timeout_s = 0.1
     link.responders["a"] = lambda task: answer(context, "a", task, 3.0)
     taken: list[Task] = []
 
     def take(task: Task) -> None:  # b acknowledges its task, and answers never
         with pytest.raises(NotWanted, match="a has no open task"):
-            context.inbox.acknowledge("a", task.task_id)  # not a's task to take
-        context.inbox.acknowledge("b", task.task_id)
+            context.uploads.acknowledge("a", task.task_id)  # not a's task to take
+        context.uploads.acknowledge("b", task.task_id)
         taken.append(task)
 
     link.responders["b"] = take
@@ -98,13 +98,13 @@ def test_a_device_that_took_its_task_is_waited_for_until_the_deadline(tmp_path):
     assert time.time() - context.started >= 1.0, "closed at the deadline"
     assert collected.missed and len(taken) == 1 and collected.closed.never_taken == set()
     with pytest.raises(NotWanted, match="no open task"):
-        context.inbox.acknowledge("b", taken[0].task_id)  # its round is over
+        context.uploads.acknowledge("b", taken[0].task_id)  # its round is over
 
 
 def test_chained_skips_a_device_that_takes_no_task_at_its_ack_timeout(tmp_path):
     link = FakeLink()
     context = context_of(tmp_path, link, timeout_s=20.0)
-    context.inbox.acks.timeout_s = 0.3
+    context.uploads.acks.timeout_s = 0.3
     link.responders["b"] = lambda task: answer(context, "b", task, 5.0)  # a is online and takes no task
     collected = MODES["chained"](1, plan(["a", "b"], needed=1, groups=[["a", "b"]]), context)
     assert time.time() - context.started < 10.0
@@ -115,8 +115,8 @@ def fails(context: RoundContext, device: str, reason: str):
     """A device that takes its task, then reports it could not do it."""
 
     def respond(task: Task) -> None:
-        context.inbox.acknowledge(device, task.task_id)
-        context.inbox.fail(device, task.task_id, reason)
+        context.uploads.acknowledge(device, task.task_id)
+        context.uploads.fail(device, task.task_id, reason)
 
     return respond
 
@@ -125,7 +125,7 @@ def fails(context: RoundContext, device: str, reason: str):
 def test_a_device_that_reports_its_task_failed_holds_no_round(tmp_path, mode):
     link = FakeLink()
     context = context_of(tmp_path, link, timeout_s=20.0)
-    context.inbox.acks.timeout_s = 20.0  # only the failure report ends the wait for b
+    context.uploads.acks.timeout_s = 20.0  # only the failure report ends the wait for b
     link.responders["a"] = lambda task: answer(context, "a", task, 3.0)
     link.responders["b"] = fails(context, "b", "no data folder /srv/clips")
     groups = [["b", "a"]] if mode == "chained" else None
@@ -134,8 +134,8 @@ def test_a_device_that_reports_its_task_failed_holds_no_round(tmp_path, mode):
     assert [r.device_id for r in collected.results] == ["a"]
     if mode != "chained":  # one task each, the round over: b's failed task was never taken
         assert collected.closed.never_taken == {"b"} and not collected.missed
-    assert context.inbox.carried() == {}, "a failed task is not carried past its round"
-    error = context.inbox.last_errors()["b"]
+    assert context.uploads.carried() == {}, "a failed task is not carried past its round"
+    error = context.uploads.last_errors()["b"]
     assert (error.round, error.reason) == (1, "no data folder /srv/clips")
 
 
@@ -150,7 +150,7 @@ def test_buffered_closes_on_its_results_and_counts_a_late_update_in_the_next_rou
     first = MODES["buffered"](1, plan(["a", "b"], needed=1), context)
     assert time.time() - context.started < 1.0, "closed on its one result"
     assert [r.device_id for r in first.results] == ["a"] and not first.missed
-    assert link.cleared == ["a"] and set(context.inbox.carried()) == {"b"}, "b trains on"
+    assert link.cleared == ["a"] and set(context.uploads.carried()) == {"b"}, "b trains on"
     answer(context, "b", late[0], 5.0)  # between rounds: it waits for round 2
     context = replace(context, started=time.time(), tasks=tasks_of(2))
     second = MODES["buffered"](2, plan(["a"], needed=2), context)  # a and b's late update
@@ -171,7 +171,7 @@ def test_chained_passes_each_groups_model_on_and_takes_one_result_per_group(tmp_
             start = 1.0
         else:
             step = int(task.weights.path.rsplit("/", 1)[1])
-            path = context.inbox.relay_file(task.round, step, device)
+            path = context.uploads.relay_file(task.round, step, device)
             start = float(weights.decode(path.read_bytes())[0]["w"][0])
         started_from[device] = start
         answer(context, device, task, start + 1.0)

@@ -8,7 +8,7 @@ import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from fedspeech.coordinator.app import create_app
-from fedspeech.coordinator.secure_sum_server import ServerRound
+from fedspeech.coordinator.privacy.secure_sum_server import ServerRound
 from fedspeech.edge_client.secure_sum_device import DeviceRound
 from fedspeech.protocol import routes, signing
 from fedspeech.protocol import secure_sum_wire as wire
@@ -20,7 +20,7 @@ LENGTH = 16
 
 @pytest.fixture
 def http(tmp_path, monkeypatch):
-    """A coordinator whose desk holds round 7's secure sum of a, b and c, in its adverts phase."""
+    """A coordinator whose SecureSumUploads holds round 7's secure sum of a, b and c, in its adverts phase."""
     monkeypatch.chdir(tmp_path)
     config = coordinator_config(tmp_path, broker_url="mqtt://127.0.0.1:1883", eval_limit=10)
     app = create_app(config.changed(state_dir=Path("state")))
@@ -30,9 +30,9 @@ def http(tmp_path, monkeypatch):
         service.store.register_device(d, d * 43, 10, {})
     identities = {d: signing.public_key_text(keys[d]) for d in DEVICES}
     server = ServerRound(7, 2, LENGTH, {d: keys[d].public_key() for d in DEVICES})
-    service.orchestrator.desk.open(server, identities)
+    service.orchestrator.secure_uploads.open(server, identities)
     client = app.test_client()
-    client.keys, client.desk = keys, service.orchestrator.desk  # type: ignore[attr-defined]
+    client.keys, client.secure_uploads = keys, service.orchestrator.secure_uploads  # type: ignore[attr-defined]
     return client
 
 
@@ -54,7 +54,7 @@ def test_adverts_are_taken_from_the_round_s_devices_and_handed_out_once_the_phas
     assert post(http, "a", "adverts", advert(http, "a")).status_code == 200
     assert get(http, "a", "adverts").status_code == 202, "open: nothing to hand out yet"
     assert post(http, "b", "adverts", advert(http, "b")).status_code == 200
-    assert http.desk.close() == ["a", "b"]
+    assert http.secure_uploads.close() == ["a", "b"]
     reply = get(http, "b", "adverts")
     assert reply.status_code == 200
     adverts, identities = wire.read_adverts(reply.data, 7)
@@ -87,11 +87,11 @@ def test_a_masked_update_of_the_wrong_size_is_refused_before_its_body_is_read(ht
     devices = {d: DeviceRound(d, 7, 2, http.keys[d]) for d in ("a", "b")}
     for d, device in devices.items():
         post(http, d, "adverts", wire.advert_body(device.advert()))
-    http.desk.close()
+    http.secure_uploads.close()
     adverts, identities = wire.read_adverts(get(http, "a", "adverts").data, 7)
     for d, device in devices.items():
         assert post(http, d, "shares", wire.shares_body(device.share(adverts, identities))).status_code == 200
-    assert http.desk.close() == ["a", "b"]  # the masked phase is open
+    assert http.secure_uploads.close() == ["a", "b"]  # the masked phase is open
     assert post(http, "a", "masked", bytes(4 * LENGTH + 4)).status_code == 413
     short = post(http, "a", "masked", bytes(4 * LENGTH - 4))
     assert short.status_code == 400 and "not 64" in short.get_json()["error"]

@@ -1,5 +1,5 @@
 """The secure-sum round mode through the round loop, with fake devices that speak its wire format to the
-coordinator's desk in memory: no broker, no HTTP, no torch.
+coordinator's SecureSumUploads in memory: no broker, no HTTP, no torch.
 """
 
 import threading
@@ -10,10 +10,10 @@ import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from scipy import stats
 
-from fedspeech.coordinator.errors import NotWanted
-from fedspeech.coordinator.privacy_budget import epsilon_spent
-from fedspeech.coordinator.rounds.secure_sum import device_noise
-from fedspeech.coordinator.secure_sum_desk import SecureSumDesk
+from fedspeech.coordinator.privacy.budget import epsilon_spent
+from fedspeech.coordinator.privacy.secure_sum_uploads import SecureSumUploads
+from fedspeech.coordinator.refusals import NotWanted
+from fedspeech.coordinator.round.modes.secure_sum import device_noise
 from fedspeech.coordinator.strategies.differential_privacy import change_noise_multiplier, count_noise
 from fedspeech.edge_client.secure_sum_device import DeviceRound, encode_change
 from fedspeech.protocol import secure_sum as ss
@@ -39,7 +39,7 @@ class BigModel(FakeModel):
 
 class SecureDevice:
     """A device that takes part in secure sums with its trained weights at `value` (drop: the phase
-    before which it goes silent), talking to the desk as the HTTP handlers would.
+    before which it goes silent), talking to its SecureSumUploads as the HTTP handlers would.
     """
 
     def __init__(self, fleet: Fleet, device_id: str, value: float, samples: int, drop: str = "") -> None:
@@ -57,11 +57,11 @@ class SecureDevice:
         fleet.link.responders[device_id] = self.start
 
     def start(self, task: Task) -> None:
-        received = {name: array.copy() for name, array in self.fleet.inbox.current.items()}
+        received = {name: array.copy() for name, array in self.fleet.uploads.current.items()}
         threading.Thread(target=self.run, args=(task, received), daemon=True).start()
 
     def run(self, task: Task, received: Arrays) -> None:
-        desk: SecureSumDesk = self.fleet.orchestrator.desk
+        secure_uploads: SecureSumUploads = self.fleet.orchestrator.secure_uploads
         secure = task.secure_sum
         assert secure is not None
         device = DeviceRound(self.device_id, task.round, secure.threshold, self.identity)
@@ -69,11 +69,11 @@ class SecureDevice:
         def post(phase: str, body: bytes) -> bool:
             if self.drop == phase:
                 return False
-            desk.take(self.device_id, task.round, phase, body)  # type: ignore[arg-type]
+            secure_uploads.take(self.device_id, task.round, phase, body)  # type: ignore[arg-type]
             return True
 
         def outcome(phase: str) -> bytes:
-            while (reply := desk.outcome(self.device_id, task.round, phase)) is None:  # type: ignore[arg-type]
+            while (reply := secure_uploads.outcome(self.device_id, task.round, phase)) is None:  # type: ignore[arg-type]
                 time.sleep(0.002)
             return reply
 

@@ -5,8 +5,8 @@ from dataclasses import replace
 
 import pytest
 
-from fedspeech.coordinator.records import RoundRecord, UpdateRecord
-from fedspeech.coordinator.store import StateError, Store, token_digest
+from fedspeech.coordinator.state.records import RoundRecord, UpdateRecord
+from fedspeech.coordinator.state.store import StateError, Store, token_digest
 
 
 def _record(round: int) -> RoundRecord:

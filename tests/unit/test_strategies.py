@@ -7,16 +7,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from fedspeech.coordinator.aggregate import coordinate_median, fedavg, fednova, hardware_weighted
-from fedspeech.coordinator.scheduling import adaptive_epochs, fixed_epochs, learning_rate_for_round
-from fedspeech.coordinator.selection import (
-    ScoreWeights,
-    hardware_scores,
-    select_all,
-    select_random,
-    select_top_k,
-    update_penalties,
-)
 from fedspeech.coordinator.strategies import (
     STRATEGIES,
     Result,
@@ -27,7 +17,17 @@ from fedspeech.coordinator.strategies import (
     strategy_class,
     strategy_params,
 )
+from fedspeech.coordinator.strategies.aggregate import coordinate_median, fedavg, fednova, hardware_weighted
 from fedspeech.coordinator.strategies.ca2fl import CACHE_ROUNDS
+from fedspeech.coordinator.strategies.scheduling import adaptive_epochs, fixed_epochs, learning_rate_for_round
+from fedspeech.coordinator.strategies.selection import (
+    ScoreWeights,
+    hardware_scores,
+    select_all,
+    select_random,
+    select_top_k,
+    update_penalties,
+)
 from fedspeech.protocol.messages import Profile
 
 ONLY_CPU = ScoreWeights(cpu=1.0, ram=0.0, speed=0.0, latency=0.0)

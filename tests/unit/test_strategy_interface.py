@@ -5,7 +5,7 @@ import ast
 import inspect
 from pathlib import Path
 
-from fedspeech.coordinator import orchestrator
+from fedspeech.coordinator.round import orchestrator
 from fedspeech.coordinator.strategies import Strategy
 
 HOOKS = {

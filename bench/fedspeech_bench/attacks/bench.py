@@ -22,8 +22,8 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from fedspeech.coordinator.records import RoundRecord
-from fedspeech.coordinator.store import Store
+from fedspeech.coordinator.state.records import RoundRecord
+from fedspeech.coordinator.state.store import Store
 from fedspeech_bench.attacks.catalogue import ATTACKS, CLEAN, Attack, Evidence
 from fedspeech_bench.attacks.live_fleet import FleetSettings, LiveFleet, MiB, Watch, live_fleet
 from fedspeech_bench.fleets.cpu_limits import ONE_THREAD, DeviceProcess, run_limited
