@@ -66,15 +66,15 @@ def run(args: argparse.Namespace) -> None:
         if service.broker is None:
             raise
         raise SystemExit(_broker_port_message(service.broker.host, service.broker.port, exc)) from None
-    host, http_port = config.service.http_host, config.service.http_port
+    host, http_port = config.service.host, config.service.port
     try:
         server = serve(app, host, http_port)
     except (ValueError, OSError) as exc:  # a TLS file unusable, the port taken since it was checked
         service.stop()
         raise SystemExit(f"fedspeech coordinator: {cannot_serve(host, http_port, exc)}") from None
     logging.getLogger(__name__).info("dashboard at %s/, metrics at %s/metrics", server.url, server.url)
-    if config.service.broker_url is not None:
-        warn_if_unreachable(config.service.broker_url, "devices get no tasks")
+    if config.service.broker is not None:
+        warn_if_unreachable(config.service.broker, "devices get no tasks")
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
@@ -151,14 +151,14 @@ def _check_before_start(config: "CoordinatorConfig") -> None:
         load_task(service.task)
     except TaskFileError as exc:
         raise SystemExit(f"fedspeech coordinator: {exc}") from None
-    if not service.broker_url:
-        host, broker_port = service.embedded_broker_host, service.embedded_broker_port
+    if not service.broker:
+        host, broker_port = service.embedded_broker_host, service.broker_port
         try:
             check_free(host, broker_port)
         except OSError as exc:
             raise SystemExit(_broker_port_message(host, broker_port, exc)) from None
-    if service.http_port != 0:
-        host, http_port = service.http_host, service.http_port
+    if service.port != 0:
+        host, http_port = service.host, service.port
         try:
             check_free(host, http_port)
         except OSError as exc:
@@ -251,7 +251,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "that combine updates their own way are refused)",
     )
     private.add_argument(
-        "--secure-clip", type=float, help="the L2 norm each device's change is clipped to (default 10)"
+        "--secure-norm-bound",
+        type=float,
+        metavar="NORM",
+        help="the L2 norm each device's change is bounded to (default 10)",
     )
     private.add_argument(
         "--secure-threshold",
@@ -346,6 +349,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     )
     c.add_argument(
         "--strategy-setting",
+        dest="strategy_settings",
         action="append",
         metavar="NAME=VALUE",
         help="one of the strategy's own settings, e.g. --strategy fedprox --strategy-setting mu=0.1 "

@@ -23,16 +23,16 @@ def add_dp_options(parser: argparse.ArgumentParser) -> None:
         "--dp-delta", type=float, metavar="DELTA", help="the delta epsilon is spent at (default 1e-5)"
     )
     group.add_argument(
-        "--dp-clip",
+        "--dp-norm-bound",
         type=float,
         metavar="NORM",
-        help="the L2 norm each device's change is clipped to (default 1)",
+        help="the L2 norm each device's change is bounded to (default 1)",
     )
     group.add_argument(
         "--dp-noise-multiplier",
         type=float,
         metavar="Z",
-        help="the noise's deviation as a multiple of the clip (default 1)",
+        help="the noise's deviation as a multiple of the norm bound (default 1)",
     )
     group.add_argument(
         "--dp-sampling-rate",
@@ -41,17 +41,17 @@ def add_dp_options(parser: argparse.ArgumentParser) -> None:
         help="each device's chance of being in a round (default 1)",
     )
     group.add_argument(
-        "--dp-clip-quantile",
+        "--dp-norm-bound-quantile",
         type=float,
         metavar="Q",
-        help="adapt the clip, from --dp-clip, to the norm this share of changes stay within (0.5: their "
-        "median; Andrew et al. 2021), at no cost in epsilon; default: a fixed clip",
+        help="adapt the bound, from --dp-norm-bound, to the norm this share of changes stay within (0.5: "
+        "their median; Andrew et al. 2021), at no cost in epsilon; default: a fixed bound",
     )
     group.add_argument(
-        "--dp-clip-learning-rate",
+        "--dp-norm-bound-learning-rate",
         type=float,
         metavar="RATE",
-        help="with --dp-clip-quantile: how far the clip steps each round (default 0.2)",
+        help="with --dp-norm-bound-quantile: how far the bound steps each round (default 0.2)",
     )
 
 

@@ -100,10 +100,10 @@ def _global_model(config: CoordinatorConfig) -> GlobalModel:
 
     service = config.service
     definition = load_task(service.task)
-    spec = spec_for(definition, service.model, service.model_depth)
+    spec = spec_for(definition, service.model, service.depth)
     shared = None
     if service.shared_validation > 0:
-        folder = service.state_dir / "validation"
+        folder = service.state / "validation"
         shared = SharedValidation(folder, service.shared_validation, spec.num_samples, spec.num_classes)
     validation = (
         _folder_clips(service.validation_data, definition, "validation") if service.validation_data else None
@@ -192,7 +192,7 @@ def create_app(config: CoordinatorConfig | None = None) -> Flask:
     admin_token = _admin_token(service.admin_token_file)
     settings, broker = _broker(service)
     model = _global_model(config)  # a bad task stops the coordinator before its state is touched
-    store = Store(service.state_dir)
+    store = Store(service.state)
     store.check_writable()  # refused now, rather than at the first registration
     store.remove_unfinished_writes()
     key = _signing_key(store.dir)
@@ -202,7 +202,7 @@ def create_app(config: CoordinatorConfig | None = None) -> Flask:
     if store.latest_round() is None:  # a new fleet: its first model, trained or read here if asked
         fresh = orchestrator.first_model()
         start = start_weights(
-            service.init, model.definition, model.spec_of(fresh), fresh, service.state_dir, service.init_data,
+            service.init, model.definition, model.spec_of(fresh), fresh, service.state, service.init_data,
             Pretraining(service.init_takes, service.init_epochs, seed=config.rounds.seed),
         )  # fmt: skip
         model.start = start
@@ -247,21 +247,21 @@ def _admin_token(path: Path | None) -> str | None:
 def _broker(service: ServiceConfig) -> tuple[BrokerSettings, EmbeddedBroker | None]:
     """How to reach the broker, and the embedded one to start when no broker is configured."""
     files = (service.broker_password_file, service.broker_ca, service.broker_cert, service.broker_key)
-    if not service.broker_url:
+    if not service.broker:
         if service.broker_username or any(files):
             raise ValueError(
                 "broker credentials and certificates need a broker URL: the embedded one has none"
             )
-        broker = EmbeddedBroker(service.embedded_broker_host, service.embedded_broker_port)
+        broker = EmbeddedBroker(service.embedded_broker_host, service.broker_port)
         return BrokerSettings(broker.url), broker
     password_file = service.broker_password_file
     if password_file is None and service.broker_username is None:
-        password_file = broker_users.coordinator_password_file(service.state_dir)
+        password_file = broker_users.coordinator_password_file(service.state)
         if password_file is not None:
             log.info("logging in to the broker as %s with %s", COORDINATOR_USER, password_file)
     # a password file without a user name: the coordinator's own user on the broker
     username = service.broker_username or (COORDINATOR_USER if password_file else None)
-    settings = BrokerSettings(service.broker_url, username, password_file, *files[1:])
+    settings = BrokerSettings(service.broker, username, password_file, *files[1:])
     settings.check()
     return settings, None
 

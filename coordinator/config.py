@@ -2,8 +2,8 @@
 
 Each setting is a field with its default; a value out of bounds is refused where the config is made, with
 one line naming it. Field names are unique across the three parts, so that a setting has one name in a
-config file, an environment variable (FEDSPEECH_ROUNDS) and `CoordinatorConfig.changed` (config_sources
-reads the files and variables).
+config file, an environment variable (FEDSPEECH_ROUNDS), an option of `fedspeech coordinator` (--rounds)
+and `CoordinatorConfig.changed` (config_sources reads the files, variables and options).
 """
 
 import math
@@ -70,8 +70,10 @@ def check_norm_bound(bound: NormBound) -> None:
 class ServiceConfig:
     """What the coordinator keeps and serves, where: its state, broker, HTTP server, task and model."""
 
-    state_dir: Path = Path("fedspeech-state")
-    broker_url: str | None = None  # None: start an embedded broker on embedded_broker_host:port (mqtt://)
+    state: Path = Path("fedspeech-state")  # the folder of what outlives a restart
+    # an existing broker's URL, mqtt:// or mqtts://; None: start an embedded broker on
+    # embedded_broker_host:broker_port
+    broker: str | None = None
     # how the coordinator logs in to its broker; with a password file and no user name, as "coordinator"
     broker_username: str | None = None
     broker_password_file: Path | None = None
@@ -79,18 +81,18 @@ class ServiceConfig:
     broker_cert: Path | None = None
     broker_key: Path | None = None
     embedded_broker_host: str = "127.0.0.1"
-    embedded_broker_port: int = 1883
+    broker_port: int = 1883
     # who may register: only devices enrolled with a secret, or anyone (demo, emulated fleets) up to a cap
     open_enrolment: bool = False
     max_devices: int = MAX_DEVICES
     # the HTTP server (http.server.serve): HTTPS when both TLS files are given
-    http_host: str = "127.0.0.1"
-    http_port: int = 8080  # 0: any free port
+    host: str = "127.0.0.1"
+    port: int = 8080  # 0: any free port
     # requests handled at a time, each only once it has arrived whole: a slow client never holds one
     http_threads: int = 16
     # the longest a request may take to arrive, headers and body, from its connection's opening (or its
     # previous answer); and the longest its answer may take to be read
-    http_timeout_s: float = 30.0
+    http_timeout: float = 30.0  # seconds
     http_connections_per_client: int = 32  # connections one address may hold open; more are closed at once
     # bytes of request bodies held at once, across requests; a body that would pass it is refused (503)
     http_body_budget: int = 4 * bounds.MAX_BLOB_BYTES
@@ -106,7 +108,7 @@ class ServiceConfig:
     take_over_topic_root: bool = False
     task: str = "fsdd"  # a built-in task (fsdd, emodb, speech_commands) or the path of a task file
     model: str | None = None  # an architecture in fedspeech.models.MODELS; None: the task's default
-    model_depth: int | None = None  # a transformer's full-grown depth, None for models.MAX_DEPTH
+    depth: int | None = None  # a transformer's full-grown depth, None for models.MAX_DEPTH
     # the coordinator's own clips for two methods: quality-weighted aggregation scores each update on
     # validation_data (DIR/<label>/*); mutual distillation trains its server model on server_data
     # (DIR/<label>/*, or a folder of unlabelled clips)
@@ -123,25 +125,25 @@ class ServiceConfig:
     )
 
     def __post_init__(self) -> None:
-        _port("embedded_broker_port", self.embedded_broker_port)
-        _port("http_port", self.http_port)
+        _port("broker_port", self.broker_port)
+        _port("port", self.port)
         for name, low in (("max_devices", 1), ("http_threads", 1), ("max_content_length", 1)):
             _at_least(name, getattr(self, name), low)
         _at_least("shared_validation", self.shared_validation, 0)
         for name, high in (("init_takes", 5000), ("init_epochs", 1000)):
             _at_least(name, getattr(self, name), 1)
             _at_most(name, getattr(self, name), high)
-        _at_least("model_depth", self.model_depth, 1)
+        _at_least("depth", self.depth, 1)
         _at_least("http_connections_per_client", self.http_connections_per_client, 1)
         # the largest upload must fit the budget, or it could never be taken
         _at_least("http_body_budget", self.http_body_budget, bounds.MAX_BLOB_BYTES)
         for name, high in (("http_threads", 256), ("http_connections_per_client", 65536)):
             _at_most(name, getattr(self, name), high)
         _at_most("http_body_budget", self.http_body_budget, 2**40)
-        if not 0 < self.http_timeout_s <= MAX_HTTP_TIMEOUT_S:
+        if not 0 < self.http_timeout <= MAX_HTTP_TIMEOUT_S:
             raise ValueError(
-                f"http_timeout_s must be a positive number of seconds, at most {MAX_HTTP_TIMEOUT_S:g}, "
-                f"got {self.http_timeout_s}"
+                f"http_timeout must be a positive number of seconds, at most {MAX_HTTP_TIMEOUT_S:g}, "
+                f"got {self.http_timeout}"
             )
         if (self.tls_cert is None) != (self.tls_key is None):
             raise ValueError("tls_cert and tls_key go together: give both, or neither for plain HTTP")
@@ -156,13 +158,13 @@ class RoundConfig:
     rounds: int = 10
     min_devices: int = 2
     min_results: int = 2
-    round_timeout_s: float = 120.0
-    # a device that has not acknowledged its task this long after it is absent for it: a round never waits
-    # its deadline for a device that only looks online
-    ack_timeout_s: float = DEFAULT_ACK_TIMEOUT_S
+    round_timeout: float = 120.0  # seconds a device has to send its update
+    # a device that has not acknowledged its task this long (seconds) after it is absent for it: a round
+    # never waits its deadline for a device that only looks online
+    ack_timeout: float = DEFAULT_ACK_TIMEOUT_S
     epochs: int = 2
     batch_size: int = 16
-    learning_rate: float = 3e-3
+    lr: float = 3e-3  # the devices' learning rate
     # the last round's learning rate as a fraction of the first's, reached along a cosine (1: constant)
     final_lr_fraction: float = 1.0
     # server momentum on the aggregate's step, FedAvgM (0: none)
@@ -180,7 +182,7 @@ class RoundConfig:
     # federated evaluation of the new global model on the devices' own test splits
     eval_every: int = 1  # every N rounds (and always the last); 0: never
     eval_devices: int = 0  # devices asked, sampled from those online; 0: all of them
-    eval_timeout_s: float = 60.0
+    eval_timeout: float = 60.0  # seconds devices have to report an evaluation
     eval_min_reports: int = 1  # fewer reports than this give no federated scores
     # An update's weight: at most the samples its device registered (over HTTP, with its token), growing by
     # at most sample_growth a round from what it last counted for, at most samples_over_median times the
@@ -200,39 +202,39 @@ class RoundConfig:
     # is given: each is a setting of PrivacySettings, unset ones at its defaults; without
     # dp_noise_multiplier, the least noise that keeps all the rounds within dp_epsilon
     dp_noise_multiplier: float | None = None
-    dp_clip: float | None = None
+    dp_norm_bound: float | None = None
     dp_delta: float | None = None
     dp_epsilon: float | None = None
     dp_sampling_rate: float | None = None
-    dp_clip_quantile: float | None = None
-    dp_clip_learning_rate: float | None = None
+    dp_norm_bound_quantile: float | None = None
+    dp_norm_bound_learning_rate: float | None = None
     # the settings above made once, with their noise calibrated: what the round loop is given
     privacy: PrivacySettings | None = field(init=False, default=None, repr=False, compare=False)
     # the coordinator learns only the sum of a round's updates (round.modes.secure_sum): each device's change
-    # clipped to L2 norm secure_clip; a secret rebuilt from secure_threshold of the round's devices (at
-    # least 2); the keys agreed within secure_keys_timeout_s, the sum unmasked within as long again
+    # bounded to L2 norm secure_norm_bound; a secret rebuilt from secure_threshold of the round's devices
+    # (at least 2); the keys agreed within secure_keys_timeout seconds, the sum unmasked within as long again
     secure_aggregation: bool = False
-    secure_clip: float = 10.0
+    secure_norm_bound: float = 10.0
     secure_threshold: float = 0.5
-    secure_keys_timeout_s: float = 30.0
+    secure_keys_timeout: float = 30.0
 
     def __post_init__(self) -> None:
         ranges = [
             ("epochs", self.epochs, 1, bounds.MAX_EPOCHS),
             ("batch_size", self.batch_size, 1, bounds.MAX_BATCH_SIZE),
-            ("learning_rate", self.learning_rate, 1e-12, bounds.MAX_LEARNING_RATE),
-            ("round_timeout_s", self.round_timeout_s, 1e-3, bounds.MAX_TASK_SECONDS),
-            ("ack_timeout_s", self.ack_timeout_s, 0.1, MAX_ACK_TIMEOUT_S),
-            ("eval_timeout_s", self.eval_timeout_s, 1e-3, bounds.MAX_TASK_SECONDS),
+            ("lr", self.lr, 1e-12, bounds.MAX_LEARNING_RATE),
+            ("round_timeout", self.round_timeout, 1e-3, bounds.MAX_TASK_SECONDS),
+            ("ack_timeout", self.ack_timeout, 0.1, MAX_ACK_TIMEOUT_S),
+            ("eval_timeout", self.eval_timeout, 1e-3, bounds.MAX_TASK_SECONDS),
             ("max_device_samples", self.max_device_samples, 1, bounds.MAX_COUNT),
             ("final_lr_fraction", self.final_lr_fraction, 1e-6, 1.0),
             ("server_momentum", self.server_momentum, 0.0, 0.99),
             ("sample_growth", self.sample_growth, 0.0, 100.0),
             ("samples_over_median", self.samples_over_median, 1.0, 1000.0),
             ("norm_bound_factor", self.norm_bound_factor, 1.0, 100.0),
-            ("secure_clip", self.secure_clip, 1e-6, 1e6),
+            ("secure_norm_bound", self.secure_norm_bound, 1e-6, 1e6),
             ("secure_threshold", self.secure_threshold, 0.01, 1.0),
-            ("secure_keys_timeout_s", self.secure_keys_timeout_s, 0.1, bounds.MAX_TASK_SECONDS),
+            ("secure_keys_timeout", self.secure_keys_timeout, 0.1, bounds.MAX_TASK_SECONDS),
         ]
         for name, value, low, high in ranges:
             if not low <= value <= high:  # also refuses NaN

@@ -3,10 +3,12 @@
 A config file is TOML with sections [service], [rounds] and [evaluation], each holding settings of that
 part of CoordinatorConfig by field name, and [strategy]: the strategy's `name` and its own settings. An
 environment variable is FEDSPEECH_ and a setting's name in upper case (FEDSPEECH_ROUNDS=5); the
-strategy's own settings are FEDSPEECH_STRATEGY_SETTINGS=name=value,name=value. Each source is read into a
-Layer and laid over the ones below it; a setting that cannot be used is a ConfigError, one line naming
-the setting and its source. Every value is made its setting's type here, once: what the round loop and
-the strategies receive are those values, never text.
+strategy's own settings are FEDSPEECH_STRATEGY_SETTINGS=name=value,name=value. An option of `fedspeech
+coordinator` is the setting's name with hyphens (--min-devices 3); the strategy's own settings are
+--strategy-setting name=value, repeated. Each source is read into a Layer and laid over the ones below
+it; a setting that cannot be used is a ConfigError, one line naming the setting and its source. Every
+value is made its setting's type here, once: what the round loop and the strategies receive are those
+values, never text.
 """
 
 import argparse
@@ -25,22 +27,6 @@ from fedspeech.coordinator.strategies import strategy_params
 from fedspeech.coordinator.strategies.params import split_option
 
 ENV_PREFIX = "FEDSPEECH_"
-# settings whose `fedspeech coordinator` option has another name (its argparse dest): the rest share it
-OPTION_DEST = {
-    "state_dir": "state",
-    "broker_url": "broker",
-    "embedded_broker_port": "broker_port",
-    "http_host": "host",
-    "http_port": "port",
-    "http_timeout_s": "http_timeout",
-    "round_timeout_s": "round_timeout",
-    "ack_timeout_s": "ack_timeout",
-    "eval_timeout_s": "eval_timeout",
-    "secure_keys_timeout_s": "secure_keys_timeout",
-    "learning_rate": "lr",
-    "model_depth": "depth",
-    "strategy_settings": "strategy_setting",
-}
 _OPTIONS = "strategy_settings"  # the strategy's own settings: name=value texts, or a file's [strategy]
 # settings whose type is more than one: each made from a file's value or a text by its own function
 _PARSED = {"norm_bound": norm_bound_value}
@@ -219,11 +205,10 @@ def args_layer(args: argparse.Namespace) -> Layer:
     values: dict[str, Any] = {}
     names: dict[str, str] = {}
     for name in SECTION_OF:
-        dest = OPTION_DEST.get(name, name)
-        value = getattr(args, dest, None)
+        value = getattr(args, name, None)  # each option's dest is its setting's name
         if value is None:
             continue
-        label = "--" + dest.replace("_", "-")
+        label = "--strategy-setting" if name == _OPTIONS else "--" + name.replace("_", "-")
         values[name] = _options(value, label) if name == _OPTIONS else _checked(value, name, label)
         names[name] = label
     return Layer("", values, names)

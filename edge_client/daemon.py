@@ -20,12 +20,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from fedspeech.edge_client.broker_link import BrokerLink
 from fedspeech.edge_client.coordinator_http import CoordinatorClient
 from fedspeech.edge_client.credentials import DeviceCredentials, Refused
 from fedspeech.edge_client.local_data import MAX_MIXED_TAKES, DataSource, LocalData, SyntheticMix
 from fedspeech.edge_client.local_norm import LocalNorm
 from fedspeech.edge_client.model_keeper import ModelKeeper
+from fedspeech.edge_client.mqtt_link import BrokerLink
 from fedspeech.edge_client.profile import measure_profile, measure_rtt_ms
 from fedspeech.edge_client.task_work import Device, clip_counts, device_status, do_task, register_again
 from fedspeech.edge_client.trainer import Trainer

@@ -13,7 +13,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from fedspeech.edge_client.coordinator_http import CoordinatorClient
 from fedspeech.edge_client.secure_sum_device import DeviceRound, encode_change
-from fedspeech.protocol import secure_sum as ss
+from fedspeech.protocol import secure_sum_maths as ss
 from fedspeech.protocol import secure_sum_wire as wire
 from fedspeech.protocol.bounds import ProtocolError
 from fedspeech.protocol.messages import SecureSum, Task
@@ -57,7 +57,7 @@ class SecureUpload:
         base = {name: received[name] for name in trained if name in received}
         change, norm = ss.change_vector(trained, base, secure.clip)
         if norm > secure.clip:
-            log.info("round %d: the change's norm %.4g clipped to %g", self.task.round, norm, secure.clip)
+            log.info("round %d: the change's norm %.4g bounded to %g", self.task.round, norm, secure.clip)
         encoded = np.concatenate(  # noise no seed can replay
             [encode_change(change, norm, secure, np.random.default_rng()), tally.encode()]
         )

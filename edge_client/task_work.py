@@ -15,10 +15,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from fedspeech.edge_client.broker_link import BrokerLink
 from fedspeech.edge_client.coordinator_http import CoordinatorClient
 from fedspeech.edge_client.credentials import Refused
 from fedspeech.edge_client.local_data import LocalData
+from fedspeech.edge_client.mqtt_link import BrokerLink
 from fedspeech.edge_client.profile import measure_profile, measure_rtt_ms
 from fedspeech.edge_client.secure_sum_client import SecureUpload
 from fedspeech.edge_client.trainer import Trainer, TrainingStopped, UnknownSetting, training_settings

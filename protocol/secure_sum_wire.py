@@ -15,7 +15,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 from fedspeech.protocol import signing
 from fedspeech.protocol.bounds import DEVICE_ID, ProtocolError
 from fedspeech.protocol.message_checks import MAX_SECURE_DEVICES
-from fedspeech.protocol.secure_sum import SEED_BYTES
+from fedspeech.protocol.secure_sum_maths import SEED_BYTES
 from fedspeech.protocol.secure_sum_phases import (
     KEY_BYTES,
     SEALED_SHARE_BYTES,

@@ -8,8 +8,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from fedspeech_bench.progress import Progress
 from fedspeech_bench.report.summaries import mean_std
+from fedspeech_bench.run_progress import Progress
 
 if TYPE_CHECKING:
     from fedspeech.models.clips.datasets import Clip, Corpus
@@ -89,7 +89,7 @@ def train_central(
         *train,
         epochs=epochs,
         batch_size=defaults.batch_size,
-        learning_rate=defaults.learning_rate,
+        learning_rate=defaults.lr,
         seed=seed,
     )
     result = evaluate(net, *test)

@@ -26,7 +26,7 @@ from fedspeech.models.clips.tasks import BACKGROUND_NOISE
 from fedspeech.protocol.labels import NONE_LABEL
 from fedspeech.protocol.messages import TaskDefinition
 from fedspeech_bench.coldstart_fleet import WORDS, Fleet, build_fleet, fedavg_round
-from fedspeech_bench.listen import OTHER_WORDS
+from fedspeech_bench.listen_bench import OTHER_WORDS
 
 LISTEN_WORDS = 500  # clips of the unseen speakers in the stream
 LEARNING_RATE = 1e-3  # the devices': the README's advice with --init synthetic
@@ -246,7 +246,7 @@ def run_coldstart_listen(
 
     from fedspeech.coordinator.model.pretraining import Pretraining, pretrained
     from fedspeech.models.clips.tasks import spec_for
-    from fedspeech_bench.listen import ListenBenchConfig, check_config, run_listen_bench
+    from fedspeech_bench.listen_bench import ListenBenchConfig, check_config, run_listen_bench
     from fedspeech_bench.listen_streams import Heard
 
     torch.set_num_threads(2)

@@ -18,7 +18,7 @@ from fedspeech.connection_options import (
 from fedspeech.privacy_options import add_dp_options, dp_options
 from fedspeech.protocol.topics import parse_broker_url
 from fedspeech_bench.coldstart import add_parser as add_coldstart_parser
-from fedspeech_bench.dashboard import add_parser as add_dashboard_bench_parser
+from fedspeech_bench.dashboard_polling import add_parser as add_dashboard_bench_parser
 from fedspeech_bench.demo_defaults import DEMO_EPOCHS, DEMO_FLEET, DEMO_MODEL, DEMO_OUT, DEMO_ROUNDS
 from fedspeech_bench.detection_latency import add_parser as add_latency_parser
 from fedspeech_bench.fleets.fleet_files import fleet_path, shipped_fleets
@@ -52,8 +52,8 @@ def _bench_strategies(args: argparse.Namespace) -> None:
 def _bench_growing(args: argparse.Namespace) -> None:
     from dataclasses import replace
 
+    from fedspeech_bench.bench_config import DEFAULT_TARGETS
     from fedspeech_bench.harness import GROWING_ARMS, growing_config, run_bench
-    from fedspeech_bench.report.results import DEFAULT_TARGETS
 
     names = [arm.name for arm in GROWING_ARMS]
     unknown = sorted(set(args.arm or ()) - set(names))
@@ -237,7 +237,7 @@ def add_bench_parser(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _bench_listen(args: argparse.Namespace) -> None:
-    from fedspeech_bench.listen import run_from_args
+    from fedspeech_bench.listen_bench import run_from_args
 
     run_from_args(args)
 

@@ -18,7 +18,7 @@ from fedspeech.models.clips.datasets import load_corpus, server_test_clips, spea
 from fedspeech_bench.demo_defaults import DEMO_EPOCHS, DEMO_FLEET, DEMO_ROUNDS
 from fedspeech_bench.fleet_run import fleet_config, fleet_run
 from fedspeech_bench.fleets.fleet_files import FLEETS_DIR, DeviceSpec, check_fleet, load_fleet
-from fedspeech_bench.progress import duration_text, eta_s
+from fedspeech_bench.run_progress import duration_text, eta_s
 
 log = logging.getLogger(__name__)
 
@@ -74,7 +74,7 @@ def federated_text(r: RoundRecord) -> str:
 
 
 def round_line(r: RoundRecord, rounds: int, t0: float, round_ends: list[float]) -> str:
-    """A round's line: of how many, scores, time (and left: progress.eta_s of round_ends from t0), bytes."""
+    """A round's line: of how many, scores, time (and left: run_progress.eta_s of round_ends), bytes."""
     acc = f"{r.accuracy:.4f}" if r.accuracy is not None else "n/a"
     loss = f"{r.loss:.4f}" if r.loss is not None else "n/a"
     federated = "" if r.evaluation_asked is None else f"on the devices {federated_text(r)}  "
@@ -132,7 +132,7 @@ def write_plot(records: list[dict], path: Path) -> None:
 def listen_to_digits(model: Path, wav: Path) -> tuple[list[str], list[str]]:
     """Write held-out digits to wav, hear them as `fedspeech listen --input` does: (spoken, heard) words."""
     from fedspeech.runtime.session import load_model
-    from fedspeech_bench.listen import hear
+    from fedspeech_bench.listen_bench import hear
     from fedspeech_bench.listen_streams import build_stream
 
     corpus = load_corpus("fsdd")
@@ -201,7 +201,7 @@ def run_demo(cfg: DemoConfig) -> dict:
     rounds = replace(
         config.rounds,
         rounds=cfg.rounds,
-        round_timeout_s=cfg.round_timeout_s,
+        round_timeout=cfg.round_timeout_s,
         strategy=cfg.strategy,
         **cfg.privacy,
         eval_every=cfg.eval_every,

@@ -79,7 +79,7 @@ class PathLatency:
 
 def said_words(model_rate: int, words: int, seed: int) -> Said:
     """The held-out stream at RATE as int16, its labels and the ends of their speech."""
-    from fedspeech_bench.listen import fsdd_heard
+    from fedspeech_bench.listen_bench import fsdd_heard
 
     heard = fsdd_heard()
     stream = build_stream(heard.clips, heard.labels, model_rate, 0.6, seed, words)

@@ -4,12 +4,12 @@ for it to mean something, simulated in this process.
 Each Speech Commands speaker is a device holding its own clips, so the fleet is label-skewed the way
 people are: a speaker says a few of the words. Every round each device is taken with probability
 `sampling_rate` (Poisson sampling), trains from the global model with the product's own training step and
-settings, and the coordinator's own differential privacy around FedAvg (changes clipped, Gaussian noise, the
-expected count as denominator) makes the new model. Epsilon at delta comes from dp-accounting. Each arm is one
-target epsilon, with the least noise multiplier that keeps the rounds within it; one more arm clips
-without noise (`dp_mean` at no noise), and with a clip quantile each epsilon has a second arm
-whose clip adapts to it. Every arm samples the same devices each round, so arms differ by their noise and
-clip alone. The model is scored on every speaker's held-out clips.
+settings, and the coordinator's own differential privacy around FedAvg (changes bounded in norm, Gaussian
+noise, the expected count as denominator) makes the new model. Epsilon at delta comes from dp-accounting.
+Each arm is one target epsilon, with the least noise multiplier that keeps the rounds within it; one more
+arm bounds without noise (`dp_mean` at no noise), and with a norm bound quantile each epsilon has a second
+arm whose bound adapts to it. Every arm samples the same devices each round, so arms differ by their noise
+and bound alone. The model is scored on every speaker's held-out clips.
 """
 
 import math
@@ -29,13 +29,13 @@ DELTA = 1e-5
 class CurvePoint:
     """One arm's run: its noise, the epsilon it spent and the accuracy of its model, every few rounds."""
 
-    noise_multiplier: float  # 0: clipped, no noise
+    noise_multiplier: float  # 0: bounded, no noise
     epsilon: float | None  # None: no guarantee
     accuracy: float  # the last round's model on the held-out clips
     rounds: list[int]
     accuracies: list[float]  # at those rounds
-    clip_quantile: float = 0.0  # the quantile the clip adapts to; 0: the setting's fixed clip
-    last_clip: float = 0.0  # the last round's clip
+    norm_bound_quantile: float = 0.0  # the quantile the bound adapts to; 0: the setting's fixed bound
+    last_norm_bound: float = 0.0  # the last round's bound
 
 
 @dataclass(frozen=True)
@@ -46,7 +46,7 @@ class CurveSetting:
     clips: int
     sampling_rate: float
     rounds: int
-    clip: float
+    norm_bound: float
     delta: float = DELTA
 
 
@@ -55,13 +55,13 @@ def run_curve(
     epsilons: Sequence[float] = EPSILONS,
     sampling_rate: float = 0.2,
     rounds: int = 30,
-    clip: float = 1.0,
+    norm_bound: float = 1.0,
     seed: int = 0,
     every: int = 5,
-    clip_quantile: float = 0.0,
+    norm_bound_quantile: float = 0.0,
 ) -> tuple[CurveSetting, list[CurvePoint]]:
-    """Train one arm per epsilon (and one without noise; with a clip quantile, one more per epsilon whose
-    clip adapts to it) on the Speech Commands speakers as devices.
+    """Train one arm per epsilon (and one without noise; with a norm bound quantile, one more per epsilon
+    whose bound adapts to it) on the Speech Commands speakers as devices.
     """
     import torch
 
@@ -97,7 +97,8 @@ def run_curve(
     test_waveforms, test_labels = load_waveforms(
         server_test_clips(corpus), spec.sample_rate, spec.num_samples
     )
-    setting = CurveSetting(len(fleet), sum(len(labels) for _, labels in fleet), sampling_rate, rounds, clip)
+    clips = sum(len(labels) for _, labels in fleet)
+    setting = CurveSetting(len(fleet), clips, sampling_rate, rounds, norm_bound)
     torch.manual_seed(seed)
     start = get_arrays(build_model(spec))
     net = build_model(spec)
@@ -108,11 +109,14 @@ def run_curve(
         return float(np.mean(probabilities.argmax(axis=1) == test_labels))
 
     noisy = [noise_multiplier_for(e, DELTA, sampling_rate, rounds) for e in epsilons]
-    arms = [(0.0, 0.0)] + [(z, 0.0) for z in noisy] + [(z, clip_quantile) for z in noisy if clip_quantile]
+    arms = [(0.0, 0.0)] + [(z, 0.0) for z in noisy]
+    arms += [(z, norm_bound_quantile) for z in noisy if norm_bound_quantile]
     pool = dict.fromkeys(f"{n:05}" for n in range(len(fleet)))
     points = []
     for z, quantile in arms:
-        privacy = PrivacySettings(max(z, 0.01), clip, sampling_rate=sampling_rate, clip_quantile=quantile)
+        privacy = PrivacySettings(
+            max(z, 0.01), norm_bound, sampling_rate=sampling_rate, norm_bound_quantile=quantile
+        )
         strategy = DifferentiallyPrivate(FedAvg(1, 1), privacy)
         current, marks, scores = dict(start), [], []
         for round in range(1, rounds + 1):
@@ -125,7 +129,7 @@ def run_curve(
                 set_arrays(net, current)
                 train_local(
                     net, waveforms, labels, epochs=settings.epochs, batch_size=settings.batch_size,
-                    learning_rate=settings.learning_rate, seed=seed * 1000 + round * 7 + n,
+                    learning_rate=settings.lr, seed=seed * 1000 + round * 7 + n,
                 )  # fmt: skip
                 updates.append(get_arrays(net))
             if updates and z:
@@ -133,7 +137,7 @@ def run_curve(
                 current = strategy.aggregate(round, results, current)
             elif updates:
                 current = dp_mean(
-                    current, updates, clip, 0.0, sampling_rate * len(fleet), np.random.default_rng()
+                    current, updates, norm_bound, 0.0, sampling_rate * len(fleet), np.random.default_rng()
                 )
             if round % every == 0 or round == rounds:
                 marks.append(round)
@@ -141,7 +145,7 @@ def run_curve(
         epsilon = epsilon_spent(z, sampling_rate, rounds, DELTA) if z else None
         points.append(CurvePoint(z, epsilon, scores[-1], marks, scores, quantile, strategy.clip))
         adapting = (
-            f", clip adapting to the {quantile:g} quantile: {strategy.clip:.3g} at the end"
+            f", norm bound adapting to the {quantile:g} quantile: {strategy.clip:.3g} at the end"
             if quantile
             else ""
         )
@@ -154,23 +158,22 @@ def curve_table(setting: CurveSetting, points: Sequence[CurvePoint]) -> str:
     lines = [
         f"accuracy against epsilon: DP-FedAvg simulated in process, {setting.devices} Speech Commands "
         f"speakers as devices ({setting.clips} training clips, label-skewed as spoken), each sampled at "
-        f"{setting.sampling_rate:g} a round, {setting.rounds} rounds, changes clipped to {setting.clip:g}; "
+        f"{setting.sampling_rate:g} a round, {setting.rounds} rounds, changes bounded to norm "
+        f"{setting.norm_bound:g}; "
         f"accuracy on every speaker's held-out clips; delta {setting.delta:g}",
         "",
-        "| epsilon | noise multiplier | noise on the mean step (z x clip / expected devices) | clip "
+        "| epsilon | noise multiplier | noise on the mean step (z x bound / expected devices) | norm bound "
         "| accuracy |",
         "|---|---|---|---|---|",
     ]
     expected = setting.sampling_rate * setting.devices
     for p in points:
         epsilon = "none (no noise)" if p.epsilon is None else f"{p.epsilon:.3g}"
-        clip = f"{setting.clip:g}, fixed"
-        if p.clip_quantile:
-            clip = f"adapting to the {p.clip_quantile:g} quantile: {p.last_clip:.3g} at the end"
-        lines.append(
-            f"| {epsilon} | {p.noise_multiplier:.3f} | {p.noise_multiplier * setting.clip / expected:.4f} "
-            f"| {clip} | {p.accuracy:.3f} |"
-        )
+        bound = f"{setting.norm_bound:g}, fixed"
+        if p.norm_bound_quantile:
+            bound = f"adapting to the {p.norm_bound_quantile:g} quantile: {p.last_norm_bound:.3g} at the end"
+        step = p.noise_multiplier * setting.norm_bound / expected
+        lines.append(f"| {epsilon} | {p.noise_multiplier:.3f} | {step:.4f} | {bound} | {p.accuracy:.3f} |")
     return "\n".join(lines)
 
 
@@ -192,7 +195,7 @@ def fleet_sizes(
     }
     rows = []
     for point in points:
-        if point.epsilon is None or point.clip_quantile:  # the fixed clip's arms: their step's noise is known
+        if point.epsilon is None or point.norm_bound_quantile:  # the fixed bound's arms: their step's noise
             continue
         step = point.noise_multiplier / expected
         rows.append(
@@ -229,23 +232,26 @@ def curve_plot(setting: CurveSetting, points: Sequence[CurvePoint], out: Path) -
 
     plt = pyplot()
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
-    noisy = [p for p in points if p.epsilon is not None and not p.clip_quantile]
-    adapting = [p for p in points if p.clip_quantile]
+    noisy = [p for p in points if p.epsilon is not None and not p.norm_bound_quantile]
+    adapting = [p for p in points if p.norm_bound_quantile]
     plain = next(p for p in points if p.epsilon is None)
     left.plot(
-        [p.epsilon for p in noisy], [p.accuracy for p in noisy], marker="o", label=f"clip {setting.clip:g}"
+        [p.epsilon for p in noisy],
+        [p.accuracy for p in noisy],
+        marker="o",
+        label=f"bound {setting.norm_bound:g}",
     )
     if adapting:
-        label = f"clip adapting to the {adapting[0].clip_quantile:g} quantile"
+        label = f"bound adapting to the {adapting[0].norm_bound_quantile:g} quantile"
         left.plot([p.epsilon for p in adapting], [p.accuracy for p in adapting], marker="s", label=label)
-    left.axhline(plain.accuracy, linestyle="--", color="grey", label="clipped, no noise")
+    left.axhline(plain.accuracy, linestyle="--", color="grey", label="bounded, no noise")
     left.set(
         xscale="log", xlabel=f"epsilon at delta {setting.delta:g}", ylabel="held-out accuracy", ylim=(0, 1)
     )
     left.legend()
     for p in points:
         label = "no noise" if p.epsilon is None else f"epsilon {p.epsilon:.3g}"
-        label += ", adapting" if p.clip_quantile else ""
+        label += ", adapting" if p.norm_bound_quantile else ""
         right.plot(p.rounds, p.accuracies, marker=".", label=label)
     right.set(xlabel="round", ylabel="held-out accuracy", ylim=(0, 1))
     right.legend(fontsize=8)

@@ -65,9 +65,9 @@ def fleet_config(
     broker on a free port. Rounds start once every device of the fleet is online.
     """
     return CoordinatorConfig().changed(
-        state_dir=run_dir / "state",
-        broker_url=broker_url,
-        embedded_broker_port=free_port(),
+        state=run_dir / "state",
+        broker=broker_url,
+        broker_port=free_port(),
         task=corpus,
         eval_corpus=corpus,
         data_dir=data_dir,

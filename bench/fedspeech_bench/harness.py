@@ -1,8 +1,8 @@
 """The harness of the benchmarks that train for real: arms run on an emulated fleet, seed by seed.
 
-`fedspeech bench strategies`, `growing` and `poisoning` are configurations of it (BenchConfig): each
-compares arms (coordinator settings: a strategy, a model and its depth schedule, attackers) on the same
-emulated fleet, data split and seeds, and reports them against a baseline arm. `bench seeds` runs each
+`fedspeech bench strategies`, `growing` and `poisoning` are configurations of it (bench_config.BenchConfig):
+each compares arms (coordinator settings: a strategy, a model and its depth schedule, attackers) on the
+same emulated fleet, data split and seeds, and reports them against a baseline arm. `bench seeds` runs each
 of its arms through run_once as well. An arm's settings, and a corpus', name fields of the coordinator's
 typed config (fedspeech.coordinator.config), which they vary with CoordinatorConfig.changed.
 """
@@ -10,38 +10,22 @@ typed config (fedspeech.coordinator.config), which they vary with CoordinatorCon
 import logging
 import math
 import shutil
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from collections.abc import Callable, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from fedspeech.coordinator.config import CoordinatorConfig
 from fedspeech.coordinator.strategies import STRATEGIES, strategy_class, strategy_params
 from fedspeech.coordinator.strategies.params import split_option
+from fedspeech_bench.bench_config import Arm, BenchConfig
 from fedspeech_bench.fleet_run import attacking_devices, fleet_config, fleet_run
-from fedspeech_bench.fleets.fleet_files import (
-    DEFAULT_FLEETS,
-    FLEETS_DIR,
-    DeviceSpec,
-    check_fleet,
-    hosted_fleet,
-    load_fleet,
-)
-from fedspeech_bench.progress import Progress
-from fedspeech_bench.report.results import DEFAULT_TARGETS, write_results
+from fedspeech_bench.fleets.fleet_files import FLEETS_DIR, DeviceSpec, check_fleet, hosted_fleet, load_fleet
+from fedspeech_bench.report.results import write_results
+from fedspeech_bench.run_progress import Progress
 from fedspeech_bench.runs import Run
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class Arm:
-    """One contender: a name, the coordinator settings that make it, and devices that attack it."""
-
-    name: str
-    settings: Mapping[str, Any]  # fields of CoordinatorConfig by name, e.g. {"strategy": "fedbn"}
-    attacks: Mapping[str, str] = field(default_factory=dict)  # speaker -> attack (fleets.poisoning)
-    left_out: Sequence[str] = ()  # speakers whose devices do not take part
 
 
 def strategy_arms(names: Sequence[str], k: int, float16: Sequence[str] = ()) -> list[Arm]:
@@ -72,42 +56,13 @@ POISONING_ATTACKS = {"george": "scale", "lucas": "sign_flip"}
 # a strategy with settings is NAME:SETTING=VALUE[,SETTING=VALUE]; krum:m=0 is Multi-Krum (n - f averaged)
 ROBUST_STRATEGIES = (
     "fedavg",
-    "clipped",
+    "norm_bounded",
     "median",
     "trimmed_mean",
-    "clipped_trimmed_mean",
+    "norm_bounded_trimmed_mean",
     "krum",
     "krum:m=0",
 )
-
-
-@dataclass(frozen=True)
-class BenchConfig:
-    """What to compare, on what, how often."""
-
-    out: Path
-    arms: Sequence[Arm]
-    baseline: str  # the arm the others are measured against
-    title: str = "fedspeech benchmark"
-    corpora: Sequence[str] = ("fsdd", "emodb")
-    seeds: int = 3
-    rounds: int = 20
-    data_dir: Path | None = None
-    fleets: Mapping[str, list[DeviceSpec]] = field(default_factory=dict)  # default: load DEFAULT_FLEETS
-    # per corpus, coordinator settings of every arm (under the arm's own), by name as Arm.settings
-    corpus_settings: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
-    targets: Mapping[str, float] = field(default_factory=lambda: dict(DEFAULT_TARGETS))
-    round_timeout_s: float = 120.0
-    # the corpus each entry of `corpora` trains on, where the entry is another name (a split, a fold)
-    corpus_of: Mapping[str, str] = field(default_factory=dict)
-
-    def fleet(self, corpus: str) -> list[DeviceSpec]:
-        """The corpus' emulated fleet."""
-        return self.fleets[corpus] if corpus in self.fleets else load_fleet(DEFAULT_FLEETS[corpus])
-
-    def corpus_name(self, corpus: str) -> str:
-        """The corpus (and built-in task) an entry of `corpora` trains on."""
-        return self.corpus_of.get(corpus, corpus)
 
 
 def strategies_config(
@@ -229,7 +184,7 @@ def run_once(
     fleet = _arm_fleet(cfg, corpus, arm)
     name = cfg.corpus_name(corpus)
     base = fleet_config(fleet, name, run_dir, data_dir=cfg.data_dir).changed(
-        rounds=arm_rounds(cfg, corpus, arm), round_timeout_s=cfg.round_timeout_s, min_results=1, seed=seed
+        rounds=arm_rounds(cfg, corpus, arm), round_timeout=cfg.round_timeout_s, min_results=1, seed=seed
     )
     config = arm_config(cfg, corpus, arm, base)
     # The corpus' held-out set is the union of the devices' test splits: asking the devices as well

@@ -11,7 +11,7 @@ present from missing labels is scored for three views:
 - secure aggregation, what the coordinator holds of one device: its masked vector, read as an update;
 - secure aggregation, the round's sum: the same guess for every device;
 - differential privacy at a given noise multiplier, the worst case its guarantee covers: one device's
-  change clipped, with the round's whole Gaussian noise on it, as if it were alone in the round.
+  change bounded in norm, with the round's whole Gaussian noise on it, as if it were alone in the round.
 "Always present" is the baseline an attacker gets without looking.
 """
 
@@ -41,10 +41,11 @@ def run_attack(
     seed: int = 0,
     per_label: int = 15,
     noise: Mapping[str, float] | None = None,
-    clip: float = 1.0,
+    norm_bound: float = 1.0,
 ) -> list[AttackScore]:
     """Train a label-skewed FSDD fleet for one round in process, then score the attack on each view;
-    noise: a name for each noise multiplier whose view under differential privacy is scored, with clip.
+    noise: a name for each noise multiplier whose view under differential privacy is scored, with
+    norm_bound.
     """
     import torch
 
@@ -79,7 +80,7 @@ def run_attack(
         set_arrays(net, start)
         train_local(
             net, waveforms, labels, epochs=1, batch_size=settings.batch_size,
-            learning_rate=settings.learning_rate, seed=seed + n,
+            learning_rate=settings.lr, seed=seed + n,
         )  # fmt: skip
         trained = get_arrays(net)
         change = trained[HEAD_BIAS].astype(np.float64) - start[HEAD_BIAS]
@@ -94,9 +95,9 @@ def run_attack(
         "secure aggregation: each device's masked vector": masked > 0,
         "secure aggregation: the round's sum": np.broadcast_to(total > 0, present.shape),
     }
-    clipped = plain * np.minimum(1.0, clip / np.array(norms))[:, None]
+    bounded = plain * np.minimum(1.0, norm_bound / np.array(norms))[:, None]
     for name, z in (noise or {}).items():
-        views[name] = clipped + rng.normal(0.0, z * clip, clipped.shape) > 0
+        views[name] = bounded + rng.normal(0.0, z * norm_bound, bounded.shape) > 0
     return [
         AttackScore(view, float(np.mean(guess == present)), devices, present.size)
         for view, guess in views.items()
@@ -107,7 +108,7 @@ def _masked_biases(plain: np.ndarray, rng: np.random.Generator) -> np.ndarray:
     """Each device's bias change as the coordinator holds it under secure aggregation: encoded, masked
     with a self mask and a pairwise mask per other device, and read back as if it were an update.
     """
-    from fedspeech.protocol import secure_sum as ss
+    from fedspeech.protocol import secure_sum_maths as ss
 
     devices, classes = plain.shape
     coding = ss.FixedPoint(clip=10.0, devices=devices)

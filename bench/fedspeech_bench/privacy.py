@@ -46,7 +46,7 @@ def measure(devices: int, length: int, seed: int = 0) -> Costs:
 
     from fedspeech.coordinator.privacy.secure_sum_server import ServerRound
     from fedspeech.edge_client.secure_sum_device import DeviceRound
-    from fedspeech.protocol.secure_sum import FixedPoint
+    from fedspeech.protocol.secure_sum_maths import FixedPoint
 
     rng = np.random.default_rng(seed)
     ids = [f"device-{n:03d}" for n in range(devices)]
@@ -182,8 +182,8 @@ class CurveOptions:
     epsilons: tuple[float, ...] = EPSILONS
     rounds: int = 30
     sampling_rate: float = 0.2
-    clip: float = 1.0
-    clip_quantile: float = 0.0  # with it, each epsilon also has an arm whose clip adapts to it
+    norm_bound: float = 1.0
+    norm_bound_quantile: float = 0.0  # with it, each epsilon also has an arm whose bound adapts to it
 
 
 def run_privacy_bench(
@@ -205,12 +205,12 @@ def run_privacy_bench(
     text = table(results, length)
     print(text)
     picture = plot(results, out)
-    view = "DP-FedAvg at epsilon {:g}: one device's clipped change with the round's noise"
+    view = "DP-FedAvg at epsilon {:g}: one device's bounded change with the round's noise"
     noise = {
         view.format(e): noise_multiplier_for(e, DELTA, curve.sampling_rate, curve.rounds)
         for e in curve.epsilons
     }
-    scores = run_attack(attack_devices, noise=noise, clip=curve.clip)
+    scores = run_attack(attack_devices, noise=noise, norm_bound=curve.norm_bound)
     attack = attack_table(scores, MISSING)
     print(attack)
     bars = attack_plot(scores, out)
@@ -221,8 +221,8 @@ def run_privacy_bench(
         print("no accuracy-epsilon curve: it needs Speech Commands (--data-dir DIR: speech_commands_test/)")
     else:
         setting, points = run_curve(
-            curve.data_dir, curve.epsilons, curve.sampling_rate, curve.rounds, curve.clip,
-            clip_quantile=curve.clip_quantile,
+            curve.data_dir, curve.epsilons, curve.sampling_rate, curve.rounds, curve.norm_bound,
+            norm_bound_quantile=curve.norm_bound_quantile,
         )  # fmt: skip
         rows = fleet_sizes(setting, points)
         accuracy, sizes = curve_table(setting, points), sizes_table(setting, rows)
@@ -287,13 +287,15 @@ def add_parser(bench_subparsers: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--sampling-rate", type=float, default=0.2, help="each device's chance of a round (default 0.2)"
     )
-    p.add_argument("--dp-clip", type=float, default=1.0, help="each change clipped to this norm (default 1)")
     p.add_argument(
-        "--dp-clip-quantile",
+        "--dp-norm-bound", type=float, default=1.0, help="each change bounded to this norm (default 1)"
+    )
+    p.add_argument(
+        "--dp-norm-bound-quantile",
         type=float,
         default=0.0,
-        help="also run each epsilon with the clip adapting to this quantile of the changes' norms, from "
-        "--dp-clip (default: no such arms)",
+        help="also run each epsilon with the bound adapting to this quantile of the changes' norms, from "
+        "--dp-norm-bound (default: no such arms)",
     )
     p.add_argument("--out", type=Path, default=Path("fedspeech-bench-privacy"), help="where results go")
     p.set_defaults(run=run_from_args)
@@ -310,14 +312,19 @@ def run_from_args(args: argparse.Namespace) -> None:
     if (
         not 1 <= args.rounds <= 10_000
         or not 0 < args.sampling_rate <= 1
-        or not 0 < args.dp_clip <= 1000
-        or not 0 <= args.dp_clip_quantile <= 1
+        or not 0 < args.dp_norm_bound <= 1000
+        or not 0 <= args.dp_norm_bound_quantile <= 1
     ):
         raise SystemExit(
-            "fedspeech bench privacy: --rounds from 1 to 10000, --sampling-rate in (0, 1], --dp-clip in "
-            "(0, 1000], --dp-clip-quantile in [0, 1]"
+            "fedspeech bench privacy: --rounds from 1 to 10000, --sampling-rate in (0, 1], --dp-norm-bound "
+            "in (0, 1000], --dp-norm-bound-quantile in [0, 1]"
         )
     curve = CurveOptions(
-        args.data_dir, args.epsilons, args.rounds, args.sampling_rate, args.dp_clip, args.dp_clip_quantile
+        args.data_dir,
+        args.epsilons,
+        args.rounds,
+        args.sampling_rate,
+        args.dp_norm_bound,
+        args.dp_norm_bound_quantile,
     )
     run_privacy_bench(args.out, args.devices, args.length, args.attack_devices, curve)

@@ -35,13 +35,14 @@ import json
 import sys
 import traceback
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from fedspeech_bench.progress import Progress
+from fedspeech_bench.bench_config import SEEDS_ARMS, Arm, BenchConfig, CentralResult, Results, SeedsConfig
 from fedspeech_bench.report.results import write_seeds_results
 from fedspeech_bench.report.tables import BASELINE
+from fedspeech_bench.run_progress import Progress
 from fedspeech_bench.splits import (
     SPLIT_CORPUS,
     SPLITS,
@@ -57,38 +58,10 @@ from fedspeech_bench.splits import (
 if TYPE_CHECKING:  # the command line is built without the benchmark's heavy imports
     from fedspeech.protocol.messages import ModelSpec
     from fedspeech_bench.central import Waveforms
-    from fedspeech_bench.harness import Arm
     from fedspeech_bench.runs import Run
 
-# arm -> coordinator settings (as harness.Arm's); quality and mkd also get their shared folder (ARM_FOLDERS)
-ARMS: dict[str, dict[str, Any]] = {
-    "fedavg": {"strategy": "fedavg"},
-    "fedprox": {"strategy": "fedprox"},
-    "fedbn": {"strategy": "fedbn", "model": "cnn_bn"},
-    "fedavg-bn": {"strategy": "fedavg", "model": "cnn_bn"},  # what FedBN is measured against
-    "quality": {"strategy": "quality"},
-    "grouped-1": {"strategy": "grouped", "strategy_settings": {"groups": 1}},
-    "grouped-2": {"strategy": "grouped", "strategy_settings": {"groups": 2}},
-    "grouped-N": {"strategy": "grouped", "strategy_settings": {"groups": 0}},  # one group per device
-    "class_prior": {"strategy": "class_prior"},
-    "mkd": {"strategy": "mkd"},
-}
+# the shared folder quality and mkd also get, besides their settings in SEEDS_ARMS
 ARM_FOLDERS = {"quality": "validation_data", "mkd": "server_data"}
-
-
-@dataclass(frozen=True)
-class SeedsConfig:
-    """What `bench seeds` runs."""
-
-    out: Path
-    splits: Sequence[str] = SPLITS
-    arms: Sequence[str] = tuple(ARMS)
-    seeds: int = 3
-    rounds: int = 20
-    folds: int | None = None  # LOSO: the first N speakers in sorted order; None for all
-    data_dir: Path | None = None
-    central: bool = True  # the centralized reference on the skewed fleet
-    round_timeout_s: float = 120.0
 
 
 def check_config(cfg: SeedsConfig) -> None:
@@ -120,17 +93,17 @@ def check_data(splits: Sequence[str], data_dir: Path | None) -> None:
 
 
 def check_arms(names: Sequence[str]) -> None:
-    """ValueError for an arm name not in ARMS, or whose strategy or model this install does not have."""
+    """ValueError for an arm not in SEEDS_ARMS, or whose strategy or model this install does not have."""
     from fedspeech.coordinator.strategies import STRATEGIES
     from fedspeech.models.architectures import MODELS
 
     if not names:
         raise ValueError("no arms to run")
-    unknown = [name for name in names if name not in ARMS]
+    unknown = [name for name in names if name not in SEEDS_ARMS]
     if unknown:
-        raise ValueError(f"unknown arms {unknown}, expected some of {', '.join(ARMS)}")
+        raise ValueError(f"unknown arms {unknown}, expected some of {', '.join(SEEDS_ARMS)}")
     for name in names:
-        strategy, model = ARMS[name]["strategy"], ARMS[name].get("model", "cnn")
+        strategy, model = SEEDS_ARMS[name]["strategy"], SEEDS_ARMS[name].get("model", "cnn")
         if strategy not in STRATEGIES:
             raise ValueError(
                 f"arm {name!r} needs strategy {strategy!r}, which is not registered in "
@@ -141,11 +114,10 @@ def check_arms(names: Sequence[str]) -> None:
 
 
 def arm_for(name: str, setting: Setting) -> Arm:
-    """The harness.Arm of an arm name on a setting: its settings, the shared folder, FedBN's evaluation."""
+    """The Arm of an arm name on a setting: its settings, the shared folder, FedBN's evaluation."""
     from fedspeech.coordinator.strategies import strategy_params
-    from fedspeech_bench.harness import Arm
 
-    settings = dict(ARMS[name])
+    settings = dict(SEEDS_ARMS[name])
     if "strategy_settings" in settings:  # as text here: made the strategy's settings once
         settings["strategy_settings"] = strategy_params(settings["strategy"], settings["strategy_settings"])
     if name in ARM_FOLDERS:
@@ -156,16 +128,6 @@ def arm_for(name: str, setting: Setting) -> Arm:
 
 
 # --- centralized reference -------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class CentralResult:
-    """The CNN trained centrally on the skewed fleet's pooled training clips, scored on unseen speakers."""
-
-    seed: int
-    epochs: int
-    accuracy: float
-    seconds: float
 
 
 def central_clips(deal: SkewedDeal) -> tuple[ModelSpec, Waveforms, Waveforms]:
@@ -235,7 +197,7 @@ def train_run(
     cfg: SeedsConfig, setting: Setting, arm: str, seed: int, on_round: Callable[[int], None] = lambda n: None
 ) -> Run:
     """Train one arm once on a setting and keep the run in OUT/completed; on_round as harness.run_once's."""
-    from fedspeech_bench.harness import BenchConfig, run_once
+    from fedspeech_bench.harness import run_once
 
     bench = BenchConfig(
         cfg.out,
@@ -254,15 +216,6 @@ def train_run(
     done.parent.mkdir(parents=True, exist_ok=True)
     done.write_text(json.dumps(asdict(run)))
     return run
-
-
-@dataclass
-class Results:
-    """What the bench gathered: runs per split, failures, the skewed deal and its centralized reference."""
-
-    runs: dict[str, list[Run]] = field(default_factory=dict)
-    failures: list[str] = field(default_factory=list)
-    central: list[CentralResult] = field(default_factory=list)
 
 
 def run_seeds(cfg: SeedsConfig) -> Path:
@@ -348,7 +301,10 @@ def add_parser(bench_subparsers: argparse._SubParsersAction) -> None:
         "--splits", type=_names, default=list(SPLITS), help=f"comma-separated (default: {','.join(SPLITS)})"
     )
     p.add_argument(
-        "--arms", type=_names, default=list(ARMS), help=f"comma-separated (default: {','.join(ARMS)})"
+        "--arms",
+        type=_names,
+        default=list(SEEDS_ARMS),
+        help=f"comma-separated (default: {','.join(SEEDS_ARMS)})",
     )
     p.add_argument("--seeds", type=int, default=3)
     p.add_argument("--rounds", type=int, default=20)

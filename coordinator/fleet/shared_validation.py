@@ -2,7 +2,7 @@
 
 A device shares only when its operator opts in (`fedspeech client --share-validation N`). The
 coordinator takes at most max_clips clips a device, of the task's clip length, and keeps the latest
-clips each device sent in <state_dir>/validation/<device>.safetensors.
+clips each device sent in <state>/validation/<device>.safetensors.
 """
 
 import logging

@@ -2,8 +2,8 @@
 thread runs the Flask app on it; each answer sent back by the event loop, not by a worker.
 
 Until a request is whole it costs a coroutine and its connection, never a worker thread: a client that
-sends slowly, or not at all, is closed at its deadline (http_timeout_s after its connection became ready,
-headers and body together) having held nothing else. Its body is weighed before it is read: a declared
+sends slowly, or not at all, is closed at its deadline (http_timeout seconds after its connection became
+ready, headers and body together) having held nothing else. Its body is weighed before it is read: a declared
 length over the largest route's limit is refused at once; the route's rule (body_rules) checks the token
 and the task and sets the limit, and may check the first bytes before the rest is read. The bodies held
 at once are bounded by the budget. A refusal is sent at once; a body of declared length up to DRAIN_BYTES

@@ -54,8 +54,8 @@ class HttpServer:
 def _hypercorn_config(service: ServiceConfig) -> Config:
     """hypercorn's settings from the service's; ValueError or ssl.SSLError for TLS files it cannot use."""
     config = Config()
-    config.keep_alive_timeout = service.http_timeout_s  # headers within it of the connection's readiness
-    config.ssl_handshake_timeout = service.http_timeout_s
+    config.keep_alive_timeout = service.http_timeout  # headers within it of the connection's readiness
+    config.ssl_handshake_timeout = service.http_timeout
     config.h11_max_incomplete_size = MAX_HEADER_BYTES
     # pieces of a body read ahead of the bridge (64 KiB each): none is read before the route's rule says yes
     config.max_app_queue_size = 1
@@ -83,7 +83,7 @@ def serve(app: Flask, host: str, port: int, rules: Rules = BODY_RULES) -> HttpSe
     """Serve the app from a background thread (port 0: any free port), as its config's service says; rules:
     what its routes take as bodies (the API's).
 
-    http_threads workers run requests that have arrived whole; each must arrive within http_timeout_s;
+    http_threads workers run requests that have arrived whole; each must arrive within http_timeout seconds;
     http_connections_per_client connections per address; bodies held at once within http_body_budget;
     HTTPS when tls_cert and tls_key name a certificate and its key. A port that is taken or not allowed,
     or TLS files that cannot be used, fail here, in the caller.
@@ -92,7 +92,7 @@ def serve(app: Flask, host: str, port: int, rules: Rules = BODY_RULES) -> HttpSe
     config = _hypercorn_config(service)
     listener = Listener(host, port, service.http_connections_per_client)
     bridge = Bridge(
-        app, rules, listener, timeout_s=service.http_timeout_s, body_budget=service.http_body_budget
+        app, rules, listener, timeout_s=service.http_timeout, body_budget=service.http_body_budget
     )
     loop = asyncio.new_event_loop()
     loop.set_exception_handler(_quiet_cancellations)
@@ -120,6 +120,6 @@ def serve(app: Flask, host: str, port: int, rules: Rules = BODY_RULES) -> HttpSe
     url = f"{'https' if tls else 'http'}://{host}:{bound_port}"
     log.info(
         "coordinator HTTP API on %s (%d threads, %g s per request, %d connections per client)",
-        url, service.http_threads, service.http_timeout_s, service.http_connections_per_client,
+        url, service.http_threads, service.http_timeout, service.http_connections_per_client,
     )  # fmt: skip
     return HttpServer(url, bound_port, loop, stopping, thread)

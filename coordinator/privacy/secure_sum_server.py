@@ -12,7 +12,7 @@ import numpy as np
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X25519PublicKey
 
-from fedspeech.protocol import secure_sum as ss
+from fedspeech.protocol import secure_sum_maths as ss
 from fedspeech.protocol.bounds import ProtocolError
 from fedspeech.protocol.secure_sum_phases import (
     SEALED_SHARE_BYTES,

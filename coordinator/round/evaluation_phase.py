@@ -49,7 +49,7 @@ def evaluation_plan(
     candidates = [d for d in online if last or d not in training]
     devices = evaluators(candidates, config.eval_devices, config.seed, round)
     trained_by = max([now, *(training[d] for d in devices if d in training)])
-    return devices, min(trained_by + config.eval_timeout_s, now + bounds.MAX_TASK_SECONDS)
+    return devices, min(trained_by + config.eval_timeout, now + bounds.MAX_TASK_SECONDS)
 
 
 @dataclass

@@ -60,7 +60,7 @@ class Orchestrator:
         self._teacher: BlobRef | None = None  # where devices download a strategy's second model
         self._clips = CoordinatorClips(model, config, self._full, self._learning_rate)
         self._velocity: Arrays | None = None  # server momentum's last step (a restart starts it again)
-        acks = Acknowledgements(config.ack_timeout_s)  # which devices took their tasks
+        acks = Acknowledgements(config.ack_timeout)  # which devices took their tasks
         self.evaluation = EvaluationPhase(store, link, model.definition.labels, config.eval_min_reports, acks)
         self.settled_round = -1  # the last round whose model is stored and, where asked for, evaluated
         self._device_decisions: Decisions | None = None  # pooled from the latest evaluation on the devices
@@ -372,7 +372,7 @@ class Orchestrator:
         tasks only evaluate).
         """
         c = self.config
-        return learning_rate_for_round(max(round, 1), c.rounds, c.learning_rate, c.final_lr_fraction)
+        return learning_rate_for_round(max(round, 1), c.rounds, c.lr, c.final_lr_fraction)
 
     def first_model(self) -> Arrays:
         """Round 0's weights: the model's start (--init), or fresh ones at round 1's depth."""

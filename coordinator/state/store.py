@@ -1,4 +1,4 @@
-"""The coordinator's state directory: SQLite for devices, rounds and evaluations, its files by state.files."""
+"""The coordinator's state directory: SQLite for devices, rounds and evaluations; its files by `folder`."""
 
 import contextlib
 import hashlib
@@ -10,7 +10,7 @@ from contextlib import contextmanager
 from dataclasses import asdict, replace
 from pathlib import Path
 
-from fedspeech.coordinator.state.files import StateFiles, StateWriteError, pair_files
+from fedspeech.coordinator.state.folder import StateFiles, StateWriteError, pair_files
 from fedspeech.coordinator.state.records import (
     DEVICE_COLUMNS,
     ROUND_COLUMNS,

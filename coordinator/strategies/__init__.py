@@ -17,7 +17,6 @@ from fedspeech.coordinator.strategies.base import (
 from fedspeech.coordinator.strategies.bulyan import Bulyan
 from fedspeech.coordinator.strategies.ca2fl import CachedCalibration
 from fedspeech.coordinator.strategies.class_prior import ClassPrior
-from fedspeech.coordinator.strategies.clipped import NormClipped
 from fedspeech.coordinator.strategies.differential_privacy import DifferentiallyPrivate, PrivacySettings
 from fedspeech.coordinator.strategies.fedavg import FedAvg
 from fedspeech.coordinator.strategies.fedbn import FedBN
@@ -30,6 +29,7 @@ from fedspeech.coordinator.strategies.hardware import HardwareAware
 from fedspeech.coordinator.strategies.krum import Krum
 from fedspeech.coordinator.strategies.median import FedMedian
 from fedspeech.coordinator.strategies.mkd import MutualDistillation
+from fedspeech.coordinator.strategies.norm_bounded import NormBounded
 from fedspeech.coordinator.strategies.params import StrategyParams, parse
 from fedspeech.coordinator.strategies.quality import QualityWeighted
 from fedspeech.coordinator.strategies.random_k import RandomK
@@ -61,8 +61,8 @@ STRATEGIES: dict[str, Callable[..., Strategy]] = {
     # robust aggregation against poisoned updates (the benchmarks emulate the attacks)
     "median": FedMedian,
     "trimmed_mean": FedTrimmedMean,
-    "clipped": NormClipped,
-    "clipped_trimmed_mean": partial(FedTrimmedMean, clip=True),
+    "norm_bounded": NormBounded,
+    "norm_bounded_trimmed_mean": partial(FedTrimmedMean, norm_bounded=True),
     "krum": Krum,  # Multi-Krum with m > 1
     "bulyan": Bulyan,  # on Krum's picks, each weight trimmed around its median
     # the methods of FedCSR ("Cuing Without Sharing") and FedVMR, and FedBN, FedCSR's baseline

@@ -104,7 +104,7 @@ class SecureTerms:
     whether changes are weighted by their clips, and what the sum is divided by.
     """
 
-    clip: float | None = None  # each change's L2 norm; None: the coordinator's secure_clip
+    clip: float | None = None  # each change's L2 norm; None: the coordinator's secure_norm_bound
     # Gaussian noise on the sum, as a multiple of the clip: the devices add it in parts, so that no one
     # ever sees the sum without it (distributed differential privacy)
     noise_multiplier: float = 0.0

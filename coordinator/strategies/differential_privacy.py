@@ -4,21 +4,21 @@ as Flower's server-side DP wraps any strategy.
 
 Each device of the pool is offered to the wrapped strategy with probability `sampling_rate` (Poisson
 sampling, which the accountant's amplification assumes: the strategy must train every device it is
-offered), each update's change is clipped to norm `clip` and weighted alike (a weight by clips would let
-one device move the model by more than the clip), and Gaussian noise of noise_multiplier * clip is added
-to their sum, divided by the expected number of devices. The wrapped strategy keeps its plan (FedProx's
-mu, say); its weights give way to equal ones. Epsilon after each round comes from dp-accounting; no round
-trains that would spend more than `epsilon` (0: no budget).
+offered), each update's change is bounded (clipped) to the L2 norm `norm_bound` and weighted alike (a
+weight by its clips would let one device move the model by more than the bound), and Gaussian noise of
+noise_multiplier * norm_bound is added to their sum, divided by the expected number of devices. The
+wrapped strategy keeps its plan (FedProx's mu, say); its weights give way to equal ones. Epsilon after
+each round comes from dp-accounting; no round trains that would spend more than `epsilon` (0: no budget).
 
-With secure aggregation the devices clip their own changes and add the noise in parts, each a share of
+With secure aggregation the devices bound their own changes and add the noise in parts, each a share of
 its variance, so that nobody ever sees the sum without it: the coordinator then only divides.
 
-With a target quantile the clip adapts (Andrew et al. 2021, "Differentially Private Learning with Adaptive
-Clipping"): each round counts, with noise, the changes within the clip, and the next clip steps
-geometrically towards the norm that the target share of changes stay within. The count's noise takes part
-of the privacy the noise multiplier gives: the changes get a little more noise, and epsilon is the same.
-Under secure aggregation each device adds its +1/2 or -1/2 to the sum after its change, scaled so that the
-sum's noise is the count's.
+With a target quantile, `norm_bound_quantile`, the bound adapts (Andrew et al. 2021, "Differentially
+Private Learning with Adaptive Clipping"): each round counts, with noise, the changes within the bound,
+and the next bound steps geometrically towards the norm that the target share of changes stay within.
+The count's noise takes part of the privacy the noise multiplier gives: the changes get a little more
+noise, and epsilon is the same. Under secure aggregation each device adds its +1/2 or -1/2 to the sum
+after its change, scaled so that the sum's noise is the count's.
 """
 
 import logging
@@ -52,15 +52,17 @@ PROBE = 4  # devices offered to a strategy, to see that it trains every one (see
 class PrivacySettings(StrategyParams):
     """Differential privacy's settings: each is `--dp-NAME` and the config key `dp_NAME`."""
 
-    noise_multiplier: float = setting(1.0, 0.01, 1000.0, "the noise's deviation, as a multiple of clip")
-    clip: float = setting(1.0, *CLIP_RANGE, "the L2 norm each device's change is clipped to")
+    noise_multiplier: float = setting(
+        1.0, 0.01, 1000.0, "the noise's deviation, as a multiple of the norm bound"
+    )
+    norm_bound: float = setting(1.0, *CLIP_RANGE, "the L2 norm each device's change is bounded to")
     delta: float = setting(1e-5, 1e-12, 0.09, "the delta epsilon is spent at")
     epsilon: float = setting(0.0, 0.0, 1e6, "the budget: no round past it (0: none)")
     sampling_rate: float = setting(1.0, 1e-4, 1.0, "each device's chance of being in a round")
-    clip_quantile: float = setting(
-        0.0, 0.0, 1.0, "the share of changes the clip adapts to hold unclipped (0: a fixed clip)"
+    norm_bound_quantile: float = setting(
+        0.0, 0.0, 1.0, "the share of changes the bound adapts to hold within it (0: a fixed bound)"
     )
-    clip_learning_rate: float = setting(0.2, 0.01, 10.0, "how far the clip steps each round, adapting")
+    norm_bound_learning_rate: float = setting(0.2, 0.01, 10.0, "how far the bound steps each round, adapting")
 
 
 def privacy_settings(given: Mapping[str, float], rounds: int) -> PrivacySettings | None:
@@ -98,7 +100,7 @@ class DifferentiallyPrivate(Strategy):
         self.inner, self.name, self.needs, self.personal = inner, inner.name, inner.needs, inner.personal
         self._expected = 1.0  # devices a round expects: its denominator, whoever answers
         self._noise = np.random.default_rng()  # fresh entropy: noise no one can replay from a seed
-        self.clip = params.clip  # the round's clip: the setting, or where adapting has taken it
+        self.clip = params.norm_bound  # the round's clip: the setting, or where adapting has taken it
         self._next_clip = self.clip
 
     def configure_round(self, round: int, pool: Mapping[str, Profile], rng: np.random.Generator) -> RoundPlan:
@@ -112,7 +114,7 @@ class DifferentiallyPrivate(Strategy):
     def aggregate(self, round: int, results: Sequence[Result], current: Arrays) -> Arrays:
         """The clipped changes' sum with noise, over the expected number of devices, onto current."""
         p, updates = self.params, [r.arrays for r in results]
-        if not p.clip_quantile:
+        if not p.norm_bound_quantile:
             return dp_mean(current, updates, self.clip, p.noise_multiplier, self._expected, self._noise)
         deviation = count_noise(self._expected, p.noise_multiplier)
         changes = change_noise_multiplier(p.noise_multiplier, deviation)
@@ -126,7 +128,7 @@ class DifferentiallyPrivate(Strategy):
         sum's noise on it is the count's, and the count comes back to adapt the clip.
         """
         p = self.params
-        if not p.clip_quantile:
+        if not p.norm_bound_quantile:
             return SecureTerms(self.clip, p.noise_multiplier, False, self._expected)
         deviation = count_noise(self._expected, p.noise_multiplier)
         scale = change_noise_multiplier(p.noise_multiplier, deviation) * self.clip / deviation
@@ -137,10 +139,12 @@ class DifferentiallyPrivate(Strategy):
         each past it -1/2).
         """
         p = self.params
-        new = adapted_clip(self.clip, within, self._expected, p.clip_quantile, p.clip_learning_rate)
+        new = adapted_clip(
+            self.clip, within, self._expected, p.norm_bound_quantile, p.norm_bound_learning_rate
+        )
         self._next_clip = min(max(new, CLIP_RANGE[0]), CLIP_RANGE[1])
         log.info(
-            "round %d: about %.0f%% of the changes within the clip %.4g (noised); the next clip is %.4g",
+            "round %d: about %.0f%% of the changes within the norm bound %.4g (noised); the next is %.4g",
             round, 100 * (within / self._expected + 0.5), self.clip, self._next_clip,
         )  # fmt: skip
 

@@ -5,9 +5,9 @@ and smallest values, so a minority of devices sending extreme values is cut off,
 honest values are still averaged (less noisy than the median). Sample counts do not weigh in: one device
 could claim any number.
 
-With clip, each update's change is first bounded by the round's median update norm (as the `clipped`
-strategy does): a boosted update then carries its device's data at an ordinary size instead of being
-trimmed away coordinate by coordinate, and what is left of an attack is trimmed.
+With norm_bounded, each update's change is first bounded by the round's median update norm (as the
+`norm_bounded` strategy does): a boosted update then carries its device's data at an ordinary size
+instead of being trimmed away coordinate by coordinate, and what is left of an attack is trimmed.
 """
 
 from collections.abc import Sequence
@@ -35,16 +35,16 @@ class FedTrimmedMean(FedAvg):
     params: Params
 
     def __init__(
-        self, k: int, epochs: int, params: StrategyParams | None = None, *, clip: bool = False
+        self, k: int, epochs: int, params: StrategyParams | None = None, *, norm_bounded: bool = False
     ) -> None:
         super().__init__(k, epochs, params)
-        self.clip = clip
-        if clip:
-            self.name = "clipped_trimmed_mean"
+        self.norm_bounded = norm_bounded
+        if norm_bounded:
+            self.name = "norm_bounded_trimmed_mean"
 
     def aggregate(self, round: int, results: Sequence[Result], current: Arrays) -> Arrays:
-        """The trimmed mean of each weight across the (clipped) updates; sample counts do not weigh in."""
+        """The trimmed mean of each weight across the (bounded) updates; sample counts do not weigh in."""
         updates = [r.arrays for r in results]
-        if self.clip:
+        if self.norm_bounded:
             updates = clip_updates(current, updates, median_norm(current, updates))
         return trimmed_mean(updates, self.params.trim)

@@ -10,7 +10,7 @@ def coordinator_config(tmp_path: Path, **settings: Any) -> CoordinatorConfig:
     """The defaults with the state under tmp_path and the embedded broker on port 0, then settings by name.
 
     Port 0 suits an app whose service is never started; a test that starts the embedded broker gives
-    embedded_broker_port=free_port(), one that uses Mosquitto gives broker_url.
+    broker_port=free_port(), one that uses Mosquitto gives broker.
     """
-    base = CoordinatorConfig().changed(state_dir=tmp_path / "state", embedded_broker_port=0)
+    base = CoordinatorConfig().changed(state=tmp_path / "state", broker_port=0)
     return base.changed(**settings)

@@ -10,7 +10,7 @@ from tests.helpers.waiting import wait_for
 @contextmanager
 def running_coordinator(tmp_path, **config):
     """An in-process coordinator on a free port, open to any device; yields (service, base URL)."""
-    defaults = {"eval_corpus": "fsdd", "round_timeout_s": 120.0, "open_enrolment": True}
+    defaults = {"eval_corpus": "fsdd", "round_timeout": 120.0, "open_enrolment": True}
     app = create_app(coordinator_config(tmp_path, **defaults).changed(**config))
     service = app.extensions["fedspeech"]
     service.start()

@@ -89,10 +89,10 @@ def one_round_coordinator(tmp_path: Path, broker_url: str, topic_root: str, devi
     from fedspeech.coordinator.app import create_app
     from tests.helpers.configs import coordinator_config
 
-    places = {"broker_url": broker_url, "topic_root": topic_root}
+    places = {"broker": broker_url, "topic_root": topic_root}
     one_round = {"rounds": 1, "min_devices": 1, "min_results": 1, "open_enrolment": True}
     # the test's device acknowledges no task unless the test does: its rounds wait for it until their deadline
-    one_round["ack_timeout_s"] = MAX_ACK_TIMEOUT_S
+    one_round["ack_timeout"] = MAX_ACK_TIMEOUT_S
     app = create_app(coordinator_config(tmp_path, **places, **one_round).changed(**settings))
     service = app.extensions["fedspeech"]
     service.start()

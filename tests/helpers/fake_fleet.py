@@ -113,7 +113,7 @@ class Fleet:
     """An orchestrator over a real store in a temporary folder, with fake devices."""
 
     def __init__(self, tmp_path, model: FakeModel | None = None, **config) -> None:
-        defaults = {"min_devices": 2, "min_results": 1, "round_timeout_s": 0.3, "eval_every": 0}
+        defaults = {"min_devices": 2, "min_results": 1, "round_timeout": 0.3, "eval_every": 0}
         if isinstance(config.get("strategy_settings"), dict):  # name -> value, as an operator gives them
             config["strategy_settings"] = strategy_params(config["strategy"], config["strategy_settings"])
         self.config = RoundConfig(**{**defaults, **config})

@@ -17,7 +17,7 @@ DEVICE = "bench-device"
 @pytest.fixture
 def coordinator(tmp_path, mosquitto_url, topic_root):
     # the test's device answers training tasks only
-    settings = {"eval_every": 0, "round_timeout_s": 120.0}
+    settings = {"eval_every": 0, "round_timeout": 120.0}
     with one_round_coordinator(tmp_path, mosquitto_url, topic_root, DEVICE, **settings) as running:
         yield running
 

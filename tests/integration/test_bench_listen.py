@@ -12,8 +12,8 @@ import soundfile
 from fedspeech.models.clips.datasets import bundled_data_dir, load_corpus, server_test_clips
 from fedspeech.models.clips.tasks import BACKGROUND_NOISE
 from fedspeech.runtime.audio_file import read_audio
-from fedspeech_bench import listen
-from fedspeech_bench.listen import (
+from fedspeech_bench import listen_bench as listen
+from fedspeech_bench.listen_bench import (
     OTHER_WORDS,
     ListenBenchConfig,
     check_config,

@@ -47,8 +47,8 @@ def test_a_compromised_device_moves_the_model_no_further_than_an_honest_step(
 ):
     caplog.set_level(logging.INFO)
     settings = {
-        "broker_url": mosquitto_url, "topic_root": topic_root, "rounds": 1, "min_devices": 5,
-        "min_results": 5, "eval_timeout_s": 60.0, "round_timeout_s": 60.0, "open_enrolment": False,
+        "broker": mosquitto_url, "topic_root": topic_root, "rounds": 1, "min_devices": 5,
+        "min_results": 5, "eval_timeout": 60.0, "round_timeout": 60.0, "open_enrolment": False,
     }  # fmt: skip
     app = create_app(coordinator_config(tmp_path, **settings))
     service, http = app.extensions["fedspeech"], app.test_client()

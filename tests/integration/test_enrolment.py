@@ -35,7 +35,7 @@ def make_app(tmp_path, mosquitto_url):
     """A coordinator app (not started: HTTP through Flask's test client) with extra settings."""
 
     def make(**settings):
-        return create_app(coordinator_config(tmp_path, broker_url=mosquitto_url, **settings))
+        return create_app(coordinator_config(tmp_path, broker=mosquitto_url, **settings))
 
     return make
 
@@ -218,7 +218,7 @@ def test_only_registered_devices_count_as_online(tmp_path, mosquitto_url, topic_
 
 
 def test_a_refused_enrolment_secret_is_named_as_the_cause(tmp_path, mosquitto_url, topic_root):
-    settings = {"broker_url": mosquitto_url, "topic_root": topic_root, "open_enrolment": False}
+    settings = {"broker": mosquitto_url, "topic_root": topic_root, "open_enrolment": False}
     with running_coordinator(tmp_path, **settings, eval_corpus=None, rounds=1) as (service, url):
         add_device(service.store, "hall")
         secret_file = tmp_path / "hall.secret"

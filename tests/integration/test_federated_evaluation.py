@@ -61,7 +61,7 @@ DEVICE = "kitchen"
 
 @pytest.fixture
 def coordinator(tmp_path, mosquitto_url, topic_root):
-    with one_round_coordinator(tmp_path, mosquitto_url, topic_root, DEVICE, eval_timeout_s=120.0) as running:
+    with one_round_coordinator(tmp_path, mosquitto_url, topic_root, DEVICE, eval_timeout=120.0) as running:
         yield running
 
 
@@ -77,7 +77,7 @@ def test_which_rounds_are_evaluated_and_by_whom():
 
 
 def test_a_device_still_training_evaluates_only_the_last_round_after_its_training():
-    config = RoundConfig(rounds=5, eval_timeout_s=60.0)
+    config = RoundConfig(rounds=5, eval_timeout=60.0)
     training = {"slow": 1000.0}  # its task's deadline
     assert evaluation_plan(config, 4, ["fast", "slow"], training, now=900.0) == (["fast"], 960.0)
     assert evaluation_plan(config, 5, ["fast", "slow"], training, now=900.0) == (["fast", "slow"], 1060.0)

@@ -69,7 +69,7 @@ def _served(tmp_path: Path, **service) -> Iterator[HttpServer]:
     big_file = tmp_path / "model.bin"
     big_file.write_bytes(b"\x01" * 32 * MiB)
     app = _app(big_file)
-    app.config[APP_KEY] = CoordinatorConfig().changed(state_dir=tmp_path, **service)
+    app.config[APP_KEY] = CoordinatorConfig().changed(state=tmp_path, **service)
     server = serve(app, "127.0.0.1", 0, RULES)
     try:
         yield server
@@ -157,7 +157,7 @@ def test_a_negative_or_absurd_content_length_is_refused_at_once(tmp_path, length
 
 def test_a_request_must_arrive_whole_by_its_deadline(tmp_path):
     """A byte every 0.2 s never trips a timeout per read; the deadline closes both clients all the same."""
-    with _served(tmp_path, http_timeout_s=1.5) as server:
+    with _served(tmp_path, http_timeout=1.5) as server:
         in_headers = _connect(server, b"POST /small HTTP/1.1\r\n")
         in_body = _connect(server, _head("/small", f"Content-Length: {MiB}"))
         opened, closed = time.monotonic(), {}

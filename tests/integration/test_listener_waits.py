@@ -36,7 +36,7 @@ def coordinator_on(tmp_path: Path, port: int, broker_url: str, topic_root: str) 
     """A coordinator whose HTTP API answers on port before its service (its round loop) is started: it has
     announced no model until the test starts the service it yields.
     """
-    config = coordinator_config(tmp_path, broker_url=broker_url, topic_root=topic_root, **SETTINGS)
+    config = coordinator_config(tmp_path, broker=broker_url, topic_root=topic_root, **SETTINGS)
     app = create_app(config)
     service = app.extensions["fedspeech"]
     server = serve(app, "127.0.0.1", port)
@@ -112,7 +112,7 @@ def test_a_retained_announcement_signed_by_another_key_is_one_warning_and_the_ge
     caplog.set_level(logging.INFO, logger=RUNTIME)
     topics = Topics(topic_root)
     stranger = Stranger(mosquitto_url, topics)
-    settings = {**SETTINGS, "broker_url": mosquitto_url, "topic_root": topic_root}
+    settings = {**SETTINGS, "broker": mosquitto_url, "topic_root": topic_root}
     try:
         with running_coordinator(tmp_path, **settings) as (service, url):
             wait_for(lambda: 0 in stranger.announcements, 60, "the coordinator's round 0 announced")

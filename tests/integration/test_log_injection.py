@@ -50,7 +50,7 @@ def test_a_path_and_an_mqtt_status_with_newlines_are_one_escaped_line_each(tmp_p
     # the embedded broker, the README's first one: Mosquitto refuses a topic with control characters
     port = free_port()
     config = coordinator_config(
-        tmp_path, embedded_broker_port=port, topic_root=topic_root, admin_token_file=tmp_path / "admin-token"
+        tmp_path, broker_port=port, topic_root=topic_root, admin_token_file=tmp_path / "admin-token"
     )
     app = create_app(config)
     service = app.extensions["fedspeech"]

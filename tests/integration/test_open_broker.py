@@ -14,10 +14,10 @@ from pathlib import Path
 import pytest
 
 from fedspeech.edge_client import coordinator_http
-from fedspeech.edge_client.broker_link import BrokerLink
 from fedspeech.edge_client.coordinator_http import CoordinatorClient
 from fedspeech.edge_client.credentials import DeviceCredentials
 from fedspeech.edge_client.model_keeper import KEPT_ANNOUNCEMENT, ModelKeeper
+from fedspeech.edge_client.mqtt_link import BrokerLink
 from fedspeech.protocol import messages, routes, signing
 from fedspeech.protocol.messages import (
     BlobRef,
@@ -50,8 +50,8 @@ SAMPLES = 40
 def coordinator(tmp_path: Path, broker_url: str, topic_root: str, **settings) -> Iterator[tuple]:
     """An in-process coordinator on the machine's Mosquitto, open to any device, no central evaluation."""
     config = {
-        "broker_url": broker_url, "topic_root": topic_root, "eval_corpus": None, "eval_every": 0,
-        "min_devices": 1, "min_results": 1, "round_timeout_s": ROUND_TIMEOUT_S, "ack_timeout_s": 30.0,
+        "broker": broker_url, "topic_root": topic_root, "eval_corpus": None, "eval_every": 0,
+        "min_devices": 1, "min_results": 1, "round_timeout": ROUND_TIMEOUT_S, "ack_timeout": 30.0,
     }  # fmt: skip
     with running_coordinator(tmp_path, **{**config, **settings}) as (service, url):
         yield service, url
@@ -97,7 +97,7 @@ def downloads(monkeypatch) -> list[str]:
 def test_an_unsigned_empty_message_withdraws_no_task_and_the_coordinators_signed_withdrawal_does(
     tmp_path, mosquitto_url, topic_root, caplog
 ):
-    caplog.set_level(logging.INFO, logger="fedspeech.edge_client.broker_link")
+    caplog.set_level(logging.INFO, logger="fedspeech.edge_client.mqtt_link")
     topics = Topics(topic_root)
     stranger = Stranger(mosquitto_url, topics)
     with coordinator(tmp_path, mosquitto_url, topic_root, rounds=1) as (service, url):
@@ -127,7 +127,7 @@ def test_a_forged_online_status_costs_a_round_its_ack_timeout_not_its_deadline(
     topics = Topics(topic_root)
     stranger = Stranger(mosquitto_url, topics)
     honest = ScriptedDevice("honest", mosquitto_url, topics)
-    settings = {"rounds": 1, "min_devices": 2, "ack_timeout_s": ACK_TIMEOUT_S}
+    settings = {"rounds": 1, "min_devices": 2, "ack_timeout": ACK_TIMEOUT_S}
     with coordinator(tmp_path, mosquitto_url, topic_root, **settings) as (service, url):
         try:
             register(url, "switched-off")  # enrolled, and down

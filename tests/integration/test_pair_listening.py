@@ -140,7 +140,7 @@ def deaf_follower(url: str, topic_root: str, tmp_path: Path) -> ModelFollower:
 
 def test_a_listener_takes_the_pair_a_coordinator_announces(tmp_path, mosquitto_url, topic_root, caplog):
     caplog.set_level(logging.INFO, logger="fedspeech.runtime")
-    settings = {**SETTINGS, "broker_url": mosquitto_url, "topic_root": topic_root}
+    settings = {**SETTINGS, "broker": mosquitto_url, "topic_root": topic_root}
     with running_coordinator(tmp_path, **settings) as (service, url):
         follower = deaf_follower(url, topic_root, tmp_path / "listen")
         follower.start()
@@ -165,7 +165,7 @@ def test_an_announcement_without_the_pair_is_still_followed(tmp_path, mosquitto_
         return None if latest is None else replace(latest, frontend=None, classifier=None)
 
     monkeypatch.setattr(model_follower, "fetch_announcement", from_before_the_pair)
-    settings = {**SETTINGS, "broker_url": mosquitto_url, "topic_root": topic_root}
+    settings = {**SETTINGS, "broker": mosquitto_url, "topic_root": topic_root}
     with running_coordinator(tmp_path, **settings) as (_, url):
         follower = deaf_follower(url, topic_root, tmp_path / "listen")
         follower.start()

@@ -45,7 +45,7 @@ def _daemon(config: ClientConfig) -> Iterator[tuple[threading.Thread, list[BaseE
 
 def test_a_revoked_daemon_is_told_and_stops_with_one_line(tmp_path, mosquitto_url, topic_root):
     # the HTTP API only: the round loop is left out, so no task ever comes, as none comes to a revoked device
-    app = create_app(coordinator_config(tmp_path, broker_url=mosquitto_url, open_enrolment=True))
+    app = create_app(coordinator_config(tmp_path, broker=mosquitto_url, open_enrolment=True))
     store = app.extensions["fedspeech"].store
     server = serve(app, "127.0.0.1", 0)
     config = ClientConfig(

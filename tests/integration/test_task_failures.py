@@ -29,8 +29,8 @@ ROUND_TIMEOUT_S = 300.0  # a round that waited for its deadline would outlast th
 def _one_round(tmp_path, mosquitto_url: str, topic_root: str):
     """A coordinator of one round for two devices, taking one result; its deadline far away."""
     return running_coordinator(
-        tmp_path, broker_url=mosquitto_url, topic_root=topic_root, eval_corpus=None, eval_every=0,
-        rounds=1, min_devices=2, min_results=1, k=2, round_timeout_s=ROUND_TIMEOUT_S, ack_timeout_s=600.0,
+        tmp_path, broker=mosquitto_url, topic_root=topic_root, eval_corpus=None, eval_every=0,
+        rounds=1, min_devices=2, min_results=1, k=2, round_timeout=ROUND_TIMEOUT_S, ack_timeout=600.0,
     )  # fmt: skip
 
 

@@ -21,7 +21,7 @@ from tests.helpers.waiting import wait_for
 
 def _service(folder: Path, mosquitto_url: str, topic_root: str, **settings) -> Service:
     """A coordinator on its own state in folder, on the machine's broker; not started."""
-    config = coordinator_config(folder, broker_url=mosquitto_url, topic_root=topic_root, **settings)
+    config = coordinator_config(folder, broker=mosquitto_url, topic_root=topic_root, **settings)
     return create_app(config).extensions["fedspeech"]
 
 

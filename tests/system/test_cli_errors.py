@@ -413,7 +413,7 @@ def test_a_mistake_ends_in_one_line_that_names_the_fix(case, tmp_path, listening
     ],
 )
 def test_a_bad_config_file_ends_in_one_line_naming_the_file_and_key(text, fixes, mosquitto_url, tmp_path):
-    (tmp_path / "coordinator.toml").write_text(f"[service]\nbroker_url = '{mosquitto_url}'\n{text}")
+    (tmp_path / "coordinator.toml").write_text(f"[service]\nbroker = '{mosquitto_url}'\n{text}")
     result = fedspeech("coordinator", "--config", "coordinator.toml", "--port", "0", cwd=tmp_path)
     assert_one_line(result, "coordinator", *fixes)
     assert not (tmp_path / "fedspeech-state").exists(), "the coordinator stopped before its state was touched"

@@ -19,7 +19,7 @@ TOKEN = "an-admin-token-of-some-length"
 
 
 def _app(tmp_path, **settings):
-    return create_app(coordinator_config(tmp_path, broker_url="mqtt://127.0.0.1:1883", **settings))
+    return create_app(coordinator_config(tmp_path, broker="mqtt://127.0.0.1:1883", **settings))
 
 
 @pytest.fixture

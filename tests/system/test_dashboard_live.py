@@ -17,7 +17,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from fedspeech.coordinator.app import create_app, serve
 from fedspeech.protocol import messages
 from fedspeech.protocol.messages import Profile, Registration
-from fedspeech_bench.dashboard import chromium, shown_round
+from fedspeech_bench.dashboard_polling import chromium, shown_round
 from tests.helpers.configs import coordinator_config
 from tests.helpers.devices import Processes, start_clients
 from tests.helpers.waiting import get_json, wait_for
@@ -40,14 +40,14 @@ def fleet(tmp_path_factory, mosquitto_url):
     topic_root = f"fedspeech-test/{uuid.uuid4().hex[:12]}"
     config = coordinator_config(
         tmp,
-        broker_url=mosquitto_url,
+        broker=mosquitto_url,
         topic_root=topic_root,
         eval_corpus="fsdd",
         eval_limit=60,
         rounds=ROUNDS,
         min_devices=len(SPEAKERS),
         open_enrolment=True,
-        round_timeout_s=120.0,
+        round_timeout=120.0,
     )
     app = create_app(config)
     service = app.extensions["fedspeech"]

@@ -250,7 +250,7 @@ def test_prometheus_scrapes_the_coordinators_metrics_with_the_admin_token():
     assert job["authorization"] == {"type": "Bearer", "credentials_file": ADMIN_TOKEN}
     targets = [target for group in job["static_configs"] for target in group["targets"]]
     service = ServiceConfig()  # where `fedspeech coordinator` listens unless told otherwise
-    assert targets == [f"{service.http_host}:{service.http_port}"]
+    assert targets == [f"{service.host}:{service.port}"]
 
 
 def test_promtool_checks_the_prometheus_config(tmp_path):

@@ -9,7 +9,7 @@ import urllib.request
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from fedspeech_bench.dashboard import chromium
+from fedspeech_bench.dashboard_polling import chromium
 from tests.helpers.coordinators import running_coordinator
 from tests.helpers.devices import start_clients
 from tests.helpers.waiting import get_json, wait_for
@@ -25,14 +25,14 @@ def test_epsilon_is_shown_everywhere_and_training_stops_at_the_budget(
 ):
     budget = (independently(1.5, 1.0, 2, 1e-5) + independently(1.5, 1.0, 3, 1e-5)) / 2  # two rounds
     config = {
-        "broker_url": mosquitto_url,
+        "broker": mosquitto_url,
         "topic_root": topic_root,
         "rounds": 6,
         "min_devices": 3,
         "min_results": 2,
         "eval_every": 0,
         "dp_noise_multiplier": 1.5,
-        "dp_clip": 2.0,
+        "dp_norm_bound": 2.0,
         "dp_epsilon": budget,
     }
     with running_coordinator(tmp_path, **config) as (service, url):

@@ -53,8 +53,8 @@ def test_rounds_over_a_real_broker(broker, request, tmp_path, topic_root, proces
     config = {
         "eval_data": heldout,
         "eval_corpus": None,
-        "broker_url": broker_url,
-        "embedded_broker_port": free_port(),
+        "broker": broker_url,
+        "broker_port": free_port(),
         "topic_root": topic_root,
         "rounds": ROUNDS,
         "min_devices": len(SPEAKERS),
@@ -102,7 +102,7 @@ def test_rounds_over_a_real_broker(broker, request, tmp_path, topic_root, proces
 
 def test_hardware_aware_rounds_aggregate_the_first_k(tmp_path, mosquitto_url, topic_root, processes):
     config = {
-        "broker_url": mosquitto_url,
+        "broker": mosquitto_url,
         "topic_root": topic_root,
         "rounds": ROUNDS,
         "min_devices": len(SPEAKERS),
@@ -122,7 +122,7 @@ def test_fedbuff_does_not_wait_for_a_slow_device_and_counts_its_late_update(
     tmp_path, mosquitto_url, topic_root, processes, caplog
 ):
     config = {
-        "broker_url": mosquitto_url,
+        "broker": mosquitto_url,
         "topic_root": topic_root,
         "rounds": 5,
         "min_devices": 3,
@@ -147,7 +147,7 @@ def test_fedbuff_does_not_wait_for_a_slow_device_and_counts_its_late_update(
 
 
 def test_one_process_hosts_a_device_per_speaker(tmp_path, topic_root, processes):
-    config = {"embedded_broker_port": free_port(), "topic_root": topic_root, "rounds": 2, "min_devices": 3}
+    config = {"broker_port": free_port(), "topic_root": topic_root, "rounds": 2, "min_devices": 3}
     with running_coordinator(tmp_path, **config) as (service, url):
         host = processes.start(
             "host",
@@ -169,7 +169,7 @@ def test_one_process_hosts_a_device_per_speaker(tmp_path, topic_root, processes)
 
 def test_float16_halves_every_download_and_upload(tmp_path, mosquitto_url, topic_root, processes):
     config = {
-        "broker_url": mosquitto_url,
+        "broker": mosquitto_url,
         "topic_root": topic_root,
         "rounds": ROUNDS,
         "min_devices": 2,

@@ -19,9 +19,9 @@ from fedspeech.coordinator.app import create_app, serve
 from fedspeech.coordinator.broker import broker_users
 from fedspeech.coordinator.fleet.enrolment import add_device, revoke_device
 from fedspeech.coordinator.state.store import Store
-from fedspeech.edge_client.broker_link import BrokerLink
 from fedspeech.edge_client.coordinator_http import CoordinatorClient
 from fedspeech.edge_client.credentials import DeviceCredentials
+from fedspeech.edge_client.mqtt_link import BrokerLink
 from fedspeech.protocol.messages import DeviceStatus, Profile
 from fedspeech.protocol.mqtt import BrokerSettings, LastWill
 from fedspeech.protocol.topics import Topics
@@ -111,7 +111,7 @@ def test_no_client_without_credentials_takes_a_devices_client_id(fleet, clients)
     coordinator = Client(fleet.settings("coordinator"), (TOPICS.all_status,)).connected()
     clients.append(coordinator)
     will = LastWill(TOPICS.status("kitchen-pi"), b"offline")
-    client_id = f"{TOPICS.root}/kitchen-pi"  # the id edge_client.broker_link asks for
+    client_id = f"{TOPICS.root}/kitchen-pi"  # the id edge_client.mqtt_link asks for
     kitchen = Client(fleet.settings("kitchen-pi"), client_id=client_id, will=will).connected()
     clients.append(kitchen)
 
@@ -150,7 +150,7 @@ def test_a_revoked_device_is_refused_once_mosquitto_reloads(fleet, clients):
 
 
 def test_a_registration_over_http_hands_out_working_broker_credentials(fleet, tmp_path):
-    config = coordinator_config(tmp_path, state_dir=fleet.state, broker_url=fleet.url, topic_root=TOPICS.root)
+    config = coordinator_config(tmp_path, state=fleet.state, broker=fleet.url, topic_root=TOPICS.root)
     app = create_app(config)
     service = app.extensions["fedspeech"]
     assert service.link.settings.username == "coordinator"  # from the state, with no option given

@@ -27,10 +27,10 @@ def test_growing_run_trains_sends_and_exports_only_the_current_depth(
     config = {
         "strategy": strategy,
         "k": 2,
-        "embedded_broker_port": free_port(),
+        "broker_port": free_port(),
         "topic_root": topic_root,
         "model": "transformer",
-        "model_depth": 2,
+        "depth": 2,
         "depth_schedule": "linear",
         "rounds": 4,
         "epochs": 1,

@@ -171,7 +171,7 @@ def test_a_damaged_state_database_stops_the_coordinator_with_one_line(tmp_path, 
 @pytest.fixture
 def served_round(tmp_path, mosquitto_url, topic_root):
     """A one-round coordinator in this process behind the real HTTP server; yields (service, url, device)."""
-    config = {"eval_every": 0, "round_timeout_s": 120.0, "http_timeout_s": HTTP_TIMEOUT_S}
+    config = {"eval_every": 0, "round_timeout": 120.0, "http_timeout": HTTP_TIMEOUT_S}
     with one_round_coordinator(tmp_path, mosquitto_url, topic_root, "kitchen", **config) as (
         app,
         service,
@@ -244,7 +244,7 @@ def _self_signed(folder: Path) -> tuple[Path, Path]:
 
 def test_https_with_the_operators_certificate(tmp_path, mosquitto_url, topic_root):
     cert, key = _self_signed(tmp_path)
-    config = coordinator_config(tmp_path, broker_url=mosquitto_url, topic_root=topic_root)
+    config = coordinator_config(tmp_path, broker=mosquitto_url, topic_root=topic_root)
     server = serve(create_app(config.changed(tls_cert=cert, tls_key=key)), "127.0.0.1", 0)
     try:
         assert server.url.startswith("https://")

@@ -30,7 +30,7 @@ def _run(tmp_path, processes, mosquitto_url, topic_root, config, caplog, *device
     """Two rounds of the method over Mosquitto, devices started with device_args; returns the service."""
     caplog.set_level(logging.INFO, logger="fedspeech")
     settings = {
-        "broker_url": mosquitto_url,
+        "broker": mosquitto_url,
         "topic_root": topic_root,
         "rounds": ROUNDS,
         "min_devices": len(SPEAKERS),

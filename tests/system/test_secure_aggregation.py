@@ -20,7 +20,7 @@ def test_secure_rounds_with_real_devices_store_no_update_of_one_device(
     tmp_path, mosquitto_url, topic_root, processes
 ):
     config = {
-        "broker_url": mosquitto_url,
+        "broker": mosquitto_url,
         "topic_root": topic_root,
         "rounds": 2,
         "min_devices": 3,
@@ -59,14 +59,14 @@ def test_two_devices_killed_after_their_upload_and_one_before_and_the_round_sums
     tmp_path, mosquitto_url, topic_root, processes
 ):
     config = {
-        "broker_url": mosquitto_url,
+        "broker": mosquitto_url,
         "topic_root": topic_root,
         "rounds": 1,
         "min_devices": 6,
         "min_results": 2,
         "eval_every": 0,
-        "round_timeout_s": 45.0,
-        "secure_keys_timeout_s": 15.0,
+        "round_timeout": 45.0,
+        "secure_keys_timeout": 15.0,
         "secure_aggregation": True,
     }
     with running_coordinator(tmp_path, **config) as (service, url):
@@ -94,7 +94,7 @@ def test_adaptive_clipping_under_secure_aggregation_learns_from_the_devices_nois
 ):
     z, clip, target = 0.05, 1e-3, 0.5  # a clip far below any real change: none of them is within it
     config = {
-        "broker_url": mosquitto_url,
+        "broker": mosquitto_url,
         "topic_root": topic_root,
         "rounds": 1,
         "min_devices": 3,
@@ -102,8 +102,8 @@ def test_adaptive_clipping_under_secure_aggregation_learns_from_the_devices_nois
         "eval_every": 0,
         "secure_aggregation": True,
         "dp_noise_multiplier": z,
-        "dp_clip": clip,
-        "dp_clip_quantile": target,
+        "dp_norm_bound": clip,
+        "dp_norm_bound_quantile": target,
     }
     with running_coordinator(tmp_path, **config) as (service, url):
         clients = start_clients(processes, SPEAKERS[:3], url, mosquitto_url, topic_root, max_samples=24)

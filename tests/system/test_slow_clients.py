@@ -40,8 +40,8 @@ def _status(url: str) -> int:
 
 
 def test_slow_clients_on_another_host_cannot_stop_the_api(tmp_path, mosquitto_url, topic_root):
-    settings = {"eval_every": 0, "round_timeout_s": 120.0}
-    settings |= {"http_timeout_s": TIMEOUT_S, "http_connections_per_client": PER_CLIENT}
+    settings = {"eval_every": 0, "round_timeout": 120.0}
+    settings |= {"http_timeout": TIMEOUT_S, "http_connections_per_client": PER_CLIENT}
     with (
         other_host() as slow_host,
         one_round_coordinator(tmp_path, mosquitto_url, topic_root, "kitchen", **settings) as (

@@ -264,7 +264,7 @@ def test_demo_and_device_commands_run_from_the_wheel_with_extras(wheel, bench_wh
         assert path.is_file() and path.stat().st_size > 0, f"no {name}\n{output(demo.stdout, demo.stderr)}"
     assert json.loads((out / "metrics.json").read_text())["final"]["round"] == 2
     assert re.search(r"round +2/2 .*about 0s left", demo.stdout), demo.stdout
-    where = "import fedspeech.coordinator as c, pathlib; print(pathlib.Path(c.__file__).parent / 'http' / 'web')"
+    where = "import fedspeech.coordinator.http as h, pathlib; print(pathlib.Path(h.__file__).parent / 'web')"
     web = Path(venv.run("python", "-c", where).stdout.strip())
     for name in ("index.html", "dashboard.js", "dashboard.css"):
         assert (web / name).is_file(), f"the wheel lacks the dashboard's {name}"

@@ -17,8 +17,8 @@ from tests.helpers.configs import coordinator_config
 @pytest.fixture
 def app(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)  # a relative state directory, as `fedspeech demo` uses by default
-    config = coordinator_config(tmp_path, broker_url="mqtt://127.0.0.1:1883", eval_limit=10)
-    return create_app(config.changed(state_dir=Path("state")))
+    config = coordinator_config(tmp_path, broker="mqtt://127.0.0.1:1883", eval_limit=10)
+    return create_app(config.changed(state=Path("state")))
 
 
 def test_serves_stored_models_and_rounds(app):

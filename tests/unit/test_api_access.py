@@ -21,7 +21,7 @@ _addresses = (f"10.0.{i // 250}.{i % 250 + 1}" for i in itertools.count())
 def _app(tmp_path, **settings):
     (tmp_path / "admin-token").write_text(ADMIN + "\n")
     config = coordinator_config(
-        tmp_path, broker_url="mqtt://127.0.0.1:1883", admin_token_file=tmp_path / "admin-token", **settings
+        tmp_path, broker="mqtt://127.0.0.1:1883", admin_token_file=tmp_path / "admin-token", **settings
     )
     app = create_app(config)
     store = app.extensions["fedspeech"].store

@@ -19,7 +19,7 @@ from fedspeech_bench.coldstart_listen import (
     own_clips,
     with_negatives,
 )
-from fedspeech_bench.listen import OTHER_WORDS
+from fedspeech_bench.listen_bench import OTHER_WORDS
 from tests.helpers.shared_data import SHARED_DATA, needs_shared
 
 NONE = len(WORDS)  # `_none_`, after the ten words

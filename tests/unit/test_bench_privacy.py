@@ -24,7 +24,7 @@ def test_a_round_is_measured_and_costs_more_than_plain_fedavg():
 
 @needs_shared
 def test_the_report_has_a_row_a_size_the_attack_the_curve_and_their_plots(tmp_path):
-    curve = CurveOptions(SHARED_DATA, (8.0,), rounds=2, sampling_rate=0.02, clip_quantile=0.5)
+    curve = CurveOptions(SHARED_DATA, (8.0,), rounds=2, sampling_rate=0.02, norm_bound_quantile=0.5)
     results = run_privacy_bench(tmp_path, [3, 4], 500, attack_devices=6, curve=curve)
     text = results.read_text()
     assert "| 3 | 2 |" in text and "| 4 | 3 |" in text and "label inference" in text
@@ -36,14 +36,16 @@ def test_the_report_has_a_row_a_size_the_attack_the_curve_and_their_plots(tmp_pa
     assert len(report["attack"]) == 5, "four views, and one under differential privacy"
     no_noise, noisy, adapting = report["curve"]["points"]
     assert no_noise["epsilon"] is None and noisy["epsilon"] == pytest.approx(8.0, rel=1e-3)
-    assert adapting["epsilon"] == noisy["epsilon"] and adapting["clip_quantile"] == 0.5
-    assert adapting["last_clip"] != 1.0 and noisy["last_clip"] == 1.0, "only the adapting arm's clip moves"
+    assert adapting["epsilon"] == noisy["epsilon"] and adapting["norm_bound_quantile"] == 0.5
+    assert adapting["last_norm_bound"] != 1.0 and noisy["last_norm_bound"] == 1.0, (
+        "only the adapting bound moves"
+    )
     assert "adapting to the 0.5 quantile" in text
     assert report["curve"]["setting"]["devices"] >= 100
 
 
 def test_the_fleet_an_epsilon_needs_keeps_each_arms_noise_on_the_step():
-    setting = CurveSetting(devices=200, clips=3000, sampling_rate=0.2, rounds=30, clip=1.0)
+    setting = CurveSetting(devices=200, clips=3000, sampling_rate=0.2, rounds=30, norm_bound=1.0)
     points = [
         CurvePoint(0.0, None, 0.40, [30], [0.40]),
         CurvePoint(2.0, 2.0, 0.10, [30], [0.10]),
@@ -76,5 +78,5 @@ def test_the_attack_reads_labels_from_plain_updates_and_not_from_what_secure_agg
 
 def test_under_differential_privacy_the_attack_reads_no_more_than_a_coin_toss():
     noise = {"dp": 0.5}  # far less noise than any epsilon of the curve asks for
-    scores = {s.view: s.accuracy for s in run_attack(devices=12, seed=1, noise=noise, clip=1.0)}
+    scores = {s.view: s.accuracy for s in run_attack(devices=12, seed=1, noise=noise, norm_bound=1.0)}
     assert abs(scores["dp"] - 0.5) < 0.15

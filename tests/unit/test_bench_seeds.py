@@ -12,11 +12,12 @@ from fedspeech.coordinator.config import CoordinatorConfig
 from fedspeech.models.clips.datasets import SILENCE_SPEAKER, load_corpus
 from fedspeech.models.clips.folders import list_folder
 from fedspeech_bench import seeds as bench_seeds
+from fedspeech_bench.bench_config import SEEDS_ARMS, SeedsConfig
 from fedspeech_bench.fleets.fleet_files import DEFAULT_FLEETS, DeviceSpec, load_fleet
 from fedspeech_bench.report.summaries import summarize
 from fedspeech_bench.report.tables import loso_goal, loso_table, personalised_line, skewed_goal, table2
 from fedspeech_bench.runs import Run
-from fedspeech_bench.seeds import SeedsConfig, add_parser, arm_for, check_arms, check_config
+from fedspeech_bench.seeds import add_parser, arm_for, check_arms, check_config
 from fedspeech_bench.splits import (
     Setting,
     folder_train_clips,
@@ -132,9 +133,9 @@ def test_arms_get_their_folders_and_fedbn_its_personal_evaluation(tmp_path):
     settings = arm_for("grouped-N", held).settings
     assert settings["strategy"] == "grouped" and settings["strategy_settings"].groups == 0
     # each arm's settings are fields of the coordinator's config, and within its bounds
-    for name in bench_seeds.ARMS:
+    for name in SEEDS_ARMS:
         config = CoordinatorConfig().changed(**arm_for(name, held).settings)
-        assert config.rounds.strategy == bench_seeds.ARMS[name]["strategy"]
+        assert config.rounds.strategy == SEEDS_ARMS[name]["strategy"]
 
 
 def test_unknown_arms_and_unregistered_strategies_fail_at_config_time(tmp_path):

@@ -24,13 +24,13 @@ from fedspeech.coordinator.strategies.trimmed_mean import FedTrimmedMean
 
 FILE = """
 [service]
-state_dir = "fleet-state"
+state = "fleet-state"
 task = "emodb"
 open_enrolment = true
 
 [rounds]
 rounds = 30
-round_timeout_s = 300   # a whole number where a float is expected is fine
+round_timeout = 300   # a whole number where a float is expected is fine
 min_devices = 4
 
 [evaluation]
@@ -67,10 +67,10 @@ def test_a_setting_has_one_name_across_the_parts():
 
 def test_a_file_sets_each_part_and_the_strategy(tmp_path):
     config = from_file(_file(tmp_path))
-    assert config.service.state_dir == Path("fleet-state") and config.service.task == "emodb"
+    assert config.service.state == Path("fleet-state") and config.service.task == "emodb"
     assert config.service.open_enrolment is True
     assert (config.rounds.rounds, config.rounds.min_devices) == (30, 4)
-    assert config.rounds.round_timeout_s == 300.0 and isinstance(config.rounds.round_timeout_s, float)
+    assert config.rounds.round_timeout == 300.0 and isinstance(config.rounds.round_timeout, float)
     assert config.rounds.strategy == "fedprox" and config.rounds.strategy_settings == FedProx.Params(mu=0.1)
     assert (config.evaluation.eval_corpus, config.evaluation.eval_limit) == ("emodb", 200)
     assert config.rounds.epochs == RoundConfig().epochs, "what the file leaves out keeps its default"
@@ -89,30 +89,30 @@ def test_options_override_variables_which_override_the_file(tmp_path):
 def test_variables_are_read_as_their_settings_types():
     environ = {
         "FEDSPEECH_OPEN_ENROLMENT": "yes",
-        "FEDSPEECH_LEARNING_RATE": "0.01",
-        "FEDSPEECH_STATE_DIR": "/var/lib/fedspeech",
-        "FEDSPEECH_BROKER_URL": "",
+        "FEDSPEECH_LR": "0.01",
+        "FEDSPEECH_STATE": "/var/lib/fedspeech",
+        "FEDSPEECH_BROKER": "",
         "FEDSPEECH_STRATEGY": "trimmed_mean",
         "FEDSPEECH_STRATEGY_SETTINGS": "trim=0.2",
         "FEDSPEECH_NORM_BOUND": "5",
     }
     config = from_env(environ)
-    assert config.service.open_enrolment is True and config.rounds.learning_rate == 0.01
-    assert config.service.state_dir == Path("/var/lib/fedspeech") and config.service.broker_url is None
+    assert config.service.open_enrolment is True and config.rounds.lr == 0.01
+    assert config.service.state == Path("/var/lib/fedspeech") and config.service.broker is None
     assert config.rounds.strategy_settings == FedTrimmedMean.Params(trim=0.2)
     assert config.rounds.norm_bound == 5.0, "a number where a number is meant, made once"
 
 
 def test_strategy_settings_add_up_while_the_strategy_stays_and_go_when_it_changes(tmp_path):
     layers = [file_layer(_file(tmp_path))]
-    same = combine(*layers, args_layer(_args(strategy_setting=["mu=0.3"])))
+    same = combine(*layers, args_layer(_args(strategy_settings=["mu=0.3"])))
     assert same.rounds.strategy == "fedprox" and same.rounds.strategy_settings == FedProx.Params(mu=0.3)
     other = combine(*layers, args_layer(_args(strategy="trimmed_mean")))
     assert other.rounds.strategy == "trimmed_mean" and other.rounds.strategy_settings is None
 
 
 def test_a_strategy_setting_out_of_bounds_is_refused_naming_where_it_was_given(tmp_path):
-    layers = [file_layer(_file(tmp_path)), args_layer(_args(strategy_setting=["mu=-1"]))]
+    layers = [file_layer(_file(tmp_path)), args_layer(_args(strategy_settings=["mu=-1"]))]
     with pytest.raises(ConfigError, match="^--strategy-setting: strategy fedprox: mu must be between"):
         combine(*layers)
 
@@ -184,14 +184,14 @@ def test_a_bad_variable_is_named(environ, says):
 
 def test_a_strategy_option_given_twice_is_refused():
     with pytest.raises(ConfigError, match="--strategy-setting mu given twice"):
-        args_layer(_args(strategy="fedprox", strategy_setting=["mu=0.1", "mu=0.2"]))
+        args_layer(_args(strategy="fedprox", strategy_settings=["mu=0.1", "mu=0.2"]))
 
 
 def test_where_names_the_source_that_gave_a_setting_last(tmp_path):
     layers = [file_layer(_file(tmp_path)), env_layer({"FEDSPEECH_TASK": "fsdd"}), args_layer(_args(port=0))]
     assert where("task", layers) == "FEDSPEECH_TASK"
     assert where("eval_limit", layers) == f"{tmp_path / 'coordinator.toml'} [evaluation] eval_limit"
-    assert where("http_port", layers) == "--port"
+    assert where("port", layers) == "--port"
 
 
 def test_changed_checks_the_new_values_together():
@@ -209,9 +209,9 @@ def test_changed_checks_the_new_values_together():
 @pytest.mark.parametrize(
     ("setting", "says"),
     [
-        ({"http_port": 70000}, "http_port must be a port number"),
-        ({"http_timeout_s": float("nan")}, "http_timeout_s must be a positive number"),
-        ({"http_timeout_s": 7200.0}, "http_timeout_s must be a positive number of seconds, at most 3600"),
+        ({"port": 70000}, "port must be a port number"),
+        ({"http_timeout": float("nan")}, "http_timeout must be a positive number"),
+        ({"http_timeout": 7200.0}, "http_timeout must be a positive number of seconds, at most 3600"),
         ({"http_threads": 1000}, "http_threads must be at most 256"),
         ({"http_connections_per_client": 0}, "http_connections_per_client must be at least 1"),
         ({"http_body_budget": 1024}, "http_body_budget must be at least 67108864"),
@@ -236,22 +236,27 @@ def test_the_command_lines_options_given_win_and_those_left_out_keep_the_file(tm
         "--config", str(_file(tmp_path)), "--rounds", "7", "--lr", "0.01", "--strategy-setting", "mu=1"
     )
     config = from_args(args, environ={})
-    assert (config.rounds.rounds, config.rounds.learning_rate) == (7, 0.01)
+    assert (config.rounds.rounds, config.rounds.lr) == (7, 0.01)
     assert config.rounds.strategy_settings == FedProx.Params(mu=1.0)
     # left out: the file's, never the option's own default
-    assert config.service.state_dir == Path("fleet-state") and config.service.open_enrolment is True
+    assert config.service.state == Path("fleet-state") and config.service.open_enrolment is True
     assert config.rounds.min_devices == 4 and config.evaluation.eval_corpus == "emodb"
     plain = from_args(_parsed(), environ={})
     assert plain == CoordinatorConfig(), "no option, no file, no variable: the defaults"
 
 
 def test_every_option_names_a_setting():
-    from fedspeech.coordinator.config_sources import OPTION_DEST
-
     args = vars(_parsed())
-    settings = {OPTION_DEST.get(name, name) for name in SECTION_OF}
-    assert set(args) - settings == {"command", "config", "run", "verbose"}
-    assert set(OPTION_DEST.values()) <= set(args)
+    # each option's dest is the name of its setting: the config key, and FEDSPEECH_ + it in upper case
+    assert set(args) - set(SECTION_OF) == {"command", "config", "run", "verbose"}
+    # and the option is that name with hyphens; the strategy's own settings are given one at a time
+    from fedspeech.__main__ import build_parser
+
+    commands = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    for action in commands.choices["coordinator"]._actions:
+        if action.dest in SECTION_OF:
+            name = "strategy_setting" if action.dest == "strategy_settings" else action.dest
+            assert "--" + name.replace("_", "-") in action.option_strings, action.option_strings
     # each of differential privacy's settings is an option --dp-NAME and a config key dp_NAME
     privacy = {f"dp_{f.name}" for f in dataclasses.fields(PrivacySettings)}
     assert privacy <= set(args) and privacy <= set(SECTION_OF)
@@ -261,6 +266,6 @@ def test_the_readmes_config_file_is_read_as_it_says(tmp_path):
     readme = (Path(__file__).parents[2] / "README.md").read_text()
     example = readme.split("## Configuration", 1)[1].split("```toml\n", 1)[1].split("```", 1)[0]
     config = from_file(_file(tmp_path, example))
-    assert config.service.http_host == "0.0.0.0" and config.rounds.round_timeout_s == 300.0
+    assert config.service.host == "0.0.0.0" and config.rounds.round_timeout == 300.0
     assert config.rounds.strategy == "fedprox" and config.rounds.strategy_settings == FedProx.Params(mu=0.1)
     assert config.evaluation.eval_data == Path("/var/lib/fedspeech/heldout")

@@ -24,7 +24,7 @@ def test_each_round_records_the_accountants_epsilon_and_training_stops_at_the_bu
     tmp_path, caplog, strategy
 ):
     budget = (independently(2.0, 1.0, 3, 1e-5) + independently(2.0, 1.0, 4, 1e-5)) / 2  # room for 3 rounds
-    privacy = {"dp_noise_multiplier": 2.0, "dp_clip": 0.5, "dp_epsilon": budget}
+    privacy = {"dp_noise_multiplier": 2.0, "dp_norm_bound": 0.5, "dp_epsilon": budget}
     fleet = Fleet(tmp_path, rounds=10, strategy=strategy, **privacy)
     for device in "abc":
         fleet.device(device, value=1.0)
@@ -43,7 +43,7 @@ def test_each_round_records_the_accountants_epsilon_and_training_stops_at_the_bu
 
 @pytest.mark.parametrize("strategy", ["fedavg", "fedprox"])
 def test_one_device_moves_the_model_by_at_most_the_clip_over_the_expected_count_plus_noise(strategy):
-    privacy = PrivacySettings(noise_multiplier=1e-2, clip=0.1, sampling_rate=1.0)
+    privacy = PrivacySettings(noise_multiplier=1e-2, norm_bound=0.1, sampling_rate=1.0)
     wrapped = make_strategy(strategy, 1, 1, privacy=privacy)
     plan = wrapped.configure_round(1, dict.fromkeys(["a", "b", "c", "d"]), np.random.default_rng(0))  # type: ignore[arg-type]
     assert sorted(plan.work) == ["a", "b", "c", "d"]
@@ -92,12 +92,12 @@ def test_the_dp_options_wrap_the_strategy_and_calibrate_the_noise_to_the_epsilon
     assert given[0].rounds.privacy.noise_multiplier == 2.0, "a multiplier given is kept, epsilon its budget"  # type: ignore[union-attr]
 
 
-def test_the_clip_quantile_option_makes_the_clip_adapt():
+def test_the_norm_bound_quantile_option_makes_the_bound_adapt():
     parser = argparse.ArgumentParser()
     add_parser(parser.add_subparsers())
-    args = parser.parse_args(["coordinator", "--dp-noise-multiplier", "1", "--dp-clip-quantile", "0.5"])
+    args = parser.parse_args(["coordinator", "--dp-noise-multiplier", "1", "--dp-norm-bound-quantile", "0.5"])
     privacy = settings(args, {})[0].rounds.privacy
-    assert privacy == PrivacySettings(noise_multiplier=1.0, clip_quantile=0.5)
+    assert privacy == PrivacySettings(noise_multiplier=1.0, norm_bound_quantile=0.5)
     strategy = make_strategy("fedavg", 1, 1, privacy=privacy)
     assert isinstance(strategy, DifferentiallyPrivate)
     strategy.configure_round(1, dict.fromkeys("abc"), np.random.default_rng(0))  # type: ignore[arg-type]

@@ -86,7 +86,9 @@ def test_the_clip_steps_geometrically_towards_the_target_quantile():
 
 
 def test_adapting_dp_fedavg_finds_the_median_norm_of_the_changes_in_a_few_dozen_rounds():
-    privacy = PrivacySettings(noise_multiplier=0.1, clip=0.1, clip_quantile=0.5, clip_learning_rate=0.2)
+    privacy = PrivacySettings(
+        noise_multiplier=0.1, norm_bound=0.1, norm_bound_quantile=0.5, norm_bound_learning_rate=0.2
+    )
     strategy = make_strategy("fedavg", 1, 1, privacy=privacy)
     assert isinstance(strategy, DifferentiallyPrivate)
     pool = {f"d{n:02}": None for n in range(40)}

@@ -122,7 +122,7 @@ def _start_value(fleet: Fleet, device: str, task: Task) -> float:
 def _chain_fleet(tmp_path, groups: int, silent: str | None = None) -> Fleet:
     """Three devices that each upload the model they start from plus one (silent: never answers)."""
     fleet = Fleet(
-        tmp_path, rounds=1, strategy="grouped", strategy_settings={"groups": groups}, round_timeout_s=0.5
+        tmp_path, rounds=1, strategy="grouped", strategy_settings={"groups": groups}, round_timeout=0.5
     )
     for device in ("a", "b", "c"):
         fleet.device(device, value=None, samples=10)
@@ -241,7 +241,7 @@ def test_methods_with_normalisation_of_each_device_need_a_model_with_batch_norma
 
 def test_silobn_averages_everything_and_has_devices_train_and_evaluate_with_their_own_statistics(tmp_path):
     model = MethodsModel(norm=True)
-    fleet = Fleet(tmp_path, model=model, rounds=1, strategy="silobn", eval_every=1, eval_timeout_s=0.3)
+    fleet = Fleet(tmp_path, model=model, rounds=1, strategy="silobn", eval_every=1, eval_timeout=0.3)
 
     def upload(device: str, task: Task, value: float) -> None:  # statistics included
         if task.action == "train":

@@ -22,7 +22,7 @@ def app(tmp_path_factory):
     token_file = folder / "admin-token"
     token_file.write_text("an-admin-token-of-some-length")
     token_file.chmod(0o600)
-    config = coordinator_config(folder, broker_url="mqtt://127.0.0.1:1883", admin_token_file=token_file)
+    config = coordinator_config(folder, broker="mqtt://127.0.0.1:1883", admin_token_file=token_file)
     return create_app(config)
 
 

@@ -40,7 +40,7 @@ def test_rounds_aggregate_weighted_by_samples(tmp_path):
 
 
 def test_tasks_carry_the_scheduled_learning_rate_and_momentum_carries_the_last_step(tmp_path):
-    fleet = Fleet(tmp_path, rounds=3, learning_rate=1e-2, final_lr_fraction=0.1, server_momentum=0.5)
+    fleet = Fleet(tmp_path, rounds=3, lr=1e-2, final_lr_fraction=0.1, server_momentum=0.5)
     values = {1: 1.0, 2: 2.0, 3: 3.0}  # every device's upload in each round
     for device in ("a", "b"):
         fleet.device(device)
@@ -147,7 +147,7 @@ def test_too_few_results_run_the_round_again(tmp_path):
 
 
 def test_the_first_k_results_close_the_round_and_late_ones_are_not_wanted(tmp_path):
-    fleet = Fleet(tmp_path, rounds=1, strategy="hardware", k=1, round_timeout_s=5.0)
+    fleet = Fleet(tmp_path, rounds=1, strategy="hardware", k=1, round_timeout=5.0)
     fleet.device("strong", gflops=4.0, value=1.0)
     late: list[Task] = []
     fleet.device("weak", gflops=1.0, value=None)
@@ -163,7 +163,7 @@ def test_the_first_k_results_close_the_round_and_late_ones_are_not_wanted(tmp_pa
 
 def test_a_stale_device_is_waited_for(tmp_path):
     # explore never: the weak device is never among the first K unless it is stale
-    fleet = Fleet(tmp_path, rounds=6, strategy="hardware", k=1, round_timeout_s=5.0)
+    fleet = Fleet(tmp_path, rounds=6, strategy="hardware", k=1, round_timeout=5.0)
     fleet.orchestrator.strategy.explore = 0.0
     fleet.device("strong", gflops=4.0, value=1.0)
     fleet.device("middle", gflops=2.0, value=1.0)
@@ -202,7 +202,7 @@ def test_a_buffered_round_does_not_wait_for_a_slow_device_and_counts_its_late_up
                 fleet.upload("slow", slow_tasks[0], 5.0)
             return super().to_onnx(arrays, round, devices)
 
-    fleet = Fleet(tmp_path, Model(), rounds=3, strategy=strategy, k=1, round_timeout_s=5.0)
+    fleet = Fleet(tmp_path, Model(), rounds=3, strategy=strategy, k=1, round_timeout=5.0)
     fleet.device("fast")
     fleet.device("slow", value=None)
     fleet.link.responders["slow"] = slow_tasks.append
@@ -225,7 +225,7 @@ def test_a_buffered_round_does_not_wait_for_a_slow_device_and_counts_its_late_up
 
 
 def test_a_late_update_whose_device_went_offline_is_not_wanted(tmp_path):
-    fleet = Fleet(tmp_path, rounds=3, strategy="fedbuff", k=1, round_timeout_s=5.0, min_devices=1)
+    fleet = Fleet(tmp_path, rounds=3, strategy="fedbuff", k=1, round_timeout=5.0, min_devices=1)
     fleet.device("fast")
     fleet.device("slow", value=None)
     slow_tasks: list[Task] = []
@@ -273,7 +273,7 @@ def _train_or_evaluate(fleet: Fleet, device_id: str, task: Task) -> None:
 
 
 def test_the_devices_evaluate_the_new_model(tmp_path):
-    fleet = Fleet(tmp_path, rounds=1, eval_every=1, eval_timeout_s=5.0)
+    fleet = Fleet(tmp_path, rounds=1, eval_every=1, eval_timeout=5.0)
     fleet.device("a")
     fleet.device("b")
 
@@ -291,7 +291,7 @@ def test_the_devices_evaluate_the_new_model(tmp_path):
 def test_the_devices_word_decisions_calibrate_the_model_announced_after_its_evaluation(tmp_path, pair):
     from fedspeech.models.calibration import BINS
 
-    fleet = Fleet(tmp_path, FakeModel(onnx_bytes=64, pair=pair), rounds=2, eval_every=2, eval_timeout_s=5.0)
+    fleet = Fleet(tmp_path, FakeModel(onnx_bytes=64, pair=pair), rounds=2, eval_every=2, eval_timeout=5.0)
     right, wrong = np.zeros(BINS, np.int64), np.zeros(BINS, np.int64)
     right[[150, 150, 160, 170, 180, 190, 199]], wrong[100] = 1, 1  # 7 right at 0.75 and up, 1 wrong at 0.5
     right[150] = 2
@@ -340,7 +340,7 @@ def test_the_devices_word_decisions_calibrate_the_model_announced_after_its_eval
 
 
 def test_a_device_that_only_looks_online_costs_a_round_and_its_evaluation_the_ack_timeout(tmp_path):
-    timeouts = {"round_timeout_s": 30.0, "eval_timeout_s": 30.0, "ack_timeout_s": 0.2}
+    timeouts = {"round_timeout": 30.0, "eval_timeout": 30.0, "ack_timeout": 0.2}
     fleet = Fleet(tmp_path, rounds=2, eval_every=1, **timeouts)
     fleet.device("a")  # trains, and evaluates nothing
     fleet.device("ghost", value=None)  # its `online` status forged: nothing there takes its tasks
@@ -356,8 +356,8 @@ def test_a_buffered_method_asks_a_device_still_training_to_evaluate_only_the_las
             return ["w"]
 
     fleet = Fleet(
-        tmp_path, NormModel(), rounds=2, strategy="fedbuff_silobn", k=1, round_timeout_s=5.0,
-        eval_every=1, eval_timeout_s=5.0,
+        tmp_path, NormModel(), rounds=2, strategy="fedbuff_silobn", k=1, round_timeout=5.0,
+        eval_every=1, eval_timeout=5.0,
     )  # fmt: skip
     asked: list[tuple[str, str, int]] = []
 
@@ -497,9 +497,9 @@ def test_a_full_disk_keeps_the_last_round_and_runs_the_round_again(tmp_path, cap
     [
         {"epochs": bounds.MAX_EPOCHS + 1},
         {"batch_size": 0},
-        {"learning_rate": float("nan")},
-        {"round_timeout_s": bounds.MAX_TASK_SECONDS + 1},
-        {"eval_timeout_s": 0},
+        {"lr": float("nan")},
+        {"round_timeout": bounds.MAX_TASK_SECONDS + 1},
+        {"eval_timeout": 0},
         {"max_device_samples": 0},
     ],
 )
@@ -552,7 +552,7 @@ def test_a_strategy_needing_more_devices_than_the_minimum_names_its_own(tmp_path
 
 def test_a_trained_first_model_is_round_0_and_the_devices_evaluate_it_before_round_1(tmp_path):
     model = FakeModel(start={"w": np.array([0.7, 0.0], np.float32)})  # --init: a model trained before
-    fleet = Fleet(tmp_path, model, rounds=1, eval_every=1, eval_timeout_s=5.0)
+    fleet = Fleet(tmp_path, model, rounds=1, eval_every=1, eval_timeout=5.0)
     fleet.device("a")
     fleet.device("b")
     rounds_evaluated: list[int] = []

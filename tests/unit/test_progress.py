@@ -14,9 +14,9 @@ from fedspeech.models.clips.tasks import BACKGROUND_NOISE
 from fedspeech_bench import harness as bench
 from fedspeech_bench import seeds as bench_seeds
 from fedspeech_bench.demo import round_printer
-from fedspeech_bench.listen import ListenBenchConfig, condition_count, conditions
+from fedspeech_bench.listen_bench import ListenBenchConfig, condition_count, conditions
 from fedspeech_bench.listen_streams import Stream, Word
-from fedspeech_bench.progress import CLEAR_LINE, Progress, duration_text, eta_s, progress_line
+from fedspeech_bench.run_progress import CLEAR_LINE, Progress, duration_text, eta_s, progress_line
 from fedspeech_bench.splits import Setting
 from tests.helpers.bench_runs import made_up_run
 

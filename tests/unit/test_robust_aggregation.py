@@ -60,10 +60,10 @@ HONEST_STEP = distance(HONEST_MEAN, START)
         ("trimmed_mean", 1e-5),
         # the mean of the honest six's 3rd and 4th values, within their noise of their mean
         ("median", 0.15),
-        # the sign flip, at an honest norm, passes clipping: 6/8 of the step is left, 0.25 is lost
-        ("clipped", 0.3),
-        # clipping turns the x100 update into an honest-sized step, and the sign flip is trimmed
-        ("clipped_trimmed_mean", 0.1),
+        # the sign flip, at an honest norm, passes the bound: 6/8 of the step is left, 0.25 is lost
+        ("norm_bounded", 0.3),
+        # the bound turns the x100 update into an honest-sized step, and the sign flip is trimmed
+        ("norm_bounded_trimmed_mean", 0.1),
     ],
 )
 def test_robust_strategies_stay_near_the_honest_mean(name, tolerance):
@@ -77,7 +77,7 @@ def test_fedavg_is_dragged_away_by_the_scaled_update():
     assert distance(out, HONEST_MEAN) > 10 * HONEST_STEP
 
 
-def test_only_clipped_lets_sample_counts_weigh_in():
+def test_only_norm_bounded_lets_sample_counts_weigh_in():
     boasting = [
         Result(r.device_id, r.arrays, 10_000 if i >= 6 else r.num_samples) for i, r in enumerate(ROUND)
     ]
@@ -85,8 +85,8 @@ def test_only_clipped_lets_sample_counts_weigh_in():
         strategy = make_strategy(name, 8, 1)
         before, after = strategy.aggregate(1, ROUND, START), strategy.aggregate(1, boasting, START)
         assert all(np.array_equal(before[n], after[n]) for n in START)
-    clipped = make_strategy("clipped", 8, 1)
-    assert distance(clipped.aggregate(1, boasting, START), clipped.aggregate(1, ROUND, START)) > 0.1
+    bounded = make_strategy("norm_bounded", 8, 1)
+    assert distance(bounded.aggregate(1, boasting, START), bounded.aggregate(1, ROUND, START)) > 0.1
 
 
 def test_clipping_scales_down_never_up():
@@ -152,7 +152,7 @@ def test_dtype_is_kept(dtype):
     assert all(c["w"].dtype == dtype for c in clip_updates(current, ups, 1.0))
     assert tamper(current, ups[0], "scale")["w"].dtype == dtype
     results = [Result(f"d{i}", u, 1) for i, u in enumerate(ups)]
-    for name in ("median", "trimmed_mean", "clipped"):
+    for name in ("median", "trimmed_mean", "norm_bounded"):
         assert make_strategy(name, 3, 1).aggregate(1, results, current)["w"].dtype == dtype
 
 

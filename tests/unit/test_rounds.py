@@ -40,7 +40,7 @@ def context_of(tmp_path, link: FakeLink, timeout_s: float = 5.0) -> RoundContext
     """Round 1's context, starting now; its Uploads' global model is w = 1."""
     uploads = uploads_of(tmp_path, link)
     uploads.publish({"w": np.ones(2, np.float32)}, SPEC)
-    config = RoundConfig(round_timeout_s=timeout_s)
+    config = RoundConfig(round_timeout=timeout_s)
     return RoundContext(time.time(), config, uploads, link, uploads.store, tasks_of(1), threading.Event())
 
 

@@ -5,7 +5,7 @@ import pytest
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 from scipy.stats import chisquare
 
-from fedspeech.protocol.secure_sum import (
+from fedspeech.protocol.secure_sum_maths import (
     FixedPoint,
     combine_secret,
     expand,

@@ -22,8 +22,8 @@ LENGTH = 16
 def http(tmp_path, monkeypatch):
     """A coordinator whose SecureSumUploads holds round 7's secure sum of a, b and c, in its adverts phase."""
     monkeypatch.chdir(tmp_path)
-    config = coordinator_config(tmp_path, broker_url="mqtt://127.0.0.1:1883", eval_limit=10)
-    app = create_app(config.changed(state_dir=Path("state")))
+    config = coordinator_config(tmp_path, broker="mqtt://127.0.0.1:1883", eval_limit=10)
+    app = create_app(config.changed(state=Path("state")))
     service = app.extensions["fedspeech"]
     keys = {d: Ed25519PrivateKey.generate() for d in DEVICES}
     for d in (*DEVICES, "stranger"):

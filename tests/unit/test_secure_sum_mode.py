@@ -16,7 +16,7 @@ from fedspeech.coordinator.refusals import NotWanted
 from fedspeech.coordinator.round.modes.secure_sum import device_noise
 from fedspeech.coordinator.strategies.differential_privacy import change_noise_multiplier, count_noise
 from fedspeech.edge_client.secure_sum_device import DeviceRound, encode_change
-from fedspeech.protocol import secure_sum as ss
+from fedspeech.protocol import secure_sum_maths as ss
 from fedspeech.protocol import secure_sum_wire as wire
 from fedspeech.protocol import signing, weights
 from fedspeech.protocol.bounds import DECISION_BINS
@@ -100,17 +100,17 @@ class SecureDevice:
 
 
 def secure_fleet(tmp_path, model: FakeModel | None = None, **config) -> Fleet:
-    settings = {"secure_aggregation": True, "round_timeout_s": 2.0, "secure_keys_timeout_s": 2.0}
+    settings = {"secure_aggregation": True, "round_timeout": 2.0, "secure_keys_timeout": 2.0}
     return Fleet(tmp_path, model, **{**settings, **config})
 
 
 def test_a_secure_round_gives_fedavg_of_the_same_updates_within_the_fixed_points_error(tmp_path):
     values, samples = {"a": 1.0, "b": 2.0, "c": 4.0}, {"a": 10, "b": 20, "c": 40}
-    fleet = secure_fleet(tmp_path / "secure", rounds=1, secure_clip=50.0)
+    fleet = secure_fleet(tmp_path / "secure", rounds=1, secure_norm_bound=50.0)
     for d in values:
         SecureDevice(fleet, d, values[d], samples[d])
     fleet.finish()
-    plain = Fleet(tmp_path / "plain", rounds=1, round_timeout_s=2.0)
+    plain = Fleet(tmp_path / "plain", rounds=1, round_timeout=2.0)
     for d in values:
         plain.device(d, value=values[d], samples=samples[d])
     plain.finish()
@@ -138,7 +138,7 @@ def test_every_masked_vector_is_uniform_bytes_while_the_plain_update_is_not(tmp_
 
 
 def test_a_device_gone_before_upload_is_masked_out_and_the_others_sum_is_right(tmp_path):
-    fleet = secure_fleet(tmp_path, rounds=1, round_timeout_s=1.0)
+    fleet = secure_fleet(tmp_path, rounds=1, round_timeout=1.0)
     SecureDevice(fleet, "a", 1.0, 10)
     SecureDevice(fleet, "b", 3.0, 10)
     SecureDevice(fleet, "c", 100.0, 10, drop="masked")  # its keys agreed, its update never sent
@@ -149,7 +149,7 @@ def test_a_device_gone_before_upload_is_masked_out_and_the_others_sum_is_right(t
 
 
 def test_too_few_left_to_unmask_and_the_round_is_not_aggregated(tmp_path):
-    fleet = secure_fleet(tmp_path, rounds=1, secure_threshold=1.0, secure_keys_timeout_s=0.3)
+    fleet = secure_fleet(tmp_path, rounds=1, secure_threshold=1.0, secure_keys_timeout=0.3)
     SecureDevice(fleet, "a", 1.0, 10)
     SecureDevice(fleet, "b", 3.0, 10)
     SecureDevice(fleet, "c", 5.0, 10, drop="unmasking")  # it uploads, then never gives up its shares
@@ -159,7 +159,7 @@ def test_too_few_left_to_unmask_and_the_round_is_not_aggregated(tmp_path):
 
 
 def test_a_device_without_an_identity_key_is_left_out(tmp_path):
-    fleet = secure_fleet(tmp_path, rounds=1, round_timeout_s=1.0)
+    fleet = secure_fleet(tmp_path, rounds=1, round_timeout=1.0)
     SecureDevice(fleet, "a", 1.0, 10)
     SecureDevice(fleet, "b", 3.0, 10)
     fleet.device("old", value=100.0)  # registered without a key: it would upload in the clear
@@ -183,7 +183,7 @@ def test_dp_under_secure_aggregation_noises_the_sum_on_the_devices_and_divides_b
     tmp_path,
 ):
     z, delta = 0.5, 1e-5
-    options = {"dp_noise_multiplier": z, "dp_clip": 1.0, "dp_delta": delta}
+    options = {"dp_noise_multiplier": z, "dp_norm_bound": 1.0, "dp_delta": delta}
     fleet = secure_fleet(tmp_path, BigModel(), rounds=1, **options)
     values = {"a": 0.001, "b": 0.002, "c": 0.003, "d": 0.004}  # changes of norm 0.14 to 0.57: not clipped
     for d, value in values.items():
@@ -204,8 +204,8 @@ def test_dp_under_secure_aggregation_noises_the_sum_on_the_devices_and_divides_b
 
 def test_adaptive_clipping_under_secure_aggregation_counts_the_changes_within_the_clip_with_noise(tmp_path):
     z, clip, target, rate = 0.01, 0.3, 0.9, 1.0
-    options = {"dp_noise_multiplier": z, "dp_clip": clip, "dp_clip_quantile": target}
-    options["dp_clip_learning_rate"] = rate
+    options = {"dp_noise_multiplier": z, "dp_norm_bound": clip, "dp_norm_bound_quantile": target}
+    options["dp_norm_bound_learning_rate"] = rate
     fleet = secure_fleet(tmp_path, BigModel(), rounds=2, **options)
     values = {"a": 0.001, "b": 0.002, "c": 0.003, "d": 0.004}  # changes of norm 0.14, 0.28, 0.42, 0.57
     for d, value in values.items():
@@ -239,7 +239,7 @@ def test_each_devices_noise_keeps_the_sum_private_once_the_threshold_survives():
 
 
 def test_the_devices_counts_reach_the_coordinator_only_summed_as_the_fleets_and_its_evaluation(tmp_path):
-    fleet = secure_fleet(tmp_path, rounds=2, secure_clip=50.0)
+    fleet = secure_fleet(tmp_path, rounds=2, secure_norm_bound=50.0)
     devices = [SecureDevice(fleet, d, 1.0, n) for d, n in (("a", 10), ("b", 20), ("c", 30))]
     fleet.finish()
     orchestrator = fleet.orchestrator

@@ -11,7 +11,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from fedspeech.coordinator.privacy.secure_sum_server import Refused, ServerRound
 from fedspeech.edge_client.secure_sum_device import DeviceRound
 from fedspeech.protocol.bounds import ProtocolError
-from fedspeech.protocol.secure_sum import FixedPoint
+from fedspeech.protocol.secure_sum_maths import FixedPoint
 
 ROUND, LENGTH = 7, 3000
 

@@ -10,7 +10,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from fedspeech.edge_client.secure_sum_device import DeviceRound
 from fedspeech.protocol import messages, signing
-from fedspeech.protocol import secure_sum as ss
+from fedspeech.protocol import secure_sum_maths as ss
 from fedspeech.protocol import secure_sum_wire as wire
 from fedspeech.protocol.bounds import DECISION_BINS, ProtocolError
 from fedspeech.protocol.message_checks import MAX_SECURE_DEVICES

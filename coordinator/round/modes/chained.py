@@ -99,7 +99,7 @@ def _hand_out(round: int, chain: Chain, context: RoundContext) -> None:
     device = chain.current
     if device is None:
         return
-    task = context.tasks([device], time.time() + context.config.round_timeout_s)[device]
+    task = context.tasks([device], time.time() + context.config.round_timeout)[device]
     if chain.last is not None and chain.last_ref is not None:
         task = replace(task, weights=chain.last_ref)
         log.info("round %d: %s trains from the update of %s", round, device, chain.last.device_id)

@@ -25,7 +25,7 @@ def hand_out_and_collect(round: int, plan: RoundPlan, context: RoundContext, buf
     buffered: the round takes results past its count, and its tasks not answered go on (FedBuff's).
     """
     uploads, link = context.uploads, context.link
-    deadline = context.started + context.config.round_timeout_s
+    deadline = context.started + context.config.round_timeout
     tasks = context.tasks(list(plan.work), deadline)
     required = frozenset(plan.required)
     uploads.open(OpenRound(round, context.started, deadline, tasks, plan.needed, required, buffered))

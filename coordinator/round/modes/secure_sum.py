@@ -3,14 +3,14 @@ Privacy-Preserving Machine Learning": the coordinator learns the sum of the roun
 device's.
 
 Every selected device that registered an identity key gets its task with its part in the sum: it signs and
-advertises fresh keys, hands the others sealed shares of its secrets, trains, uploads its change clipped,
-weighted by its clips and masked, and gives up the shares that unmask the sum of those that uploaded. Each
-phase closes when every device it expects has answered, or at its time; a device that drops out after the
-keys are agreed is masked out of the sum from its shares. Too few devices left at any phase, and the round
-fails: it is run again, never aggregated from a wrong sum. The strategy's terms say how the sum becomes
-the new model: the changes' clip, their weights (by clips, or alike), the Gaussian noise the devices add
-in parts (distributed differential privacy), what the sum is divided by, and whether each device says
-with noise if its change was within the clip (adaptive clipping). After each change comes the
+advertises fresh keys, hands the others sealed shares of its secrets, trains, uploads its change bounded
+in norm, weighted by its clips and masked, and gives up the shares that unmask the sum of those that
+uploaded. Each phase closes when every device it expects has answered, or at its time; a device that drops
+out after the keys are agreed is masked out of the sum from its shares. Too few devices left at any phase,
+and the round fails: it is run again, never aggregated from a wrong sum. The strategy's terms say how the
+sum becomes the new model: the changes' norm bound, their weights (by clips, or alike), the Gaussian noise
+the devices add in parts (distributed differential privacy), what the sum is divided by, and whether each
+device says with noise if its change was within the bound (adaptive clipping). After each change comes the
 device's tally (protocol.secure_tally): its clips per label and its evaluation of the model it was sent,
 which the coordinator also learns only summed.
 """
@@ -27,7 +27,7 @@ from fedspeech.coordinator.round.modes.base import Collected, RoundContext
 from fedspeech.coordinator.round.open_round import OpenRound
 from fedspeech.coordinator.state.records import UpdateRecord
 from fedspeech.coordinator.strategies import Result, RoundPlan, SecureTerms
-from fedspeech.protocol import secure_sum as ss
+from fedspeech.protocol import secure_sum_maths as ss
 from fedspeech.protocol import signing
 from fedspeech.protocol.bounds import ProtocolError
 from fedspeech.protocol.messages import SecureSum
@@ -70,14 +70,14 @@ def train(round: int, plan: RoundPlan, context: RoundContext) -> Collected:
         log.warning("round %d: %s registered no identity key and cannot join a secure sum", round, left_out)
     devices = [d for d in plan.work if d in identities]
     needed = threshold(len(devices), config.secure_threshold)
-    deadline = context.started + config.round_timeout_s
+    deadline = context.started + config.round_timeout
     current = uploads.shared(uploads.current)
     length = sum(current[name].size for name in ss.layout(current))  # the change's, then the tally's
     classes = uploads.current_spec().num_classes
     samples = {d: (record.num_samples if (record := context.store.device(d)) else 1) for d in devices}
     terms = context.secure_terms or SecureTerms()
     share = weights(samples) if terms.weighted else dict.fromkeys(devices, 1.0)
-    clip, unmask_s = terms.clip or config.secure_clip, config.secure_keys_timeout_s
+    clip, unmask_s = terms.clip or config.secure_norm_bound, config.secure_keys_timeout
     counted = length + (1 if terms.count_scale else 0)  # the change, and its count where it has one
     bound = ss.vector_bound(clip, terms.count_scale)
     noise = device_noise(terms.noise_multiplier, bound, needed, len(devices), counted)
@@ -123,7 +123,7 @@ def train(round: int, plan: RoundPlan, context: RoundContext) -> Collected:
         )
     noised = f", with noise of deviation {noise:.4g} added on each device" if noise else ""
     log.info(
-        "round %d: the secure sum of %d devices' changes, each clipped to %g%s; its mean off by at most "
+        "round %d: the secure sum of %d devices' changes, each bounded to norm %g%s; its mean off by at most "
         "%.3g a weight in fixed point", round, len(survivors), clip, noised, fixed.max_error / denominator,
     )  # fmt: skip
     results = [closed.updates[d][0] for d in survivors]
@@ -140,8 +140,8 @@ def _phases(
     ran into the deadline. ProtocolError when too few devices remain at a phase.
     """
     config, secure_uploads, stop = context.config, context.secure_uploads, context.stop
-    deadline = context.started + config.round_timeout_s
-    keys_until = min(deadline, time.time() + config.secure_keys_timeout_s)
+    deadline = context.started + config.round_timeout
+    keys_until = min(deadline, time.time() + config.secure_keys_timeout)
     secure_uploads.wait(devices, keys_until, stop)
     secure_uploads.wait(len(secure_uploads.close()), keys_until, stop)  # the adverts, then the shares
     sharers = secure_uploads.close()
@@ -150,7 +150,7 @@ def _phases(
     survivors = secure_uploads.close()
     if stop.is_set():
         return [], np.zeros(0), missed
-    secure_uploads.wait(len(survivors), deadline + config.secure_keys_timeout_s, stop)
+    secure_uploads.wait(len(survivors), deadline + config.secure_keys_timeout, stop)
     secure_uploads.close()
     total, liars = secure_uploads.total()
     if liars:

@@ -1,4 +1,4 @@
-"""Norm clipping: FedAvg's rounds, each update's change bounded before the sample-weighted average.
+"""Norm bounding: FedAvg's rounds, each update's change bounded before the sample-weighted average.
 
 A device can scale its change to the model up (model replacement, "boosting") so that it dominates the
 average. Sun et al. 2019, "Can you really backdoor federated learning?", show that bounding the L2 norm
@@ -17,13 +17,13 @@ from fedspeech.coordinator.strategies.fedavg import FedAvg
 from fedspeech.protocol.weights import Arrays
 
 
-class NormClipped(FedAvg):
-    """All devices, fixed epochs, updates clipped to the median update norm, then sample-weighted."""
+class NormBounded(FedAvg):
+    """All devices, fixed epochs, updates bounded to the median update norm, then sample-weighted."""
 
-    name = "clipped"
+    name = "norm_bounded"
 
     def aggregate(self, round: int, results: Sequence[Result], current: Arrays) -> Arrays:
-        """FedAvg of the updates, each change from current clipped to the median of the round's norms."""
+        """FedAvg of the updates, each change from current bounded to the median of the round's norms."""
         updates = [r.arrays for r in results]
-        clipped = clip_updates(current, updates, median_norm(current, updates))
-        return fedavg(clipped, [r.num_samples for r in results])
+        bounded = clip_updates(current, updates, median_norm(current, updates))
+        return fedavg(bounded, [r.num_samples for r in results])

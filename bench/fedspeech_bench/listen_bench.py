@@ -78,7 +78,7 @@ from fedspeech_bench.listen_streams import (
     with_noise,
     words_alone,
 )
-from fedspeech_bench.progress import Progress
+from fedspeech_bench.run_progress import Progress
 from fedspeech_bench.word_alignment import align
 
 SNRS_DB = (20.0, 10.0)

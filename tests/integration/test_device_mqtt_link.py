@@ -6,7 +6,7 @@ import uuid
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from fedspeech.edge_client.broker_link import BrokerLink
+from fedspeech.edge_client.mqtt_link import BrokerLink
 from fedspeech.protocol.messages import DeviceStatus
 from fedspeech.protocol.mqtt import BrokerSettings
 from fedspeech.protocol.topics import Topics
@@ -15,7 +15,7 @@ from tests.helpers.waiting import wait_for
 
 def test_two_fleets_on_one_broker_keep_devices_of_the_same_id_connected(mosquitto_url, caplog):
     """Each fleet's device keeps its session: neither ends the other's, so neither reconnects."""
-    caplog.set_level(logging.INFO, logger="fedspeech.edge_client.broker_link")
+    caplog.set_level(logging.INFO, logger="fedspeech.edge_client.mqtt_link")
     key = Ed25519PrivateKey.generate().public_key()
     roots = [f"fedspeech-test/{uuid.uuid4().hex[:12]}" for _ in range(2)]
     links = [BrokerLink(BrokerSettings(mosquitto_url), Topics(root), "pi-a", key) for root in roots]
