@@ -93,6 +93,12 @@ class Acknowledgements:
         with self._lock:
             return dict(self._errors)
 
+    def failed(self, task_id: str) -> bool:
+        """Whether the task's device reported it could not do it."""
+        with self._lock:
+            expected = self._tasks.get(task_id)
+            return expected is not None and expected.failed
+
     def absent(self, task_id: str, now: float) -> bool:
         """Whether the task's device is not there for it: it failed it, or it has not acknowledged it and
         the time to do so has passed.

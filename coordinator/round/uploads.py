@@ -117,6 +117,8 @@ class Uploads:
             task = answered_task(open_, self._late, round, upload)
         if global_ is None:
             raise NotWanted("the coordinator has no global model yet")
+        if self.acks.failed(task.task_id):  # the round stopped waiting for it on its word
+            raise NotWanted(f"{device_id} reported it could not do task {task.task_id}")
         most = self.sample_ceiling(device_id)
         reference = self.shared(global_)
         result, record, claimed = check_update(

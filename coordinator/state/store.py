@@ -3,6 +3,7 @@
 import contextlib
 import hashlib
 import json
+import os
 import sqlite3
 import time
 from collections.abc import Iterable, Iterator, Mapping
@@ -45,6 +46,17 @@ def token_digest(token: str) -> str:
     return hashlib.sha256(token.encode()).hexdigest()
 
 
+def _private(path: Path) -> None:
+    """Make path a file only its owner reads and writes (0600), creating it empty if it is missing.
+
+    The database holds the digests of devices' tokens and secrets; SQLite gives its journal files the
+    database's own mode.
+    """
+    os.close(os.open(path, os.O_CREAT | os.O_WRONLY, 0o600))
+    if path.stat().st_mode & 0o077:
+        os.chmod(path, 0o600)
+
+
 class Store:
     """Devices, rounds and model files under one state directory; safe to share across threads."""
 
@@ -57,6 +69,10 @@ class Store:
         except OSError as exc:
             raise StateError(f"cannot use the state directory {self.dir}: {exc.strerror}") from None
         self._db = self.dir / DATABASE
+        try:
+            _private(self._db)
+        except OSError as exc:
+            raise StateError(f"cannot use {self._db}: {exc.strerror}") from None
         try:
             with self._connect() as db:
                 if db.execute("PRAGMA quick_check").fetchone() != ("ok",):

@@ -1,12 +1,14 @@
 """The coordinator's state directory: devices, tokens, rounds and model files survive a reopen."""
 
+import os
 import sqlite3
+import stat
 from dataclasses import replace
 
 import pytest
 
 from fedspeech.coordinator.state.records import RoundRecord, UpdateRecord
-from fedspeech.coordinator.state.store import StateError, Store, token_digest
+from fedspeech.coordinator.state.store import DATABASE, StateError, Store, token_digest
 
 
 def _record(round: int) -> RoundRecord:
@@ -123,3 +125,16 @@ def test_a_state_directory_from_before_round_attendance_is_migrated(tmp_path):
     assert (old.round, old.withdrawn, old.stragglers) == (0, 0, 0)
     store.save_round(replace(_record(1), withdrawn=2, stragglers=1), b"w1", None, [])
     assert (store.latest_round().withdrawn, store.latest_round().stragglers) == (2, 1)
+
+
+def test_the_database_is_read_and_written_by_its_owner_alone(tmp_path):
+    """It holds the digests of every device's token and secret: 0600, whatever the umask, made or found."""
+    old = os.umask(0o002)
+    try:
+        Store(tmp_path / "new").register_device("kitchen", "a-token", 10, {})
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE((tmp_path / "new" / DATABASE).stat().st_mode) == 0o600
+    (tmp_path / "new" / DATABASE).chmod(0o644)  # a state folder from before, or a copy made carelessly
+    Store(tmp_path / "new")
+    assert stat.S_IMODE((tmp_path / "new" / DATABASE).stat().st_mode) == 0o600

@@ -153,6 +153,19 @@ def test_a_failure_report_ends_the_wait_for_its_device_alone_and_is_kept_escaped
     assert uploads.last_errors()["b"] == error, "kept after its round"
 
 
+def test_an_update_after_its_devices_own_failure_report_is_refused(tmp_path):
+    """The round stopped waiting for a device on its word that it could not do its task: so it stays."""
+    uploads = uploads_of(tmp_path)
+    tasks = open_round(uploads, needed=2)
+    uploads.acknowledge("b", tasks["b"].task_id)
+    uploads.fail("b", tasks["b"].task_id, "out of memory")
+    with pytest.raises(NotWanted, match="^b reported it could not do task b1$"):
+        send(uploads, "b", tasks["b"])
+    send(uploads, "a", tasks["a"])
+    closed, _ = uploads.close()
+    assert list(closed.updates) == ["a"] and closed.bytes_up == len(body(tasks["a"]))
+
+
 def test_carried_tasks_are_dropped_when_their_device_leaves_their_deadline_passes_or_the_model_grows():
     def task(device: str, deadline: float, spec: ModelSpec = SPEC) -> Task:
         return Task(device, 1, spec, DEFINITION, BlobRef("/w", "0" * 64, 1), "/up", 2, 8, 0.1, deadline)
