@@ -94,6 +94,9 @@ class ServiceConfig:
     # previous answer); and the longest its answer may take to be read
     http_timeout: float = 30.0  # seconds
     http_connections_per_client: int = 32  # connections one address may hold open; more are closed at once
+    # connections held open at once from all addresses, more closed at once: within the limit of open files
+    # (raised as far as the hard limit allows), less what the rest of the coordinator needs
+    http_connections: int = 4096
     # bytes of request bodies held at once, across requests; a body that would pass it is refused (503)
     http_body_budget: int = 4 * bounds.MAX_BLOB_BYTES
     tls_cert: Path | None = None
@@ -135,9 +138,14 @@ class ServiceConfig:
             _at_most(name, getattr(self, name), high)
         _at_least("depth", self.depth, 1)
         _at_least("http_connections_per_client", self.http_connections_per_client, 1)
+        _at_least("http_connections", self.http_connections, 1)
         # the largest upload must fit the budget, or it could never be taken
         _at_least("http_body_budget", self.http_body_budget, bounds.MAX_BLOB_BYTES)
-        for name, high in (("http_threads", 256), ("http_connections_per_client", 65536)):
+        for name, high in (
+            ("http_threads", 256),
+            ("http_connections_per_client", 65536),
+            ("http_connections", 1_000_000),
+        ):
             _at_most(name, getattr(self, name), high)
         _at_most("http_body_budget", self.http_body_budget, 2**40)
         if not 0 < self.http_timeout <= MAX_HTTP_TIMEOUT_S:

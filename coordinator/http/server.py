@@ -25,7 +25,7 @@ from hypercorn.config import Config, Sockets
 from fedspeech.coordinator.config import APP_KEY, ServiceConfig
 from fedspeech.coordinator.http.api import BODY_RULES
 from fedspeech.coordinator.http.body_rules import Rules
-from fedspeech.coordinator.http.listening_socket import Listener
+from fedspeech.coordinator.http.listening_socket import Listener, connection_cap
 from fedspeech.coordinator.http.request_reading import Bridge
 
 log = logging.getLogger(__name__)
@@ -84,13 +84,19 @@ def serve(app: Flask, host: str, port: int, rules: Rules = BODY_RULES) -> HttpSe
     what its routes take as bodies (the API's).
 
     http_threads workers run requests that have arrived whole; each must arrive within http_timeout seconds;
-    http_connections_per_client connections per address; bodies held at once within http_body_budget;
-    HTTPS when tls_cert and tls_key name a certificate and its key. A port that is taken or not allowed,
-    or TLS files that cannot be used, fail here, in the caller.
+    http_connections_per_client connections per address, http_connections in all; bodies held at once
+    within http_body_budget; HTTPS when tls_cert and tls_key name a certificate and its key. A port that
+    is taken or not allowed, or TLS files that cannot be used, fail here, in the caller.
     """
     service: ServiceConfig = app.config[APP_KEY].service
     config = _hypercorn_config(service)
-    listener = Listener(host, port, service.http_connections_per_client)
+    most = connection_cap(service.http_connections)
+    if most < service.http_connections:
+        log.warning(
+            "at most %d HTTP connections at once, not %d: the limit of open files leaves no more (raise it, "
+            "e.g. LimitNOFILE= in a systemd unit)", most, service.http_connections,
+        )  # fmt: skip
+    listener = Listener(host, port, service.http_connections_per_client, most)
     bridge = Bridge(
         app, rules, listener, timeout_s=service.http_timeout, body_budget=service.http_body_budget
     )
@@ -119,7 +125,7 @@ def serve(app: Flask, host: str, port: int, rules: Rules = BODY_RULES) -> HttpSe
     thread.start()
     url = f"{'https' if tls else 'http'}://{host}:{bound_port}"
     log.info(
-        "coordinator HTTP API on %s (%d threads, %g s per request, %d connections per client)",
-        url, service.http_threads, service.http_timeout, service.http_connections_per_client,
+        "coordinator HTTP API on %s (%d threads, %g s per request, %d connections per client, %d in all)",
+        url, service.http_threads, service.http_timeout, service.http_connections_per_client, most,
     )  # fmt: skip
     return HttpServer(url, bound_port, loop, stopping, thread)

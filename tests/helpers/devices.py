@@ -9,6 +9,7 @@ import subprocess
 import sys
 import urllib.error
 import urllib.request
+from collections.abc import Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -30,11 +31,14 @@ class Processes:
         self.log_dir = log_dir
         self.procs: list[subprocess.Popen] = []
 
-    def start(self, name: str, *args: str, cwd: Path | None = None) -> subprocess.Popen:
-        """Run `python -m fedspeech ARGS` (in cwd, if given) with its output in LOG_DIR/NAME.log."""
+    def start(
+        self, name: str, *args: str, cwd: Path | None = None, prefix: Sequence[str] = ()
+    ) -> subprocess.Popen:
+        """Run `python -m fedspeech ARGS` (in cwd, if given; after prefix, a command such as prlimit that
+        runs it) with its output in LOG_DIR/NAME.log."""
         log = open(self.log_dir / f"{name}.log", "a")  # noqa: SIM115 - closed with the process
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-        argv = [sys.executable, "-m", "fedspeech", *args]
+        argv = [*prefix, sys.executable, "-m", "fedspeech", *args]
         proc = subprocess.Popen(argv, stdout=log, stderr=log, env=env, cwd=cwd)
         proc.log_path = self.log_dir / f"{name}.log"
         self.procs.append(proc)

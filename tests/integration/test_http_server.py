@@ -5,7 +5,11 @@ or of 10^20, more connections than an address may hold, bodies refused by their 
 read, safetensors headers too long to parse, more bodies at once than the budget, a reader that never reads.
 """
 
+import logging
+import resource
 import socket
+import subprocess
+import sys
 import threading
 import time
 import urllib.error
@@ -204,6 +208,53 @@ def test_an_address_holds_no_more_connections_than_its_cap(tmp_path):
         held.close()  # their places are given back
         time.sleep(0.2)
         assert _get_status(server) < 1.0
+
+
+def test_all_addresses_together_hold_no_more_connections_than_the_cap(tmp_path, caplog):
+    """Many addresses each under their own cap still cannot take the descriptors the coordinator needs."""
+
+    def from_address(n: int, data: bytes = b"GET /sta") -> socket.socket:
+        sock = socket.socket()
+        sock.settimeout(10)
+        sock.bind((f"127.0.0.{n}", 0))  # every 127.x.y.z is this machine: an address of its own each
+        sock.connect(("127.0.0.1", server.port))
+        sock.sendall(data)
+        return sock
+
+    caplog.set_level(logging.WARNING, logger="fedspeech.coordinator.http.listening_socket")
+    with (
+        _served(tmp_path, http_connections=4, http_connections_per_client=100) as server,
+        ExitStack() as held,
+    ):
+        first = [held.enter_context(from_address(n)) for n in range(2, 6)]
+        time.sleep(0.2)
+        for n in range(6, 16):  # ten more addresses, each with its first connection
+            with from_address(n, _head("/status", method="GET")) as over:
+                assert _reply(over) == b"", f"127.0.0.{n}: a connection past the total is closed unanswered"
+        warnings = [r.getMessage() for r in caplog.records]
+        assert warnings == [
+            "4 HTTP connections open from 4 addresses, the most at once: more are closed at once"
+        ]
+        first[0].close()  # a place is given back
+        time.sleep(0.2)
+        assert _get_status(server) < 1.0
+
+
+def test_the_cap_on_all_connections_leaves_the_coordinator_its_open_files():
+    """Raised within the hard limit of open files; where that is too low, FD_RESERVE below it."""
+    code = (
+        "import resource; from fedspeech.coordinator.http.listening_socket import connection_cap; "
+        "cap = connection_cap(4096); print(cap, resource.getrlimit(resource.RLIMIT_NOFILE)[0])"
+    )
+    hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]  # what this process may raise its own to
+    if hard < 8192:
+        pytest.skip(f"this machine's hard limit of open files, {hard}, leaves no room to raise one")
+    cases = (("1024:1024", "768 1024"), (f"1024:{hard}", "4096 4352"), (f"8192:{hard}", "4096 8192"))
+    for limits, expected in cases:
+        run = subprocess.run(
+            ["prlimit", f"--nofile={limits}", sys.executable, "-c", code], capture_output=True, text=True
+        )
+        assert run.stdout.split() == expected.split(), (limits, run.stdout, run.stderr)
 
 
 def test_a_body_its_route_refuses_is_not_read(tmp_path):
