@@ -69,10 +69,8 @@ class Store:
         except OSError as exc:
             raise StateError(f"cannot use the state directory {self.dir}: {exc.strerror}") from None
         self._db = self.dir / DATABASE
-        try:
+        with contextlib.suppress(OSError):  # a folder that takes no writes is refused by check_writable
             _private(self._db)
-        except OSError as exc:
-            raise StateError(f"cannot use {self._db}: {exc.strerror}") from None
         try:
             with self._connect() as db:
                 if db.execute("PRAGMA quick_check").fetchone() != ("ok",):

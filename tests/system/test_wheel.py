@@ -141,7 +141,7 @@ def expected_files(source: Path) -> set[str]:
             relative = path.relative_to(source / folder)
             if path.is_dir() or "__pycache__" in relative.parts or relative.name.startswith("."):
                 continue
-            dashboard = package == "fedspeech.coordinator" and relative.parts[0] == "web"
+            dashboard = package == "fedspeech.coordinator" and relative.parts[:2] == ("http", "web")
             if path.suffix == ".py" or path.name == "py.typed" or data_folder or dashboard:
                 files.add("/".join([*package.split("."), *relative.parts]))
     return files
