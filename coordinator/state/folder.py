@@ -1,6 +1,7 @@
 """The files of the coordinator's state folder: each round's model files and the updates relayed inside a
 round; where they live, written atomically, removed once unfinished or no longer needed."""
 
+import os
 import shutil
 from collections.abc import Iterable, Mapping
 from pathlib import Path
@@ -104,3 +105,14 @@ class StateFiles:
     def remove_relays(self, round: int) -> None:
         """Delete a round's relayed updates once the round is stored: devices' updates are kept no longer."""
         shutil.rmtree(self.relay_path(round, 0).parent, ignore_errors=True)
+
+
+def private_file(path: Path) -> None:
+    """Make path a file only its owner reads and writes (0600), creating it empty if it is missing.
+
+    The database holds the digests of devices' tokens and secrets; SQLite gives its journal files the
+    database's own mode.
+    """
+    os.close(os.open(path, os.O_CREAT | os.O_WRONLY, 0o600))
+    if path.stat().st_mode & 0o077:
+        os.chmod(path, 0o600)

@@ -3,7 +3,6 @@
 import contextlib
 import hashlib
 import json
-import os
 import sqlite3
 import time
 from collections.abc import Iterable, Iterator, Mapping
@@ -11,7 +10,7 @@ from contextlib import contextmanager
 from dataclasses import asdict, replace
 from pathlib import Path
 
-from fedspeech.coordinator.state.folder import StateFiles, StateWriteError, pair_files
+from fedspeech.coordinator.state.folder import StateFiles, StateWriteError, pair_files, private_file
 from fedspeech.coordinator.state.records import (
     DEVICE_COLUMNS,
     ROUND_COLUMNS,
@@ -46,17 +45,6 @@ def token_digest(token: str) -> str:
     return hashlib.sha256(token.encode()).hexdigest()
 
 
-def _private(path: Path) -> None:
-    """Make path a file only its owner reads and writes (0600), creating it empty if it is missing.
-
-    The database holds the digests of devices' tokens and secrets; SQLite gives its journal files the
-    database's own mode.
-    """
-    os.close(os.open(path, os.O_CREAT | os.O_WRONLY, 0o600))
-    if path.stat().st_mode & 0o077:
-        os.chmod(path, 0o600)
-
-
 class Store:
     """Devices, rounds and model files under one state directory; safe to share across threads."""
 
@@ -70,7 +58,7 @@ class Store:
             raise StateError(f"cannot use the state directory {self.dir}: {exc.strerror}") from None
         self._db = self.dir / DATABASE
         with contextlib.suppress(OSError):  # a folder that takes no writes is refused by check_writable
-            _private(self._db)
+            private_file(self._db)
         try:
             with self._connect() as db:
                 if db.execute("PRAGMA quick_check").fetchone() != ("ok",):
