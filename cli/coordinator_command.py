@@ -242,6 +242,11 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         type=float,
         help="with --norm-bound median: the bound as a multiple of the round's median change (default 2)",
     )
+    c.add_argument(
+        "--direction-check",
+        action=argparse.BooleanOptionalAction,
+        help="leave out an update whose change points away from the mean of the round's others (default on)",
+    )
     private = c.add_argument_group("privacy: what the coordinator may learn of one device's update")
     private.add_argument(
         "--secure-aggregation",

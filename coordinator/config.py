@@ -203,6 +203,9 @@ class RoundConfig:
     # norm such as 5.0, or "off"
     norm_bound: NormBound = "median"
     norm_bound_factor: float = 2.0
+    # a change whose cosine with the mean of the round's other changes is not positive is left out
+    # (influence.without_opposed); not under differential privacy or secure aggregation (start_notes)
+    direction_check: bool = True
     # the strategy's own settings: its Params (strategies.strategy_params makes them from name=value
     # texts); None: its defaults
     strategy_settings: StrategyParams | None = None

@@ -18,7 +18,12 @@ from fedspeech.coordinator.privacy.secure_sum_uploads import SecureSumUploads
 from fedspeech.coordinator.round import device_tasks, method_needs, new_model
 from fedspeech.coordinator.round.acknowledgements import Acknowledgements
 from fedspeech.coordinator.round.evaluation_phase import EvaluationPhase, evaluates, evaluation_plan
-from fedspeech.coordinator.round.influence import SampleLimits, norm_bounded
+from fedspeech.coordinator.round.influence import (
+    SampleLimits,
+    bounded,
+    direction_unchecked,
+    too_few_to_tell,
+)
 from fedspeech.coordinator.round.interfaces import DeviceLink, ModelOps
 from fedspeech.coordinator.round.modes import MODES
 from fedspeech.coordinator.round.modes.base import RoundContext
@@ -73,6 +78,10 @@ class Orchestrator:
         self.secure_uploads = (
             SecureSumUploads()
         )  # a secure sum's phases, between the HTTP handlers and its mode
+        if (unchecked := direction_unchecked(config)) is not None:
+            log.warning("%s", unchecked)
+        elif (few := too_few_to_tell(config)) is not None:
+            log.info("%s", few)
         first = model.spec_at(self._depth(1))  # a bad depth schedule fails here, at start-up
         limits = SampleLimits(config.sample_growth, config.samples_over_median, config.max_device_samples)
         self.uploads = Uploads(
@@ -159,7 +168,7 @@ class Orchestrator:
         if collected.combined is not None:  # a secure sum: the model, from no update seen alone
             aggregated: tuple[Arrays, list[Result]] | None = (self._full(collected.combined), results)
         else:  # each update alone: bounded in norm, then as the strategy sees them, then combined
-            results = self.strategy.before_aggregate(round, self._norm_bounded(round, results), self._clips)
+            results = self.strategy.before_aggregate(round, self._bounded(round, results), self._clips)
             aggregated = self._aggregate(round, results)
         if aggregated is None:
             self.strategy.on_round_end(round, plan, on_time, missed, [])
@@ -221,15 +230,9 @@ class Orchestrator:
             self.link.clear_task(device)
         return busy
 
-    def _norm_bounded(self, round: int, results: list[Result]) -> list[Result]:
-        """The results with each change from the global model bounded in norm, whatever the strategy."""
-        current, c = self.uploads.shared(self._current), self.config
-        bounded, shortened = norm_bounded(current, results, c.norm_bound, c.norm_bound_factor)
-        for s in shortened:
-            log.info(
-                "round %d: %s's change of norm %.4g bounded to %.4g", round, s.device_id, s.norm, s.bound
-            )
-        return bounded
+    def _bounded(self, round: int, results: list[Result]) -> list[Result]:
+        """The results as influence.bounded leaves them, whatever the strategy."""
+        return bounded(round, self.uploads.shared(self._current), results, self.config)
 
     def _aggregate(self, round: int, results: Sequence[Result]) -> tuple[Arrays, list[Result]] | None:
         """The strategy's new global weights and the results in them; None if no result can be aggregated.

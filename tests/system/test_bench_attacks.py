@@ -25,9 +25,11 @@ def test_bench_attacks_runs_a_compromised_device_against_a_clean_deployment(tmp_
     assert (clean["attack"], attacked["attack"]) == ("none", "compromised_device")
     for arm in (clean, attacked):
         assert arm["finished"] and [r["round"] for r in arm["rounds"]] == [0, 1, 2]
-        assert all(r["results"] == 6 for r in arm["rounds"][1:]), "every device in every round"
         assert arm["watch"]["rss_peak"] >= arm["watch"]["rss_start"] > 0
         assert arm["watch"]["statuses"] > 0 and arm["watch"]["failed_statuses"] == 0
+    assert all(r["results"] == 6 for r in clean["rounds"][1:]), "every device in every round"
+    # the compromised device's change is bounded every round, and left out where it points away
+    assert all(r["results"] in (5, 6) for r in attacked["rounds"][1:])
     # bounded in both rounds; its faked report of the last round (the only one evaluated) refused
     assert attacked["evidence"]["tried"] == 3 and attacked["evidence"]["refused"] == 1
     assert clean["rounds"][0]["weights_sha256"] == attacked["rounds"][0]["weights_sha256"]

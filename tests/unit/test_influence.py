@@ -1,5 +1,7 @@
-"""Bounded influence: the samples an update counts for, its change's norm, a device's evaluation counts."""
+"""Bounded influence: the samples an update counts for, its change's norm and direction, a device's
+evaluation counts."""
 
+import logging
 import math
 from dataclasses import replace
 
@@ -10,10 +12,14 @@ from fedspeech.coordinator.config import RoundConfig, norm_bound_value
 from fedspeech.coordinator.round.evaluation import check_counts
 from fedspeech.coordinator.round.influence import (
     SampleLimits,
+    checked_directions,
+    cosines_with_the_others,
+    direction_unchecked,
     fleet_median,
     norm_bounded,
     norm_limit,
     sample_ceiling,
+    too_few_to_tell,
 )
 from fedspeech.coordinator.strategies import Result
 from fedspeech.coordinator.strategies.aggregate import fedavg, update_norms
@@ -165,3 +171,115 @@ def test_an_unsigned_status_never_sets_a_weight(tmp_path):
     fleet.finish()
     assert {u.device_id: u.num_samples for u in fleet.store.updates(1)} == {"a": 30, "b": 10}
     assert fleet.store.rounds()[1].accuracy == pytest.approx((1 * 30 + 3 * 10) / 40)
+
+
+def speakers_like(devices: int, reversed_: int, size: int = 20_000, seed: int = 0) -> list[Result]:
+    """Changes as devices that train from one model make them: a common step under five times as much of
+    each device's own (FSDD's speakers: cosine 0.02 to 0.06 between two of them), the last `reversed_`
+    of them sent reversed; weights of ones plus the change.
+    """
+    rng = np.random.default_rng(seed)
+    common = rng.normal(0, 1, size)
+    results = []
+    for i in range(devices):
+        change = common + 5 * rng.normal(0, 1, size)
+        if i >= devices - reversed_:
+            change = -change
+        results.append(Result(f"d{i}", {"w": (1 + change).astype(np.float32)}, 100))
+    return results
+
+
+START = {"w": np.ones(20_000, np.float32)}
+
+
+def test_each_change_is_compared_with_the_others_directions_one_vote_each():
+    changes = [np.array([10.0, 0.0]), np.array([0.0, 1.0]), np.array([1.0, 1.0])]
+    # the long first change counts as one direction: the others of the second are (1, 0) + (1, 1) / sqrt 2
+    assert cosines_with_the_others(changes) == pytest.approx([math.sin(math.pi / 8)] * 2 + [1.0])
+    assert cosines_with_the_others([np.zeros(2), np.ones(2), np.ones(2)]) == [0.0, 1.0, 1.0]
+
+
+@pytest.mark.parametrize(("devices", "reversed_"), [(5, 1), (6, 2), (7, 3)])
+def test_reversed_changes_of_ordinary_norm_are_left_out_and_every_honest_one_kept(devices, reversed_):
+    results = speakers_like(devices, reversed_)
+    honest = cosines_with_the_others([r.arrays["w"] - 1.0 for r in results[: devices - reversed_]])
+    assert max(honest) < 0.1, "as little in common as FSDD's speakers"
+    # with 3 reversed of 7, an honest change points away from the others' at first (3 honest, 3 reversed)
+    assert min(cosines_with_the_others([r.arrays["w"] - 1.0 for r in results])) < 0
+    kept, directions = checked_directions(START, results)
+    assert kept == results[: devices - reversed_], "each honest one kept as it was"
+    assert [d.device_id for d in directions] == [f"d{i}" for i in range(devices - reversed_, devices)]
+    assert all(d.cosine < 0 and d.samples == 0 for d in directions)
+
+
+def test_at_most_a_strict_minority_is_left_out():
+    changes = [(3, -3), (-1, -2), (-1, 3), (-3, -2), (-1, 2)]
+    results = [Result(f"d{i}", {"w": np.array(c, np.float32) + 1}, 10) for i, c in enumerate(changes)]
+    kept, directions = checked_directions({"w": np.ones(2, np.float32)}, results)
+    # d0 and d1 left out, two of five; d3 still points away from d2 and d4, and counts for 1 sample
+    assert [(d.device_id, d.samples) for d in directions] == [("d0", 0), ("d1", 0), ("d3", 1)]
+    assert [(r.device_id, r.num_samples) for r in kept] == [("d2", 10), ("d3", 1), ("d4", 10)]
+    half = speakers_like(6, 3)  # half reversed: no change points the others' way, nothing can be told
+    assert checked_directions(START, half) == (half, [])
+
+
+def test_a_change_nearly_at_right_angles_to_the_others_counts_for_less():
+    results = speakers_like(5, 0)
+    common = np.random.default_rng(0).normal(0, 1, 20_000)  # speakers_like's common step
+    own = np.random.default_rng(1).normal(0, 5, 20_000)
+    results.append(Result("aside", {"w": (1 + own + 0.2 * common).astype(np.float32)}, 300))
+    kept, directions = checked_directions(START, results)
+    assert kept[:5] == results[:5]
+    (aside,) = directions
+    assert aside.device_id == "aside" and aside.cosine > 0
+    assert 1 <= kept[5].num_samples == aside.samples < 150, "below half the median cosine"
+
+
+def test_nothing_is_left_out_where_the_round_cannot_tell():
+    two = speakers_like(2, 1)
+    assert checked_directions(START, two) == (two, []), "two changes: each has one other to go by"
+    everyone = [Result(f"d{i}", {"w": np.full(3, v, np.float32)}, 1) for i, v in enumerate([2, 0, 0])]
+    # from the start 1: changes +1, -1, -1; each points away from the others'
+    assert checked_directions({"w": np.ones(3, np.float32)}, everyone) == (everyone, [])
+    broken = [*speakers_like(3, 0), Result("nan", {"w": np.full(20_000, np.nan, np.float32)}, 1)]
+    kept, directions = checked_directions(START, broken)
+    assert (kept, directions) == (broken, []), "a change that is not finite is the aggregation's to drop"
+
+
+def test_normalisation_statistics_are_not_compared():
+    start = {"w": np.zeros(2, np.float32), "bn.running_mean": np.zeros(2, np.float32)}
+    # the same step in the weights; the statistics of one device move the other way, as they may
+    results = [
+        Result(d, {"w": np.ones(2, np.float32), "bn.running_mean": np.full(2, m, np.float32)}, 1)
+        for d, m in [("a", 100.0), ("b", 1.0), ("c", 1.0)]
+    ]
+    assert checked_directions(start, results)[1] == []
+
+
+def test_the_coordinator_says_at_start_where_directions_are_not_checked():
+    assert direction_unchecked(RoundConfig()) is None
+    assert too_few_to_tell(RoundConfig(min_devices=3)) is None
+    assert "--min-devices 2" in str(too_few_to_tell(RoundConfig(min_devices=2)))
+    assert "--no-direction-check" in str(direction_unchecked(RoundConfig(direction_check=False)))
+    assert "secure aggregation" in str(direction_unchecked(RoundConfig(secure_aggregation=True)))
+    assert "differential privacy" in str(direction_unchecked(RoundConfig(dp_noise_multiplier=1.0)))
+
+
+def test_a_round_leaves_out_a_reversed_change_whatever_it_claims(tmp_path, caplog):
+    caplog.set_level(logging.INFO)
+    fleet = Fleet(tmp_path, rounds=1, min_devices=4, min_results=4, round_timeout=5.0)
+    for device, value in [("a", 1.0), ("b", 2.0), ("c", 3.0)]:
+        fleet.device(device, value=value, samples=10)
+    fleet.device("d", value=-1.0, samples=30)  # the model starts at 0: its change points the other way
+    fleet.finish()
+    assert fleet.store.rounds()[1].accuracy == pytest.approx(2.0), "FedAvg of a, b and c alone"
+    assert sorted(u.device_id for u in fleet.store.updates(1)) == ["a", "b", "c"]
+    assert (
+        "round 1: d's change points away from the other devices' (cosine -1 with their directions)"
+        in caplog.text
+    )
+    fleet = Fleet(tmp_path / "off", rounds=1, min_devices=4, min_results=4, direction_check=False)
+    for device, value in [("a", 1.0), ("b", 2.0), ("c", 3.0), ("d", -1.0)]:
+        fleet.device(device, value=value, samples=10)
+    fleet.finish()
+    assert fleet.store.rounds()[1].accuracy == pytest.approx(1.25)

@@ -64,8 +64,12 @@ def _compromised(fleet: LiveFleet, stop: threading.Event, evidence: Evidence) ->
     bounded = len(re.findall(r"claims 100000 samples; counted as", log))
     # the evaluation phase's line, once a report (the API logs its refusal again)
     reports = len(re.findall(r"evaluation_phase: round \d+: \S+'s evaluation report refused: more test", log))
+    left_out = len(re.findall(r"change points away from the other devices' .*: left out", log))
     evidence.tried, evidence.refused = bounded + reports, reports
-    evidence.notes.append(f"{bounded} uploads counted at the bound, {reports} faked reports refused")
+    evidence.notes.append(
+        f"{bounded} uploads counted at the bound, {left_out} left out for their direction, "
+        f"{reports} faked reports refused"
+    )
 
 
 def _slow_clients(fleet: LiveFleet, stop: threading.Event, evidence: Evidence) -> None:
