@@ -13,6 +13,7 @@ from typing import Any, Literal
 
 from fedspeech.coordinator.fleet.enrolment import MAX_DEVICES
 from fedspeech.coordinator.strategies import StrategyParams, make_strategy, strategy_class
+from fedspeech.coordinator.strategies.aggregate import MOST_OVER_MEDIAN
 from fedspeech.coordinator.strategies.differential_privacy import PrivacySettings, privacy_settings
 from fedspeech.models.architectures import MODELS, NEW_BLOCKS
 from fedspeech.models.clips.datasets import CORPORA
@@ -197,7 +198,7 @@ class RoundConfig:
     # fleet's median count, and at most max_device_samples. An MQTT status never sets it.
     max_device_samples: int = 100_000
     sample_growth: float = 0.25
-    samples_over_median: float = 3.0
+    samples_over_median: float = MOST_OVER_MEDIAN
     # each update's change to the global model is bounded in L2 norm before the strategy combines it
     # (influence.norm_bounded): "median" (norm_bound_factor times the round's median change), a fixed
     # norm such as 5.0, or "off"

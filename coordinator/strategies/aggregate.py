@@ -9,6 +9,7 @@ import numpy as np
 from fedspeech.protocol.weights import Arrays, check_like
 
 NORM_STATISTICS = ("running_mean", "running_var")  # BatchNorm's buffers: averaged, never stepped
+MOST_OVER_MEDIAN = 3.0  # the most one device's weight may be, as a multiple of the median device's
 
 R = TypeVar("R")  # a device's result, whatever the rule reads of it
 
@@ -211,10 +212,17 @@ def server_momentum(
 def hardware_weighted(
     updates: Sequence[Arrays], num_samples: Sequence[int], scores: Sequence[float]
 ) -> Arrays:
-    """Hardware-aware aggregation: the average weighted by n_i * S_i, samples times score."""
+    """Hardware-aware aggregation: the average weighted by n_i * S_i, samples times score, each weight at
+    most MOST_OVER_MEDIAN times the median weight.
+
+    A score comes from the profile a device reports of itself: one that claims the best hardware of the
+    fleet may outweigh the median device by the same multiple as its sample count may, no more.
+    """
     if len(num_samples) != len(scores):
         raise ValueError("need one hardware score per sample count")
-    return weighted_average(updates, [float(n) * float(s) for n, s in zip(num_samples, scores, strict=True)])
+    weights = [float(n) * float(s) for n, s in zip(num_samples, scores, strict=True)]
+    most = MOST_OVER_MEDIAN * float(np.median(weights)) if weights else 0.0
+    return weighted_average(updates, [min(w, most) for w in weights])
 
 
 def coordinate_median(updates: Sequence[Arrays]) -> Arrays:

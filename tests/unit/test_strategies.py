@@ -204,6 +204,16 @@ def test_hardware_weighted_multiplies_samples_by_score():
         hardware_weighted([a, b], [1, 1], [1.0])
 
 
+def test_a_device_claiming_the_best_hardware_outweighs_the_median_device_three_times_at_most():
+    # four devices of ordinary hardware near the score floor; one whose profile says it is far better
+    updates = [{"w": np.zeros(1, np.float32)}] * 4 + [{"w": np.ones(1, np.float32)}]
+    scores = [0.1, 0.12, 0.1, 0.11, 1.0]
+    out = hardware_weighted(updates, [300] * 5, scores)
+    assert out["w"][0] == pytest.approx(3 * 0.11 / (0.1 + 0.12 + 0.1 + 0.11 + 3 * 0.11))
+    within = [0.5, 0.6, 0.7, 0.8, 1.0]  # an honest spread within the multiple is weighed as it is
+    assert hardware_weighted(updates, [300] * 5, within)["w"][0] == pytest.approx(1.0 / sum(within))
+
+
 def results(*arrays: dict, samples: list[int]) -> list[Result]:
     return [Result(f"d{i}", a, n) for i, (a, n) in enumerate(zip(arrays, samples, strict=True))]
 
