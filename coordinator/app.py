@@ -225,7 +225,9 @@ def create_app(config: CoordinatorConfig | None = None) -> Flask:
     return app
 
 
-MIN_ADMIN_TOKEN_CHARS = 16
+# a token of chance, not a word: the right one is let in from any address, so that no one sharing the
+# operator's address can lock the operator out, and only its length keeps it from being guessed
+MIN_ADMIN_TOKEN_CHARS, MIN_ADMIN_TOKEN_DISTINCT = 32, 16
 
 
 def _admin_token(path: Path | None) -> str | None:
@@ -236,10 +238,15 @@ def _admin_token(path: Path | None) -> str | None:
         token = path.read_text().strip()
     except (OSError, UnicodeDecodeError) as exc:
         raise ValueError(f"cannot read the admin token file {path}: {exc}") from None
-    if len(token) < MIN_ADMIN_TOKEN_CHARS or any(c.isspace() or not c.isprintable() for c in token):
+    if (
+        len(token) < MIN_ADMIN_TOKEN_CHARS
+        or len(set(token)) < MIN_ADMIN_TOKEN_DISTINCT
+        or any(c.isspace() or not c.isprintable() for c in token)
+    ):
         raise ValueError(
-            f"the admin token in {path} must be at least {MIN_ADMIN_TOKEN_CHARS} printable characters "
-            "without spaces: make one with `python3 -c 'import secrets; print(secrets.token_urlsafe(32))'`"
+            f"the admin token in {path} must be at least {MIN_ADMIN_TOKEN_CHARS} printable characters, "
+            f"{MIN_ADMIN_TOKEN_DISTINCT} of them different, without spaces: make one with "
+            "`python3 -c 'import secrets; print(secrets.token_urlsafe(32))'`"
         )
     return token
 

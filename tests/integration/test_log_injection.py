@@ -46,7 +46,7 @@ def _forged_lines(stream: io.StringIO) -> list[str]:
 
 
 def test_a_path_and_an_mqtt_status_with_newlines_are_one_escaped_line_each(tmp_path, topic_root, log):
-    (tmp_path / "admin-token").write_text("an-admin-token-of-some-length\n")
+    (tmp_path / "admin-token").write_text("an-admin-token-of-some-length-0123456789\n")
     # the embedded broker, the README's first one: Mosquitto refuses a topic with control characters
     port = free_port()
     config = coordinator_config(

@@ -15,7 +15,7 @@ from fedspeech.protocol.messages import TaskFailure
 from tests.helpers.configs import coordinator_config
 from tests.helpers.device_doubles import make_task
 
-TOKEN = "an-admin-token-of-some-length"
+TOKEN = "an-admin-token-of-some-length-0123456789"
 
 
 def _app(tmp_path, **settings):
@@ -134,11 +134,13 @@ def test_revoking_over_http_needs_the_admin_token(guarded, tmp_path):
     assert open_app.extensions["fedspeech"].store.device("hall") is not None
 
 
-@pytest.mark.parametrize("content", ["", "short", "has spaces in the middle of it"])
+@pytest.mark.parametrize(
+    "content", ["", "short", "has spaces in the middle of it, which no token has", "a" * 20 + "b" * 20]
+)
 def test_an_unusable_admin_token_file_stops_the_coordinator(tmp_path, content):
     path = tmp_path / "admin-token"
     path.write_text(content)
-    with pytest.raises(ValueError, match="at least 16 printable characters"):
+    with pytest.raises(ValueError, match="at least 32 printable characters, 16 of them different"):
         _app(tmp_path, admin_token_file=path)
     with pytest.raises(ValueError, match="cannot read the admin token file"):
         _app(tmp_path, admin_token_file=tmp_path / "missing")

@@ -336,7 +336,7 @@ def test_the_coordinator_serves_what_the_dashboard_queries(
     processes: Processes, mosquitto_url, topic_root, tmp_path
 ):
     token = tmp_path / "admin-token"
-    token.write_text("a-token-for-prometheus\n")
+    token.write_text("a-token-for-prometheus-0123456789\n")
     port = free_port()
     coordinator = processes.start(
         "coordinator", "coordinator", "--state", str(tmp_path / "state"), "--port", str(port),

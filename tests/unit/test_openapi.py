@@ -20,7 +20,7 @@ DOCUMENT = routes.PREFIX + routes.OPENAPI_RULE
 def app(tmp_path_factory):
     folder = tmp_path_factory.mktemp("openapi")
     token_file = folder / "admin-token"
-    token_file.write_text("an-admin-token-of-some-length")
+    token_file.write_text("an-admin-token-of-some-length-0123456789")
     token_file.chmod(0o600)
     config = coordinator_config(folder, broker="mqtt://127.0.0.1:1883", admin_token_file=token_file)
     return create_app(config)
