@@ -318,6 +318,12 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         type=float,
         help="seconds a device has to acknowledge its task before a round goes on without it (default 10)",
     )
+    c.add_argument(
+        "--straggler-grace",
+        type=float,
+        help="once half a round's devices have uploaded, the others have this many times the time that took "
+        "(at least 2 s) before the round closes without them (default 2; 0: until --round-timeout)",
+    )
     c.add_argument("--epochs", type=int, help="local epochs per round")
     c.add_argument("--batch-size", type=int)
     c.add_argument("--lr", type=float, help="local learning rate")

@@ -168,6 +168,10 @@ class RoundConfig:
     min_devices: int = 2
     min_results: int = 2
     round_timeout: float = 120.0  # seconds a device has to send its update
+    # once half a round's devices (and min_results) have uploaded, the others have this many times the time
+    # that took (at least 2 s) before the round closes without them: a Pi 3 beside Pi 4s (2.5 x slower)
+    # makes it in time, a device that takes its task and never answers costs a few seconds
+    straggler_grace: float = 2.0
     # a device that has not acknowledged its task this long (seconds) after it is absent for it: a round
     # never waits its deadline for a device that only looks online
     ack_timeout: float = DEFAULT_ACK_TIMEOUT_S
@@ -236,6 +240,7 @@ class RoundConfig:
             ("batch_size", self.batch_size, 1, bounds.MAX_BATCH_SIZE),
             ("lr", self.lr, 1e-12, bounds.MAX_LEARNING_RATE),
             ("round_timeout", self.round_timeout, 1e-3, bounds.MAX_TASK_SECONDS),
+            ("straggler_grace", self.straggler_grace, 0.0, 1000.0),
             ("ack_timeout", self.ack_timeout, 0.1, MAX_ACK_TIMEOUT_S),
             ("eval_timeout", self.eval_timeout, 1e-3, bounds.MAX_TASK_SECONDS),
             ("max_device_samples", self.max_device_samples, 1, bounds.MAX_COUNT),

@@ -6,6 +6,8 @@ from fedspeech.coordinator.state.records import UpdateRecord
 from fedspeech.coordinator.strategies import Result
 from fedspeech.protocol.messages import Task
 
+GRACE_MIN_S = 2.0  # the least a round's last devices are given once enough have uploaded
+
 
 @dataclass
 class OpenRound:
@@ -24,6 +26,24 @@ class OpenRound:
     never_taken: set[str] = field(default_factory=set)  # devices that had not acknowledged their task in time
     bytes_up: int = 0
     bytes_down: int = 0
+    # once `enough` devices have uploaded, the others have `grace` times the time that took (at least
+    # GRACE_MIN_S) before the round closes without them; grace 0: they have until the deadline
+    enough: int = 0
+    grace: float = 0.0
+    enough_at: float | None = None
+
+    def took(self, device_id: str, result: Result, record: UpdateRecord, size: int, now: float) -> None:
+        """Take a device's update; note when the round has enough."""
+        self.updates[device_id] = (result, record)
+        self.bytes_up += size
+        if self.enough_at is None and self.enough and len(self.updates) >= self.enough:
+            self.enough_at = now
+
+    def grace_over(self, now: float) -> bool:
+        """Whether the last devices' grace has passed since the round had enough updates."""
+        if not self.grace or self.enough_at is None:
+            return False
+        return now >= self.enough_at + max(GRACE_MIN_S, self.grace * (self.enough_at - self.started_at))
 
     def optional_results(self) -> int:
         """Results received from devices that were not required."""

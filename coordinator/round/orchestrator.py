@@ -29,6 +29,7 @@ from fedspeech.coordinator.round.modes import MODES
 from fedspeech.coordinator.round.modes.base import RoundContext
 from fedspeech.coordinator.round.new_model import RoundTally
 from fedspeech.coordinator.round.server_data import CoordinatorClips
+from fedspeech.coordinator.round.stragglers import Stragglers
 from fedspeech.coordinator.round.uploads import Uploads
 from fedspeech.coordinator.state.records import RoundRecord
 from fedspeech.coordinator.state.store import StateWriteError, Store
@@ -65,6 +66,7 @@ class Orchestrator:
         self._teacher: BlobRef | None = None  # where devices download a strategy's second model
         self._clips = CoordinatorClips(model, config, self._full, self._learning_rate)
         self._velocity: Arrays | None = None  # server momentum's last step (a restart starts it again)
+        self.stragglers = Stragglers()  # who took a task and sent nothing, and sits out rounds for it
         acks = Acknowledgements(config.ack_timeout)  # which devices took their tasks
         self.evaluation = EvaluationPhase(store, link, model.definition.labels, config.eval_min_reports, acks)
         self.settled_round = -1  # the last round whose model is stored and, where asked for, evaluated
@@ -75,9 +77,7 @@ class Orchestrator:
         self.finished = threading.Event()
         # how its rounds train: by the strategy's mode, or summed securely
         self._train = MODES["secure_sum" if config.secure_aggregation else self.strategy.mode]
-        self.secure_uploads = (
-            SecureSumUploads()
-        )  # a secure sum's phases, between the HTTP handlers and its mode
+        self.secure_uploads = SecureSumUploads()  # a secure sum's phases, between HTTP and its mode
         if (unchecked := direction_unchecked(config)) is not None:
             log.warning("%s", unchecked)
         elif (few := too_few_to_tell(config)) is not None:
@@ -141,9 +141,11 @@ class Orchestrator:
             return None
         if round == 1 and self.model.start is not None:
             self._evaluate_first_model(stop)
-        busy = self._still_training(devices)
+        resting = self._still_training(devices) | self.stragglers.sitting_out(round, devices)
         statuses = self.link.statuses()
-        profiles = {d: statuses[d].profile or UNMEASURED for d in devices if d in statuses and d not in busy}
+        profiles = {
+            d: statuses[d].profile or UNMEASURED for d in devices if d in statuses and d not in resting
+        }
         rng = np.random.default_rng([self.config.seed, round])
         plan = self.strategy.configure_round(round, profiles, rng)
         started = time.time()
@@ -189,10 +191,13 @@ class Orchestrator:
         missing, online = set(closed.tasks) - set(closed.updates), set(self.link.online())
         # gone: offline, or never took its task (an `online` status is a hint: anyone may publish one)
         gone = {d for d in missing if d not in online or d in closed.never_taken}
+        stragglers = missing - gone - self.uploads.carried().keys()
+        short = closed.optional_results() < closed.needed  # the round waited for them, and closed without
+        self.stragglers.after(round, stragglers if short else (), closed.updates)
         tally = RoundTally(
             started, devices=len(plan.work), updates=records, bytes_up=closed.bytes_up,
             bytes_down=closed.bytes_down, withdrawn=len(gone),
-            stragglers=len(missing - gone - self.uploads.carried().keys()),
+            stragglers=len(stragglers),
             privacy=self.strategy.privacy_after(round),
         )  # fmt: skip
         record = self._complete(round, new, tally, teacher)
@@ -303,16 +308,11 @@ class Orchestrator:
     def _tasks(self, round: int, deadline: float, work: Mapping[str, Mapping[str, Any]]) -> dict[str, Task]:
         """One task per device on the latest global model, with that device's work."""
         return device_tasks.make_tasks(
-            round,
-            deadline,
-            work,
+            round, deadline, work,
             model=device_tasks.latest_weights(self.store, self.config.precision, self._current),
-            spec=self.model.spec_of(self._current),
-            definition=self.model.definition,
-            config=self.config,
-            learning_rate=self._learning_rate(round),
-            teacher=self._teacher,
-        )
+            spec=self.model.spec_of(self._current), definition=self.model.definition, config=self.config,
+            learning_rate=self._learning_rate(round), teacher=self._teacher,
+        )  # fmt: skip
 
     @property
     def _current(self) -> Arrays:

@@ -139,8 +139,7 @@ class Uploads:
             elif self._open is not open_ or open_ is None or device_id in open_.updates:
                 raise NotWanted(f"round {round} closed while the update was checked")
             else:
-                open_.updates[device_id] = (result, record)
-                open_.bytes_up += len(body)
+                open_.took(device_id, result, record, len(body), time.time())
             self._lock.notify_all()
         log.info("round %d: update from %s accepted (%d samples)", round, device_id, record.num_samples)
 
@@ -299,7 +298,8 @@ class Uploads:
         required_in = all(
             d in open_.updates or self._absent(d, tasks.get(d), online, now) for d in open_.required
         )
-        return all(answered) or (required_in and open_.optional_results() >= open_.needed)
+        enough = open_.optional_results() >= open_.needed or open_.grace_over(now)
+        return all(answered) or (required_in and enough)
 
     def _absent(self, device: str, task: Task | None, online: set[str], now: float) -> bool:
         """Whether a device is not there for its task: offline, it did not acknowledge the task in time, or

@@ -1,6 +1,7 @@
 """The round loop alone, with a fake link and a fake model: no broker, no HTTP, no torch, milliseconds."""
 
 import logging
+import re
 import resource
 import signal
 import threading
@@ -571,3 +572,46 @@ def test_a_trained_first_model_is_round_0_and_the_devices_evaluate_it_before_rou
     assert first.federated_accuracy == pytest.approx(14 / 16)
     assert rounds_evaluated == [0, 0, 1, 1], "round 0 on the devices before round 1 trains"
     assert second.evaluation_reports == 2
+
+
+def test_a_device_that_takes_its_task_and_never_answers_costs_a_short_grace_not_the_timeout(tmp_path, caplog):
+    caplog.set_level(logging.INFO)
+    fleet = Fleet(tmp_path, rounds=2, min_results=1, round_timeout=60.0, ack_timeout=0.2)
+    for device in ("a", "b", "c"):
+        fleet.device(device, value=1.0)
+    fleet.device("taker", value=None)
+    fleet.link.responders["taker"] = lambda task: fleet.uploads.acknowledge("taker", task.task_id)
+    fleet.finish(timeout=15.0)
+    rounds = fleet.store.rounds()[1:]
+    # and in round 2 it sits out (test_a_device_that_never_answers_is_asked_less)
+    assert [(r.devices, r.results, r.stragglers) for r in rounds] == [(4, 3, 1), (3, 3, 0)]
+    # two of four in, at once: the others have at least 2 s (GRACE_MIN_S), not the 60 s of the timeout
+    assert 2.0 <= rounds[0].wall_s < 4.0
+    assert re.search(
+        r"round 1: closed without taker, 2\.\d s after 2 of its 4 devices had uploaded", caplog.text
+    )
+
+
+def test_without_a_grace_a_round_waits_for_every_device_until_its_deadline(tmp_path):
+    fleet = Fleet(tmp_path, rounds=1, min_results=1, round_timeout=3.0, ack_timeout=0.2, straggler_grace=0.0)
+    fleet.device("a", value=1.0)
+    fleet.device("b", value=1.0)
+    fleet.device("taker", value=None)
+    fleet.link.responders["taker"] = lambda task: fleet.uploads.acknowledge("taker", task.task_id)
+    fleet.finish(timeout=10.0)
+    assert fleet.store.rounds()[1].wall_s >= 3.0
+
+
+def test_a_device_that_never_answers_is_asked_less(tmp_path):
+    fleet = Fleet(
+        tmp_path, rounds=4, min_results=1, round_timeout=60.0, ack_timeout=0.2, straggler_grace=0.01
+    )
+    for device in ("a", "b", "c"):
+        fleet.device(device, value=1.0)
+    fleet.device("taker", value=None)
+    fleet.link.responders["taker"] = lambda task: fleet.uploads.acknowledge("taker", task.task_id)
+    fleet.finish(timeout=20.0)
+    asked = [sorted(fleet.link.tasks_of(r)) for r in range(1, 5)]
+    # silent in round 1: sits out round 2; asked in round 3, silent again: sits out rounds 4 and 5
+    assert [("taker" in devices) for devices in asked] == [True, False, True, False]
+    assert [r.stragglers for r in fleet.store.rounds()[1:]] == [1, 0, 1, 0]

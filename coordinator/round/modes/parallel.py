@@ -3,6 +3,7 @@ on the results it needs, with its required devices, or at its deadline.
 """
 
 import logging
+import math
 import time
 from dataclasses import replace
 
@@ -28,7 +29,24 @@ def hand_out_and_collect(round: int, plan: RoundPlan, context: RoundContext, buf
     deadline = context.started + context.config.round_timeout
     tasks = context.tasks(list(plan.work), deadline)
     required = frozenset(plan.required)
-    uploads.open(OpenRound(round, context.started, deadline, tasks, plan.needed, required, buffered))
+    # a round whose devices are all needed closes once half of them (and min_results) have uploaded and the
+    # others' grace has passed: one device that takes its task and never answers costs seconds, not the
+    # round timeout
+    enough = max(context.config.min_results, math.ceil(len(tasks) / 2))
+    grace = 0.0 if buffered else context.config.straggler_grace
+    uploads.open(
+        OpenRound(
+            round,
+            context.started,
+            deadline,
+            tasks,
+            plan.needed,
+            required,
+            buffered,
+            enough=enough,
+            grace=grace,
+        )
+    )
     for device, task in tasks.items():
         link.publish_task(task, device)
     uploads.wait_until_complete(context.stop)
@@ -38,6 +56,12 @@ def hand_out_and_collect(round: int, plan: RoundPlan, context: RoundContext, buf
     if context.stop.is_set():  # nothing is aggregated
         return Collected(closed, [], missed=False)
     missed = time.time() >= closed.deadline and not uploads.complete(closed)
+    waited_for = sorted(set(tasks) - set(closed.updates))
+    if waited_for and closed.grace_over(time.time()) and not missed:
+        log.info(
+            "round %d: closed without %s, %.1f s after %d of its %d devices had uploaded",
+            round, ", ".join(waited_for), time.time() - (closed.enough_at or 0.0), closed.enough, len(tasks),
+        )  # fmt: skip
     laid_on = (rebased(round, result, context) for result, _ in closed.updates.values())
     return Collected(closed, [r for r in laid_on if r is not None], missed)
 
