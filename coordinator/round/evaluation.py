@@ -1,7 +1,7 @@
 """Federated evaluation: the devices' counts on their own test splits, combined into the fleet's scores."""
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -72,27 +72,34 @@ def device_evaluation(device_id: str, confusion: np.ndarray, loss_sum: float) ->
 
 
 def combine(reports: Mapping[str, Counts], min_reports: int) -> FederatedEvaluation | None:
-    """Sum the reports with at least one clip; None when fewer than min_reports devices had any.
+    """The reports with at least one clip, each weighed to at most the median report's clips, summed; None
+    when fewer than min_reports devices had any.
 
-    Summing confusion matrices gives exactly the scores of the union of the devices' test clips, and
-    summing word decisions exactly the union's.
+    Summing confusion matrices gives the scores of the union of the devices' test clips, and summing
+    word decisions the union's. A device registers its own test clips: one that registers many and
+    reports them all correct, at top confidence, would otherwise own the fleet's figure and the threshold
+    calibrated on it. Weighed down to the median device's clips, it moves them by at most its share. The
+    clips the figure rests on are counted as reported.
     """
     counted = {d: report for d, report in reports.items() if report.confusion.sum() > 0}
     if not counted or len(counted) < min_reports:
         return None
+    median = float(np.median([report.confusion.sum() for report in counted.values()]))
+    weights = [min(1.0, median / float(report.confusion.sum())) for report in counted.values()]
     total = Counts(
-        np.sum([report.confusion for report in counted.values()], axis=0),
-        sum(report.loss_sum for report in counted.values()),
-        np.sum([report.decisions for report in counted.values()], axis=0),
+        np.sum([w * report.confusion for w, report in zip(weights, counted.values(), strict=True)], axis=0),
+        sum(w * report.loss_sum for w, report in zip(weights, counted.values(), strict=True)),
+        np.sum([w * report.decisions for w, report in zip(weights, counted.values(), strict=True)], axis=0),
     )
-    return scored(total, [device_evaluation(d, r.confusion, r.loss_sum) for d, r in sorted(counted.items())])
+    devices = [device_evaluation(d, r.confusion, r.loss_sum) for d, r in sorted(counted.items())]
+    return replace(scored(total, devices), clips=sum(device.clips for device in devices))
 
 
 def scored(total: Counts, devices: list[DeviceEvaluation]) -> FederatedEvaluation:
     """The scores of counts summed over devices (with at least one clip), and those devices' own."""
     confusion = total.confusion
-    clips = int(confusion.sum())
+    clips = float(confusion.sum())
     return FederatedEvaluation(
-        metrics.accuracy(confusion), metrics.macro_f1(confusion), total.loss_sum / clips, clips, devices,
-        total.decisions,
+        metrics.accuracy(confusion), metrics.macro_f1(confusion), total.loss_sum / clips, round(clips),
+        devices, total.decisions,
     )  # fmt: skip

@@ -25,7 +25,7 @@ def _counts(confusion: np.ndarray, loss_sum: float, decisions: int = 0) -> Count
 
 def test_pooled_counts_score_like_the_union_of_the_test_sets():
     rng = np.random.default_rng(0)
-    labels = [rng.integers(0, 4, size=n) for n in (30, 5, 12)]
+    labels = [rng.integers(0, 4, size=n) for n in (12, 5, 12)]  # none over the median: each counts whole
     predictions = [np.where(rng.random(len(y)) < 0.7, y, rng.integers(0, 4, size=len(y))) for y in labels]
     losses = [rng.random(len(y)) for y in labels]
     reports = {
@@ -41,7 +41,7 @@ def test_pooled_counts_score_like_the_union_of_the_test_sets():
         for c in np.union1d(union_y, union_p)
     ]
     assert pooled.macro_f1 == pytest.approx(np.mean(f1))
-    assert pooled.clips == 47 and [d.clips for d in pooled.devices] == [30, 5, 12]
+    assert pooled.clips == 29 and [d.clips for d in pooled.devices] == [12, 5, 12]
     assert pooled.devices[1].accuracy == pytest.approx(np.mean(labels[1] == predictions[1]))
 
 
@@ -54,6 +54,19 @@ def test_too_few_reports_give_no_scores_and_empty_reports_do_not_count():
     both = combine({"a": _counts(one, 1.0, 2), "b": _counts(one, 3.0, 3)}, min_reports=2)
     assert both.accuracy == pytest.approx(5 / 6)
     assert both.decisions.sum() == 2 + 3, "the word decisions summed"
+
+
+def test_a_device_reporting_many_clips_all_right_moves_the_figure_and_threshold_by_its_share_at_most():
+    honest = np.array([[40, 10], [10, 40]])  # 100 clips, 80 % right
+    liar = np.array([[10**6, 0], [0, 10**6]])  # as many as it registered, every one right
+    reports = {f"h{i}": _counts(honest, 50.0, 40) for i in range(4)}
+    clean = combine(reports, min_reports=1)
+    lied = combine({**reports, "liar": _counts(liar, 0.0, 2 * 10**6)}, min_reports=1)
+    # weighed as the median device: 100 clips, all right, of 500
+    assert lied.accuracy == pytest.approx((4 * 80 + 100) / 500) and clean.accuracy == pytest.approx(0.8)
+    assert lied.accuracy - clean.accuracy <= (1 - clean.accuracy) / 5
+    assert lied.decisions.sum() == pytest.approx(4 * 40 + 100), "its word decisions weighed as its clips"
+    assert lied.clips == 4 * 100 + 2 * 10**6, "the clips the figure rests on, as reported"
 
 
 DEVICE = "kitchen"
