@@ -147,14 +147,14 @@ def checked_directions(current: Arrays, results: Sequence[Result]) -> tuple[list
     (at least 1): a change nearly at right angles to the others' adds to the model mostly what no other
     device found. With fewer than MIN_TO_TELL changes, or none that points the others' way, the round
     cannot tell and nothing is done. Only the weights training steps are compared; a change that is not
-    finite is left for the aggregation to drop.
+    finite is left for the aggregation to drop, and one that changes nothing has no direction to judge.
     """
     names = [name for name, array in current.items() if stepped(name, array)]
     flat = [
         np.concatenate([(r.arrays[name].astype(np.float64) - current[name]).ravel() for name in names])
         for r in results
     ]
-    remaining = [i for i, change in enumerate(flat) if np.isfinite(change).all()]
+    remaining = [i for i, change in enumerate(flat) if np.isfinite(change).all() and change.any()]
     most_left_out = (len(remaining) - 1) // 2
     done: dict[int, Direction] = {}
     cosines: list[float] = []

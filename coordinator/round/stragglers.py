@@ -1,9 +1,9 @@
-"""Devices that take their task and send nothing: each sits out as many rounds as it has let pass in a row.
+"""Devices that take their task and send nothing: asked less, the more rounds in a row they let pass.
 
-A device that acknowledges a task and never uploads costs its round the stragglers' grace. One that does
-so round after round is asked less: after n such rounds in a row it sits out the next n (at most
-MOST_SAT_OUT), and one update it sends sets it straight. Devices that went offline, or never took their
-task, are not stragglers: they were not there.
+A device that acknowledges a task and never uploads costs its round the stragglers' grace. Once may be
+a network's fault; one that does so round after round is asked less: after n such rounds in a row it
+sits out the next n - 1 (at most MOST_SAT_OUT), and one update it sends sets it straight. Devices that
+went offline, or never took their task, are not stragglers: they were not there.
 """
 
 from collections.abc import Collection, Iterable
@@ -30,4 +30,4 @@ class Stragglers:
             self.asked_again.pop(device, None)
         for device in stragglers:
             self.in_a_row[device] = self.in_a_row.get(device, 0) + 1
-            self.asked_again[device] = round + 1 + min(self.in_a_row[device], MOST_SAT_OUT)
+            self.asked_again[device] = round + min(self.in_a_row[device], MOST_SAT_OUT + 1)
