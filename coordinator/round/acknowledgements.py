@@ -99,6 +99,12 @@ class Acknowledgements:
             expected = self._tasks.get(task_id)
             return expected is not None and expected.failed
 
+    def taken(self, task_id: str) -> bool:
+        """Whether the task's device has acknowledged it."""
+        with self._lock:
+            expected = self._tasks.get(task_id)
+            return expected is not None and expected.taken
+
     def absent(self, task_id: str, now: float) -> bool:
         """Whether the task's device is not there for it: it failed it, or it has not acknowledged it and
         the time to do so has passed.

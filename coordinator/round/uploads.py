@@ -251,13 +251,12 @@ class Uploads:
         with self._lock:
             open_, self._open = self._opened(), None
             now = time.time()
-            open_.never_taken = {
-                d
-                for d, t in open_.tasks.items()
-                if d not in open_.updates and self.acks.absent(t.task_id, now)
-            }
+            unanswered = {d: t for d, t in open_.tasks.items() if d not in open_.updates}
+            absent = {d for d, t in unanswered.items() if self.acks.absent(t.task_id, now)}
+            # not taken by the close, or failed: not there for it, so no straggler either
+            open_.never_taken = absent | {d for d, t in unanswered.items() if not self.acks.taken(t.task_id)}
             if open_.buffered:
-                self._late.carry(open_, open_.never_taken)
+                self._late.carry(open_, absent)
             over = (open_.tasks.keys() | open_.updates.keys()) - self._late.carried.keys()
             self.acks.forget(open_.tasks[d].task_id for d in over if d in open_.tasks)
         return open_, sorted(over)
