@@ -17,6 +17,7 @@ from fedspeech.connection_options import (
 )
 from fedspeech.privacy_options import add_dp_options, dp_options
 from fedspeech.protocol.topics import parse_broker_url
+from fedspeech_bench.attacks.insider_rounds import add_parser as add_insiders_parser
 from fedspeech_bench.coldstart import add_parser as add_coldstart_parser
 from fedspeech_bench.dashboard_polling import add_parser as add_dashboard_bench_parser
 from fedspeech_bench.demo_defaults import DEMO_EPOCHS, DEMO_FLEET, DEMO_MODEL, DEMO_OUT, DEMO_ROUNDS
@@ -111,15 +112,6 @@ def _bench_attacks(args: argparse.Namespace) -> None:
     results_folder("bench attacks", args.out)
     settings = FleetSettings(rounds=args.rounds, epochs=args.epochs, attack_from=args.attack_from)
     run_attacks(args.out, args.attack or list(ATTACKS), settings)
-
-
-def _bench_insiders(args: argparse.Namespace) -> None:
-    from fedspeech_bench.attacks.insider_rounds import DEFAULT_ARMS, run_insiders, write_insiders
-
-    results_folder("bench insiders", args.out)
-    runs = run_insiders(DEFAULT_ARMS, args.rounds, args.late_from)
-    print(write_insiders(args.out, runs))
-    print(f"\n{args.out / 'table.md'}, {args.out / 'insiders.png'}, {args.out / 'results.json'}")
 
 
 def _bench_central(args: argparse.Namespace) -> None:
@@ -221,18 +213,6 @@ def add_bench_parser(subparsers: argparse._SubParsersAction) -> None:
         help="the first round the compromised device attacks in, honest before (default 1)",
     )  # fmt: skip
     ba.set_defaults(run=_bench_attacks)
-    bn = b.add_parser(
-        "insiders",
-        help="compromised enrolled devices against the coordinator's rules, simulated in this process",
-    )
-    bn.add_argument("--out", type=Path, default=Path("fedspeech-bench-insiders"), help="where results go")
-    bn.add_argument("--rounds", type=at_least(1), default=12, help="rounds of each arm (default 12)")
-    bn.add_argument(
-        "--late-from",
-        type=at_least(1),
-        help="each attack again from this round on, after the model has learned",
-    )
-    bn.set_defaults(run=_bench_insiders)
     bc = b.add_parser("central", help="the same model trained on all training clips in one place")
     bc.add_argument("--corpus", choices=["fsdd", "emodb", "speech_commands"], default="fsdd")
     bc.add_argument("--out", type=Path, default=Path("fedspeech-bench-central"), help="where results go")
@@ -255,6 +235,7 @@ def add_bench_parser(subparsers: argparse._SubParsersAction) -> None:
     add_privacy_parser(b)
     add_latency_parser(b)
     add_coldstart_parser(b)
+    add_insiders_parser(b)
 
 
 def _bench_listen(args: argparse.Namespace) -> None:

@@ -13,6 +13,7 @@ compromised devices: what no rule can give back is their data. The model is scor
 held-out clips.
 """
 
+import argparse
 import json
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
@@ -248,3 +249,29 @@ def write_insiders(out: Path, runs: Sequence[tuple[ArmRun, ArmRun, ArmRun]]) -> 
     (out / "table.md").write_text(text + "\n")
     plot(runs, out / "insiders.png")
     return text
+
+
+def add_parser(bench_subparsers: argparse._SubParsersAction) -> None:
+    """Add `bench insiders` to the `bench` subcommands."""
+    p = bench_subparsers.add_parser(
+        "insiders",
+        help="compromised enrolled devices against the coordinator's rules, simulated in this process",
+    )
+    p.add_argument("--out", type=Path, default=Path("fedspeech-bench-insiders"), help="where results go")
+    p.add_argument("--rounds", type=int, default=12, help="rounds of each arm (default 12)")
+    p.add_argument(
+        "--late-from", type=int, help="each attack again from this round on, once the model learned"
+    )
+    p.set_defaults(run=run_from_args)
+
+
+def run_from_args(args: argparse.Namespace) -> None:
+    """`fedspeech bench insiders`: check the options, run every arm, write and print the table."""
+    from fedspeech.connection_options import results_folder
+
+    if not 1 <= args.rounds <= 500 or not 1 <= (args.late_from or 1) <= args.rounds:
+        raise SystemExit("fedspeech bench insiders: --rounds must be from 1 to 500, --late-from within them")
+    results_folder("bench insiders", args.out)
+    runs = run_insiders(DEFAULT_ARMS, args.rounds, args.late_from)
+    print(write_insiders(args.out, runs))
+    print(f"\n{args.out / 'table.md'}, {args.out / 'insiders.png'}, {args.out / 'results.json'}")
