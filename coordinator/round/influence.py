@@ -6,8 +6,9 @@ anyone on the broker can publish; and it may grow only a little from one round t
 within a small multiple of the fleet's median. Each update's change to the global model is bounded in
 L2 norm before any strategy combines it (Sun et al. 2019, "Can You Really Backdoor Federated
 Learning?"): a device that boosts its change to replace the model is brought back to an ordinary step.
-A change that points away from the mean of the round's other changes is left out: bounded in size
-alone, one reversed change of ordinary norm still undoes a device's share of every round.
+A change that points away from the round's other changes is left out, and one nearly at right angles
+to them counts for less (checked_directions): bounded in size alone, one reversed change of ordinary
+norm still undoes a device's share of every round.
 """
 
 import logging
@@ -101,7 +102,7 @@ def norm_bounded(
     return bounded, shortened
 
 
-MIN_TO_TELL = 3  # changes a round needs for each to be compared with the mean of at least two others
+MIN_TO_TELL = 3  # changes a round needs for each to be compared with at least two others' directions
 
 
 @dataclass(frozen=True)
@@ -208,7 +209,7 @@ def too_few_to_tell(config: RoundConfig) -> str | None:
 
 def bounded(round: int, current: Arrays, results: Sequence[Result], config: RoundConfig) -> list[Result]:
     """The results with each change from current bounded in norm (norm_bounded), then without those that
-    point away from the others' (without_opposed) where the rounds may check directions; each logged.
+    point away from the others' (checked_directions) where the rounds may check directions; each logged.
     """
     kept, shortened = norm_bounded(current, results, config.norm_bound, config.norm_bound_factor)
     for s in shortened:

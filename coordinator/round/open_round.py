@@ -23,9 +23,8 @@ class OpenRound:
     buffered: bool = False
     updates: dict[str, tuple[Result, UpdateRecord]] = field(default_factory=dict)
     skipped: set[str] = field(default_factory=set)  # devices whose turn passed: their updates are refused
-    never_taken: set[str] = field(
-        default_factory=set
-    )  # devices that had not acknowledged their task at its close
+    # devices that had not acknowledged their task when the round closed, or failed it
+    never_taken: set[str] = field(default_factory=set)
     bytes_up: int = 0
     bytes_down: int = 0
     # once `enough` devices have uploaded, the others have `grace` times the time that took (at least

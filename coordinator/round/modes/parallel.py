@@ -29,24 +29,14 @@ def hand_out_and_collect(round: int, plan: RoundPlan, context: RoundContext, buf
     deadline = context.started + context.config.round_timeout
     tasks = context.tasks(list(plan.work), deadline)
     required = frozenset(plan.required)
-    # a round whose devices are all needed closes once half of them (and min_results) have uploaded and the
-    # others' grace has passed: one device that takes its task and never answers costs seconds, not the
-    # round timeout
+    # a round closes once half its devices (and min_results) have uploaded and the others' grace has passed:
+    # one device that takes its task and never answers costs seconds, not the round timeout
     enough = max(context.config.min_results, math.ceil(len(tasks) / 2))
     grace = 0.0 if buffered else context.config.straggler_grace
-    uploads.open(
-        OpenRound(
-            round,
-            context.started,
-            deadline,
-            tasks,
-            plan.needed,
-            required,
-            buffered,
-            enough=enough,
-            grace=grace,
-        )
+    opened = OpenRound(
+        round, context.started, deadline, tasks, plan.needed, required, buffered, enough=enough, grace=grace
     )
+    uploads.open(opened)
     for device, task in tasks.items():
         link.publish_task(task, device)
     uploads.wait_until_complete(context.stop)
