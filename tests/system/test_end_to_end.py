@@ -89,8 +89,12 @@ def test_rounds_over_a_real_broker(broker, request, tmp_path, topic_root, proces
         assert get_json(f"{url}/api/status")["completed_round"] == ROUNDS
         assert {d["device_id"] for d in get_json(f"{url}/api/devices")} == set(SPEAKERS)
 
-        announced = _retained_model(service.broker_url, topic_root, service.key.public_key())
-        assert announced.round == ROUNDS
+        def last_announced() -> ModelAnnouncement | None:
+            # sent before the rounds count as finished, it may reach the broker just after
+            announced = _retained_model(service.broker_url, topic_root, service.key.public_key())
+            return announced if announced.round == ROUNDS else None
+
+        announced = wait_for(last_announced, 30, "the last round's announcement on the broker")
         assert announced.weights.sha256 == rounds[-1].weights_sha256
         onnx = service.store.model_path(ROUNDS, "onnx").read_bytes()
         assert announced.onnx.sha256 == weights.sha256(onnx)

@@ -1,0 +1,1 @@
+"""Attacks on a fleet: a live deployment attacked (`bench attacks`), insiders in one process."""
