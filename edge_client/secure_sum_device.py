@@ -96,19 +96,20 @@ class DeviceRound:
         if self.device_id not in sharers or not set(sharers) <= set(self._adverts):
             raise ProtocolError("the sharers must be advertised devices, this one among them")
         self._sharers = sharers
-        pairs = {
-            other: ss.pair_seed(
-                self._mask_key,
-                self._public(other, "mask_key"),
-                pair_context(self.round, self.device_id, other),
-            )
-            for other in sharers
-            if other != self.device_id
-        }
+        pairs = {other: self._pair_seed(other) for other in sharers if other != self.device_id}
         return ss.mask(encoded, self.device_id, self._seed, pairs)
 
+    def _pair_seed(self, other: str) -> bytes:
+        context = pair_context(self.round, self.device_id, other)
+        return ss.pair_seed(self._mask_key, self._public(other, "mask_key"), context)
+
     def unmask(self, survivors: Sequence[str], sealed_to_me: Mapping[str, bytes]) -> Unmasking:
-        """Phase 4, once: the shares held of each survivor's seed and of each dropped sharer's mask key."""
+        """Phase 4, once: the shares held of each survivor's seed and of each dropped sharer's mask key.
+
+        A sharer whose sealed share does not open (it sent no real one) gets no share from this device:
+        the seed of their pairwise mask goes instead, which lets the sum be unmasked without it and
+        tells the coordinator nothing of this device's own update.
+        """
         if self._answered:
             raise ProtocolError("this device has already given up its shares for this round")
         survivors = sorted(survivors)
@@ -116,7 +117,7 @@ class DeviceRound:
         if self.device_id not in survivors or not set(survivors) <= set(self._sharers):
             raise ProtocolError("the survivors must be sharers, this one among them")
         half = len(self._own_share) // 2  # a seed's share, then a mask key's: both 32 bytes
-        seeds, keys = {}, {}
+        seeds, keys, pairs = {}, {}, {}
         for owner in self._sharers:
             if owner == self.device_id:
                 share = self._own_share
@@ -131,14 +132,15 @@ class DeviceRound:
                         share_context(self.round, owner, self.device_id),
                         sealed,
                     )
-                except ValueError as exc:
-                    raise ProtocolError(f"the share from {owner}: {exc}") from None
+                except ValueError:
+                    pairs[owner] = self._pair_seed(owner)
+                    continue
             if owner in survivors:
                 seeds[owner] = share[:half]
             else:
                 keys[owner] = share[half:]
         self._answered = True
-        return Unmasking(self.device_id, self.round, seeds, keys)
+        return Unmasking(self.device_id, self.round, seeds, keys, pairs)
 
     def _public(self, device: str, name: str) -> X25519PublicKey:
         return X25519PublicKey.from_public_bytes(getattr(self._adverts[device], name))

@@ -8,7 +8,7 @@ Bytes are raw here; the wire encodes them.
 """
 
 import hashlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
@@ -50,13 +50,17 @@ class SealedShares:
 @dataclass(frozen=True)
 class Unmasking:
     """Phase 4, a survivor to the coordinator: the shares it holds of each survivor's seed and of each
-    dropped device's mask key.
+    dropped device's mask key; for a device whose share it could not open, their pair's mask seed instead.
     """
 
     device_id: str
     round: int
     seed_shares: dict[str, bytes]
     key_shares: dict[str, bytes]
+    # a sharer whose sealed share did not open -> the seed of this device's pairwise mask with it, so
+    # that the sum can be unmasked without that sharer's secrets (it is left out of the sum if no
+    # threshold of shares rebuilds them)
+    pair_seeds: dict[str, bytes] = field(default_factory=dict)
 
 
 def seed_digest(seed: bytes) -> bytes:

@@ -182,6 +182,7 @@ def unmasking_body(reply: Unmasking) -> bytes:
         {
             "seed_shares": {k: _text(v) for k, v in reply.seed_shares.items()},
             "key_shares": {k: _text(v) for k, v in reply.key_shares.items()},
+            "pair_seeds": {k: _text(v) for k, v in reply.pair_seeds.items()},
         }
     )
 
@@ -191,4 +192,5 @@ def read_unmasking(body: bytes, device_id: str, round: int) -> Unmasking:
     value = _object(body)
     seeds = _by_device(value.get("seed_shares"), SEED_BYTES, "seed_shares")
     keys = _by_device(value.get("key_shares"), SEED_BYTES, "key_shares")
-    return Unmasking(device_id, round, seeds, keys)
+    pairs = _by_device(value.get("pair_seeds", {}), SEED_BYTES, "pair_seeds")
+    return Unmasking(device_id, round, seeds, keys, pairs)

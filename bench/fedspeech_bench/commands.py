@@ -286,14 +286,15 @@ def _add_listen_bench_parser(bench_subparsers: argparse._SubParsersAction) -> No
 def _demo(args: argparse.Namespace) -> None:
     from fedspeech.coordinator.config import RoundConfig
     from fedspeech.coordinator.strategies import STRATEGIES
-    from fedspeech_bench.demo import DemoConfig, run_demo
+    from fedspeech_bench.demo import FULL_SPEED_STRATEGY, DemoConfig, run_demo
 
     if args.strategy is not None and args.strategy not in STRATEGIES:
         known = ", ".join(STRATEGIES)
         raise SystemExit(f"fedspeech demo: unknown strategy {args.strategy!r}, expected one of {known}")
     dp = dp_options(args)
+    strategy = args.strategy or (FULL_SPEED_STRATEGY if args.full_speed else DemoConfig.strategy)
     try:
-        RoundConfig(rounds=args.rounds, strategy=args.strategy or DemoConfig.strategy, **dp)
+        RoundConfig(rounds=args.rounds, strategy=strategy, **dp)
     except ValueError as exc:
         raise SystemExit(f"fedspeech demo: {exc}") from None
     fleet = None if args.fleet is None else fleet_path(args.fleet)
@@ -315,7 +316,7 @@ def _demo(args: argparse.Namespace) -> None:
         DemoConfig(
             out=args.out,
             fleet=None if args.full_speed else fleet or DemoConfig.fleet,
-            strategy=args.strategy or DemoConfig.strategy,
+            strategy=strategy,
             privacy=dp,
             rounds=args.rounds,
             epochs=args.epochs,
@@ -364,7 +365,7 @@ def add_demo_parser(subparsers: argparse._SubParsersAction) -> None:
         action="store_true",
         help="the coordinator learns only the sum of each round's updates, never one device's",
     )
-    m.add_argument("--strategy", help=f"{STRATEGY_HELP} (default epochs_only)")
+    m.add_argument("--strategy", help=f"{STRATEGY_HELP} (default epochs_only; fedavg with --full-speed)")
     m.add_argument("--rounds", type=at_least(1), default=DEMO_ROUNDS, help=f"(default {DEMO_ROUNDS})")
     m.add_argument(
         "--epochs",

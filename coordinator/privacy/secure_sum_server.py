@@ -45,8 +45,7 @@ class ServerRound:
         self._adverts: dict[str, Advert] = {}
         self._holders: list[str] = []  # the advertised devices, in share order, once adverts are out
         self._sealed: dict[str, dict[str, bytes]] = {}  # sender -> receiver -> sealed share
-        self._sum = np.zeros(length, dtype=np.uint32)
-        self._masked: list[str] = []
+        self._masked: dict[str, np.ndarray] = {}  # summed once the round knows who is left out
         self._replies: dict[str, Unmasking] = {}
 
     def take_advert(self, advert: Advert) -> None:
@@ -103,11 +102,10 @@ class ServerRound:
             raise Refused(f"the masked update of {device} came after the unmasking began")
         if masked.dtype != np.uint32 or masked.shape != (self.length,):
             raise Refused(f"the masked update of {device} is not {self.length} uint32")
-        self._sum += masked
-        self._masked.append(device)
+        self._masked[device] = masked
 
     def survivors(self) -> list[str]:
-        """The devices whose masked updates are in the sum."""
+        """The devices whose masked updates came."""
         survivors = sorted(self._masked)
         check_group(survivors, self.threshold, "the survivors")
         return survivors
@@ -121,37 +119,80 @@ class ServerRound:
             raise Refused(f"a second unmasking from {device}")
         survivors = set(self._masked)
         dropped = set(self._sealed) - survivors
-        if set(reply.seed_shares) != survivors or set(reply.key_shares) != dropped:
-            raise Refused(f"the unmasking of {device} does not hold one share of each it must")
-        if any(len(s) != ss.SEED_BYTES for s in [*reply.seed_shares.values(), *reply.key_shares.values()]):
+        seeds, keys, pairs = set(reply.seed_shares), set(reply.key_shares), set(reply.pair_seeds)
+        each_once = not (seeds | keys) & pairs and seeds | keys | pairs == survivors | dropped
+        if not (each_once and seeds <= survivors and keys <= dropped and device not in pairs):
+            raise Refused(f"the unmasking of {device} does not hold one share or pair seed of each it must")
+        given = [*reply.seed_shares.values(), *reply.key_shares.values(), *reply.pair_seeds.values()]
+        if any(len(s) != ss.SEED_BYTES for s in given):
             raise Refused(f"a share in the unmasking of {device} is not {ss.SEED_BYTES} bytes")
         self._replies[device] = reply
 
-    def total(self) -> tuple[np.ndarray, set[str]]:
-        """The sum of the survivors' encoded updates, and the devices that gave up a wrong share.
-        ProtocolError when too few replies came, or too many shares were wrong to tell which.
+    def total(self) -> tuple[np.ndarray, set[str], dict[str, list[str]]]:
+        """The sum of the survivors' encoded updates; the devices that gave up a wrong share; and those
+        left out of the sum, each with the devices its shares did not open for. A survivor is left out
+        when too few of its shares opened to rebuild its seed (it sent no real ones): its masked update
+        is taken out of the sum and its pairwise masks with the others come from their pair seeds.
+        ProtocolError when too few replies came, or a secret cannot be rebuilt nor done without.
         """
         check_group(sorted(self._replies), self.threshold, "the unmaskings")
-        position = {device: n for n, device in enumerate(self._holders)}
         liars: set[str] = set()
+        left_out = {
+            owner: sorted(d for d, r in self._replies.items() if owner in r.pair_seeds)
+            for owner in self._masked
+            if sum(owner in r.seed_shares for r in self._replies.values()) < self.threshold
+        }
+        counted = sorted(set(self._masked) - set(left_out))
+        check_group(counted, self.threshold, "the survivors whose shares opened")
         seeds = []
-        for owner in sorted(self._masked):
-            shares = {position[d]: r.seed_shares[owner] for d, r in self._replies.items()}
-            seed, wrong = self._rebuild(shares, _is_seed_of(self._adverts[owner]), owner)
+        for owner in counted:
+            seed, wrong = self._rebuilt(owner, "seed_shares", _is_seed_of(self._adverts[owner]))
             seeds.append(seed)
-            liars |= {self._holders[n] for n in wrong}
+            liars |= wrong
         pairs = []
-        for owner in sorted(set(self._sealed) - set(self._masked)):
-            shares = {position[d]: r.key_shares[owner] for d, r in self._replies.items()}
-            key_bytes, wrong = self._rebuild(shares, _is_mask_key_of(self._adverts[owner]), owner)
-            liars |= {self._holders[n] for n in wrong}
-            key = X25519PrivateKey.from_private_bytes(key_bytes)
-            for survivor in sorted(self._masked):
-                peer = X25519PublicKey.from_public_bytes(self._adverts[survivor].mask_key)
-                pairs.append(
-                    (survivor, owner, ss.pair_seed(key, peer, pair_context(self.round, survivor, owner)))
-                )
-        return ss.unmask(self._sum, seeds, pairs), liars
+        for owner in sorted(set(self._sealed) - set(counted)):
+            with_owner, wrong = self._pairs_with(owner, counted)
+            pairs += with_owner
+            liars |= wrong
+        total = np.zeros(self.length, dtype=np.uint32)
+        for device in counted:
+            total += self._masked[device]
+        return ss.unmask(total, seeds, pairs), liars, left_out
+
+    def _pairs_with(self, owner: str, counted: list[str]) -> tuple[list[tuple[str, str, bytes]], set[str]]:
+        """(survivor, owner, seed) of each counted survivor's pairwise mask with a sharer not in the sum,
+        from the survivor's pair seed where it gave one, else from the owner's mask key rebuilt; and the
+        holders of wrong shares of that key.
+        """
+        given = {u: self._reply_of(u).pair_seeds.get(owner) for u in counted}
+        missing = [u for u, seed in given.items() if seed is None]
+        if not missing:
+            return [(u, owner, seed) for u, seed in given.items() if seed is not None], set()
+        if owner in self._masked:  # left out of the sum: its mask key's shares were never asked for
+            raise ProtocolError(f"round {self.round}: {missing} gave no pair seed with {owner}")
+        key_bytes, wrong = self._rebuilt(owner, "key_shares", _is_mask_key_of(self._adverts[owner]))
+        key = X25519PrivateKey.from_private_bytes(key_bytes)
+        pairs = []
+        for u, seed in given.items():
+            if seed is None:
+                peer = X25519PublicKey.from_public_bytes(self._adverts[u].mask_key)
+                seed = ss.pair_seed(key, peer, pair_context(self.round, u, owner))
+            pairs.append((u, owner, seed))
+        return pairs, wrong
+
+    def _reply_of(self, device: str) -> Unmasking:
+        return self._replies.get(device) or Unmasking(device, self.round, {}, {})
+
+    def _rebuilt(self, owner: str, kind: str, check: ss.Check) -> tuple[bytes, set[str]]:
+        """An owner's seed or mask key rebuilt from the replies' shares of it; the holders of wrong ones."""
+        position = {device: n for n, device in enumerate(self._holders)}
+        shares = {
+            position[d]: getattr(r, kind)[owner]
+            for d, r in self._replies.items()
+            if owner in getattr(r, kind)
+        }
+        secret, wrong = self._rebuild(shares, check, owner)
+        return secret, {self._holders[n] for n in wrong}
 
     def _rebuild(self, shares: Mapping[int, bytes], check: ss.Check, owner: str) -> tuple[bytes, set[int]]:
         try:

@@ -90,8 +90,10 @@ class SecureSumUploads:
             self._changed.notify_all()
             return group
 
-    def total(self) -> tuple[np.ndarray, set[str]]:
-        """The sum of the survivors' encoded updates, and the devices that gave up wrong shares."""
+    def total(self) -> tuple[np.ndarray, set[str], dict[str, list[str]]]:
+        """The sum of the survivors' encoded updates, the devices that gave up wrong shares, and those
+        left out of the sum, each with the devices its shares did not open for (ServerRound.total).
+        """
         with self._changed:
             return self._require_server().total()
 

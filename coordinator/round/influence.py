@@ -136,17 +136,20 @@ def cosines_with_the_others(changes: Sequence[np.ndarray]) -> list[float]:
 
 
 def checked_directions(current: Arrays, results: Sequence[Result]) -> tuple[list[Result], list[Direction]]:
-    """The results without those whose change points away from the others', and with fewer samples for those
-    that point their way less than half as much as the median does; what was done to whom.
+    """The results without those whose change points away from the others', and those that point their way
+    less than half as much as the median does counting for no more samples than the median; what was done
+    to whom.
 
     Devices that train honestly from one model share a direction however different their data: measured
     on FSDD, each speaker's change from a random start had cosine 0.03 to 0.06 with another's, and a
     reversed one as much below 0; the direction firms up as the model learns. The change that points
     furthest away (cosine <= 0) is left out and the others compared again, until every change left
     points the others' way, fewer than MIN_TO_TELL remain or a strict minority has been left out. Of
-    those kept, one whose cosine is c below half the median m counts for c / (m / 2) of its samples
-    (at least 1): a change nearly at right angles to the others' adds to the model mostly what no other
-    device found. With fewer than MIN_TO_TELL changes, or none that points the others' way, the round
+    those kept, one whose cosine is below half the median counts for no more samples than the median
+    kept device: a change nearly at right angles to the others' adds to the model mostly what no other
+    device found, and a large count must not make it the round's. (Weighing such changes down in
+    proportion to their cosine cost honest devices in late rounds, when the fleet's changes are nearly
+    orthogonal.) With fewer than MIN_TO_TELL changes, or none that points the others' way, the round
     cannot tell and nothing is done. Only the weights training steps are compared; a change that is not
     finite is left for the aggregation to drop, and one that changes nothing has no direction to judge.
     """
@@ -168,10 +171,10 @@ def checked_directions(current: Arrays, results: Sequence[Result]) -> tuple[list
         del remaining[worst]
     if len(cosines) == len(remaining) and max(cosines, default=0) > 0:
         half_median = float(np.median(cosines)) / 2
+        median_samples = int(np.median([results[i].num_samples for i in remaining]))
         for i, cosine in zip(remaining, cosines, strict=True):
-            if cosine < half_median:
-                samples = max(1, round(results[i].num_samples * max(cosine, 0.0) / half_median))
-                done[i] = Direction(results[i].device_id, cosine, samples)
+            if cosine < half_median and results[i].num_samples > median_samples:
+                done[i] = Direction(results[i].device_id, cosine, median_samples)
     checked = [
         r if i not in done else replace(r, num_samples=done[i].samples)
         for i, r in enumerate(results)
@@ -187,7 +190,9 @@ def direction_unchecked(config: RoundConfig) -> str | None:
     if config.secure_aggregation:
         return (
             "under secure aggregation the coordinator never sees one device's change: it cannot leave out "
-            "one that points away from the others', and each device bounds its own change's norm"
+            "one that points away from the others', and each device bounds its own change's norm (a sum "
+            "longer than bounded changes can give is refused, and its round run again, without telling "
+            "which device it was)"
         )
     if config.privacy is not None:
         return (

@@ -9,6 +9,13 @@ from fedspeech.protocol.messages import Task
 GRACE_MIN_S = 2.0  # the least a round's last devices are given once enough have uploaded
 
 
+def grace_end(started: float, enough_at: float, grace: float) -> float:
+    """When the last devices' grace ends: grace times what the first ones took (at least GRACE_MIN_S)
+    after enough had answered.
+    """
+    return enough_at + max(GRACE_MIN_S, grace * (enough_at - started))
+
+
 @dataclass
 class OpenRound:
     """The round being trained: tasks handed out, updates accepted so far, bytes moved."""
@@ -44,7 +51,7 @@ class OpenRound:
         """Whether the last devices' grace has passed since the round had enough updates."""
         if not self.grace or self.enough_at is None:
             return False
-        return now >= self.enough_at + max(GRACE_MIN_S, self.grace * (self.enough_at - self.started_at))
+        return now >= grace_end(self.started_at, self.enough_at, self.grace)
 
     def optional_results(self) -> int:
         """Results received from devices that were not required."""

@@ -216,23 +216,28 @@ def test_at_most_a_strict_minority_is_left_out():
     changes = [(3, -3), (-1, -2), (-1, 3), (-3, -2), (-1, 2)]
     results = [Result(f"d{i}", {"w": np.array(c, np.float32) + 1}, 10) for i, c in enumerate(changes)]
     kept, directions = checked_directions({"w": np.ones(2, np.float32)}, results)
-    # d0 and d1 left out, two of five; d3 still points away from d2 and d4, and counts for 1 sample
-    assert [(d.device_id, d.samples) for d in directions] == [("d0", 0), ("d1", 0), ("d3", 1)]
-    assert [(r.device_id, r.num_samples) for r in kept] == [("d2", 10), ("d3", 1), ("d4", 10)]
+    # d0 and d1 left out, two of five; d3 still points away from d2 and d4, and is kept: no more is told
+    assert [(d.device_id, d.samples) for d in directions] == [("d0", 0), ("d1", 0)]
+    assert [(r.device_id, r.num_samples) for r in kept] == [("d2", 10), ("d3", 10), ("d4", 10)]
     half = speakers_like(6, 3)  # half reversed: no change points the others' way, nothing can be told
     assert checked_directions(START, half) == (half, [])
 
 
-def test_a_change_nearly_at_right_angles_to_the_others_counts_for_less():
+def test_a_change_nearly_at_right_angles_to_the_others_counts_for_no_more_than_the_median_device():
     results = speakers_like(5, 0)
     common = np.random.default_rng(0).normal(0, 1, 20_000)  # speakers_like's common step
     own = np.random.default_rng(1).normal(0, 5, 20_000)
-    results.append(Result("aside", {"w": (1 + own + 0.2 * common).astype(np.float32)}, 300))
+    aside = (1 + own + 0.2 * common).astype(np.float32)
+    results.append(Result("aside", {"w": aside}, 300))
     kept, directions = checked_directions(START, results)
     assert kept[:5] == results[:5]
-    (aside,) = directions
-    assert aside.device_id == "aside" and aside.cosine > 0
-    assert 1 <= kept[5].num_samples == aside.samples < 150, "below half the median cosine"
+    (told,) = directions
+    assert told.device_id == "aside" and 0 < told.cosine < 0.5 * min(
+        cosines_with_the_others([r.arrays["w"] - 1.0 for r in results[:5]])
+    )
+    assert kept[5].num_samples == told.samples == 100, "the median device's count, not its claim of 300"
+    modest = [*results[:5], Result("aside", {"w": aside}, 60)]
+    assert checked_directions(START, modest) == (modest, []), "a count under the median is left as it is"
 
 
 def test_nothing_is_left_out_where_the_round_cannot_tell():

@@ -2,8 +2,11 @@
 coordinator's SecureSumUploads in memory: no broker, no HTTP, no torch.
 """
 
+import math
+import os
 import threading
 import time
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -13,7 +16,7 @@ from scipy import stats
 from fedspeech.coordinator.privacy.budget import epsilon_spent
 from fedspeech.coordinator.privacy.secure_sum_uploads import SecureSumUploads
 from fedspeech.coordinator.refusals import NotWanted
-from fedspeech.coordinator.round.modes.secure_sum import device_noise
+from fedspeech.coordinator.round.modes.secure_sum import device_noise, sum_bound
 from fedspeech.coordinator.strategies.differential_privacy import change_noise_multiplier, count_noise
 from fedspeech.edge_client.secure_sum_device import DeviceRound, encode_change
 from fedspeech.protocol import secure_sum_maths as ss
@@ -42,8 +45,21 @@ class SecureDevice:
     before which it goes silent), talking to its SecureSumUploads as the HTTP handlers would.
     """
 
-    def __init__(self, fleet: Fleet, device_id: str, value: float, samples: int, drop: str = "") -> None:
+    def __init__(
+        self,
+        fleet: Fleet,
+        device_id: str,
+        value: float,
+        samples: int,
+        drop: str = "",
+        bounds: bool = True,
+        step: tuple[float, ...] = (),
+        random_shares: bool = False,
+    ) -> None:
         self.fleet, self.device_id, self.value, self.drop = fleet, device_id, value, drop
+        self.step = step  # given: its trained weights are those received plus step, not `value`
+        self.random_shares = random_shares  # True: the shares it hands out open for no one
+        self.bounds = bounds  # False: its change is not scaled to the clip (a daemon patched to skip it)
         self.identity = Ed25519PrivateKey.generate()
         self.masked: list[bytes] = []  # what it sent in the masked phase
         # its clips per label, and its evaluation of the model it is sent: right a clips, b wrong as a
@@ -57,6 +73,7 @@ class SecureDevice:
         fleet.link.responders[device_id] = self.start
 
     def start(self, task: Task) -> None:
+        self.fleet.uploads.acknowledge(self.device_id, task.task_id)  # as a daemon does on receipt
         received = {name: array.copy() for name, array in self.fleet.uploads.current.items()}
         threading.Thread(target=self.run, args=(task, received), daemon=True).start()
 
@@ -81,11 +98,19 @@ class SecureDevice:
             if not post("adverts", wire.advert_body(device.advert())):
                 return
             adverts, identities = wire.read_adverts(outcome("adverts"), task.round)
-            if not post("shares", wire.shares_body(device.share(adverts, identities))):
+            shares = device.share(adverts, identities)
+            if self.random_shares:
+                shares = replace(shares, sealed={k: os.urandom(len(v)) for k, v in shares.sealed.items()})
+            if not post("shares", wire.shares_body(shares)):
                 return
             sharers, sealed = wire.read_sharers(outcome("shares"))
-            trained = {name: np.full_like(array, self.value) for name, array in received.items()}
-            change, norm = ss.change_vector(trained, received, secure.clip)
+            trained = {
+                name: array + np.array(self.step, np.float32)
+                if self.step
+                else np.full_like(array, self.value)
+                for name, array in received.items()
+            }
+            change, norm = ss.change_vector(trained, received, secure.clip if self.bounds else math.inf)
             encoded = np.concatenate(
                 [encode_change(change, norm, secure, np.random.default_rng()), self.tally.encode()]
             )
@@ -124,6 +149,37 @@ def test_a_secure_round_gives_fedavg_of_the_same_updates_within_the_fixed_points
     assert task.secure_sum.weight == pytest.approx(10 / 40)
 
 
+def test_secure_rounds_give_fedavgs_models_round_by_round_from_the_same_changes(tmp_path):
+    steps = {"a": (0.3, -0.1), "b": (0.2, 0.2), "c": (0.25, 0.05), "d": (0.1, 0.3)}
+    samples = {"a": 10, "b": 20, "c": 40, "d": 30}
+    secure = secure_fleet(tmp_path / "secure", rounds=4)
+    for d in steps:
+        SecureDevice(secure, d, 0.0, samples[d], step=steps[d])
+    secure.finish()
+    plain = Fleet(tmp_path / "plain", rounds=4, round_timeout=2.0)
+    for d in steps:
+        plain.device(d, value=0.0, samples=samples[d])
+        plain.link.responders[d] = lambda task, d=d: plain.uploads.receive_update(
+            task.round, d, body := trained_from(plain, task, steps[d], samples[d]), weights.sha256(body)
+        )
+    plain.finish()
+    mean_step = sum(np.array(steps[d]) * samples[d] for d in steps) / sum(samples.values())
+    error = ss.fixed_point(10.0, 0.0, 4).max_error / (100 / 40)  # the sum's rounding, over the weights
+    for round in range(1, 5):
+        secure_model, plain_model = (
+            weights.decode(f.store.model_path(round, "weights").read_bytes())[0]["w"] for f in (secure, plain)
+        )
+        assert plain_model == pytest.approx(round * mean_step, abs=1e-6), "FedAvg by samples"
+        assert np.abs(secure_model - plain_model).max() <= round * error + 1e-6, f"round {round}"
+
+
+def trained_from(fleet: Fleet, task: Task, step: tuple[float, ...], samples: int) -> bytes:
+    """A plain device's upload: the model its task carries, plus step."""
+    received = weights.decode(fleet.store.model_path(task.round - 1, "weights").read_bytes())[0]
+    trained = {"w": received["w"] + np.array(step, np.float32)}
+    return weights.encode(trained, {"task_id": task.task_id, "num_samples": str(samples)})
+
+
 def test_every_masked_vector_is_uniform_bytes_while_the_plain_update_is_not(tmp_path):
     fleet = secure_fleet(tmp_path, BigModel(), rounds=1)
     devices = [SecureDevice(fleet, d, 0.01 * (n + 1), 10) for n, d in enumerate("abc")]
@@ -146,6 +202,78 @@ def test_a_device_gone_before_upload_is_masked_out_and_the_others_sum_is_right(t
     record = fleet.store.rounds()[1]
     assert record.results == 2
     assert record.accuracy == pytest.approx(2.0, abs=1e-6)
+
+
+@pytest.mark.parametrize("silent_at", ["shares", "masked"])
+def test_a_device_silent_after_its_keys_costs_a_grace_not_the_timeout_and_sits_out_when_it_repeats(
+    tmp_path, silent_at
+):
+    timeout = 20.0
+    fleet = secure_fleet(tmp_path, rounds=3, round_timeout=timeout, secure_keys_timeout=timeout)
+    for device, value in {"a": 1.0, "b": 3.0, "c": 5.0, "d": 7.0}.items():
+        SecureDevice(fleet, device, value, 10)
+    SecureDevice(fleet, "silent", 100.0, 10, drop=silent_at)
+    started = time.time()
+    fleet.finish(timeout=timeout)
+    took = time.time() - started
+    rounds = fleet.store.rounds()
+    assert all(r.results == 4 for r in rounds[1:]), "every round completes with the other four"
+    assert rounds[3].accuracy == pytest.approx(4.0, abs=1e-6), "the silent device's masks all removed"
+    assert took < timeout, f"three rounds in {took:.1f} s: none waited its {timeout:g} s"
+    assert "silent" in fleet.link.tasks_of(1) and "silent" in fleet.link.tasks_of(2)
+    assert "silent" not in fleet.link.tasks_of(3), "silent twice in a row: it sits the next round out"
+
+
+@pytest.mark.parametrize("attackers", [1, 2])
+def test_random_shares_cost_a_round_nothing_and_their_senders_sit_out_when_they_repeat(tmp_path, attackers):
+    timeout = 20.0
+    fleet = secure_fleet(tmp_path, rounds=3, round_timeout=timeout, secure_keys_timeout=timeout)
+    for device, value in {"a": 1.0, "b": 3.0, "c": 5.0, "d": 7.0}.items():
+        SecureDevice(fleet, device, value, 10)
+    for n in range(attackers):
+        SecureDevice(fleet, f"x{n}", 100.0, 10, random_shares=True)
+    started = time.time()
+    fleet.finish(timeout=timeout)
+    assert time.time() - started < timeout / 2
+    rounds = fleet.store.rounds()
+    assert [(r.results, r.accuracy) for r in rounds[1:]] == [(4, pytest.approx(4.0, abs=1e-6))] * 3
+    assert "x0" in fleet.link.tasks_of(2) and "x0" not in fleet.link.tasks_of(3)
+
+
+def test_a_survivor_silent_at_the_unmasking_costs_a_grace_and_its_update_counts(tmp_path):
+    timeout = 20.0
+    fleet = secure_fleet(tmp_path, rounds=2, round_timeout=timeout, secure_keys_timeout=timeout)
+    for device, value in {"a": 1.0, "b": 3.0, "c": 5.0, "d": 7.0}.items():
+        SecureDevice(fleet, device, value, 10)
+    SecureDevice(fleet, "silent", 4.0, 10, drop="unmasking")  # its masked update sent, its shares not
+    started = time.time()
+    fleet.finish(timeout=timeout)
+    assert time.time() - started < timeout
+    assert [(r.results, r.accuracy) for r in fleet.store.rounds()[1:]] == [(5, pytest.approx(4.0))] * 2
+
+
+def test_a_sum_longer_than_bounded_changes_can_give_is_refused_and_the_model_kept(tmp_path, caplog):
+    fleet = secure_fleet(tmp_path, BigModel(), rounds=1, round_timeout=1.0)
+    for device, value in {"a": 0.01, "b": 0.02, "c": 0.03}.items():
+        SecureDevice(fleet, device, value, 10)
+    # each weight at the fixed point's limit, 10: its change's norm 10 x sqrt(20,002), not 10
+    SecureDevice(fleet, "cheat", -1000.0, 10, bounds=False)
+    with fleet.running():
+        time.sleep(2.5)
+    assert [r.round for r in fleet.store.rounds()] == [0], "no round is stored from the sum"
+    assert "a device did not bound its own" in caplog.text
+
+
+def test_honest_changes_at_the_clip_with_noise_pass_the_sums_bound():
+    bounds = [10.0] * 5
+    rng = np.random.default_rng(0)
+    length, noise = 20_000, 0.5
+    fixed = ss.fixed_point(10.0, noise, 5)
+    most = sum_bound(bounds, noise, length, fixed.max_error)
+    aligned = np.full(length, 10.0 / math.sqrt(length)) * 5  # five changes at the clip, all alike
+    noised = aligned + rng.normal(0, noise * math.sqrt(5), length)
+    assert float(np.linalg.norm(noised)) <= most
+    assert float(np.linalg.norm(aligned * 1.2)) > sum_bound(bounds, 0.0, length, fixed.max_error)
 
 
 def test_too_few_left_to_unmask_and_the_round_is_not_aggregated(tmp_path):

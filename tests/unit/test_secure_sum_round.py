@@ -60,8 +60,8 @@ def test_the_coordinator_gets_the_exact_sum_and_fedavg_within_the_fixed_point_er
     fleet.share(everyone)
     fleet.upload(everyone)
     fleet.unmask(everyone)
-    total, liars = fleet.server.total()
-    assert liars == set()
+    total, liars, left_out = fleet.server.total()
+    assert liars == set() and left_out == {}
     assert np.array_equal(total, fleet.expected(everyone))
     mean = fleet.coding.decode(total) / 6
     error = np.abs(mean - np.mean([fleet.updates[d] for d in everyone], axis=0)).max()
@@ -76,7 +76,7 @@ def test_one_dropped_before_upload_and_two_after_the_sum_of_the_others_survives(
     uploaded = everyone[1:]  # dev-0 dies before its upload
     fleet.upload(uploaded)
     fleet.unmask(uploaded[2:])  # dev-1 and dev-2 die after theirs: three answer
-    total, _ = fleet.server.total()
+    total, _, _ = fleet.server.total()
     assert np.array_equal(total, fleet.expected(uploaded))
 
 
@@ -107,9 +107,60 @@ def test_a_wrong_share_is_named_and_the_sum_still_right():
                 key_shares={k: bytes(32) for k in reply.key_shares},
             )
         fleet.server.take_unmasking(reply)
-    total, liars = fleet.server.total()
+    total, liars, _ = fleet.server.total()
     assert liars == {"dev-2"}
     assert np.array_equal(total, fleet.expected(everyone[:5]))
+
+
+def random_shares(fleet: Fleet, device: str, to: list[str] | None = None) -> None:
+    """device hands out sealed shares of the right length that open for no one (or for none of `to`)."""
+    shares = fleet.devices[device].share(fleet.server.adverts(), fleet.public)
+    rng = np.random.default_rng(1)
+    sealed = {k: rng.bytes(len(v)) if to is None or k in to else v for k, v in shares.sealed.items()}
+    fleet.server.take_shares(replace(shares, sealed=sealed))
+
+
+@pytest.mark.parametrize("attackers", [["dev-5"], ["dev-4", "dev-5"]])
+def test_random_shares_leave_their_sender_out_named_and_the_others_sum_right(attackers):
+    fleet = Fleet(6, threshold=3)
+    everyone = fleet.ids
+    fleet.advertise(everyone)
+    honest = [d for d in everyone if d not in attackers]
+    fleet.share(honest)
+    for attacker in attackers:
+        random_shares(fleet, attacker)
+    fleet.upload(everyone)
+    fleet.unmask(everyone)
+    total, liars, left_out = fleet.server.total()
+    assert np.array_equal(total, fleet.expected(honest)), "the others' exact sum"
+    assert set(left_out) == set(attackers)
+    for attacker in attackers:
+        assert set(left_out[attacker]) == set(everyone) - {attacker}, "named by every other device"
+    assert not liars & set(honest), "no honest device blamed"
+
+
+def test_shares_that_do_not_open_for_one_device_cost_nothing_when_the_others_rebuild_them():
+    fleet = Fleet(6, threshold=3)
+    everyone = fleet.ids
+    fleet.advertise(everyone)
+    fleet.share(everyone[:5])
+    random_shares(fleet, "dev-5", to=["dev-0"])  # dev-0 alone cannot open its share
+    fleet.upload(everyone)
+    fleet.unmask(everyone)
+    total, _, left_out = fleet.server.total()
+    assert left_out == {} and np.array_equal(total, fleet.expected(everyone))
+
+
+def test_random_shares_from_a_device_that_then_drops_out_leave_the_sum_of_the_others():
+    fleet = Fleet(6, threshold=3)
+    everyone = fleet.ids
+    fleet.advertise(everyone)
+    fleet.share(everyone[:5])
+    random_shares(fleet, "dev-5")
+    fleet.upload(everyone[:5])  # dev-5 never uploads: its mask key's shares open for no one
+    fleet.unmask(everyone[:5])
+    total, _, left_out = fleet.server.total()
+    assert left_out == {} and np.array_equal(total, fleet.expected(everyone[:5]))
 
 
 def test_the_coordinator_refuses_what_does_not_count():
@@ -149,8 +200,14 @@ def test_the_coordinator_refuses_what_does_not_count():
     fleet.upload(fleet.ids[1:])
     reply = devices["dev-1"].unmask(server.survivors(), server.shares_for("dev-1"))
     both = replace(reply, key_shares={"dev-0": reply.seed_shares["dev-0"]})  # a seed's and a key's share
-    with pytest.raises(Refused, match="one share of each it must"):
+    with pytest.raises(Refused, match="one share or pair seed of each it must"):
         server.take_unmasking(both)
+    doubled = replace(reply, pair_seeds={"dev-0": bytes(32)})  # dev-0's seed share and a pair seed with it
+    with pytest.raises(Refused, match="one share or pair seed of each it must"):
+        server.take_unmasking(doubled)
+    itself = replace(reply, pair_seeds={"dev-1": bytes(32)})
+    with pytest.raises(Refused, match="one share or pair seed of each it must"):
+        server.take_unmasking(itself)
     server.take_unmasking(reply)
     with pytest.raises(Refused, match="second unmasking"):
         server.take_unmasking(reply)
@@ -179,8 +236,8 @@ def test_a_device_refuses_what_would_expose_its_update():
         device.unmask(survivors[:2], server.shares_for("dev-0"))
     tampered = dict(server.shares_for("dev-0"))
     tampered["dev-1"] = tampered["dev-1"][:-1] + bytes([tampered["dev-1"][-1] ^ 1])
-    with pytest.raises(ProtocolError, match="the share from dev-1"):
-        device.unmask(survivors, tampered)
-    device.unmask(survivors, server.shares_for("dev-0"))
+    reply = device.unmask(survivors, tampered)  # a share that does not open: their pair's seed instead
+    assert "dev-1" in reply.pair_seeds and "dev-1" not in reply.seed_shares
+    assert set(reply.seed_shares) == set(survivors) - {"dev-1"}
     with pytest.raises(ProtocolError, match="already given up its shares"):
         device.unmask(survivors, server.shares_for("dev-0"))

@@ -24,7 +24,7 @@ import numpy as np
 
 from fedspeech.coordinator.privacy.secure_sum_server import ServerRound
 from fedspeech.coordinator.round.modes.base import Collected, RoundContext
-from fedspeech.coordinator.round.open_round import OpenRound
+from fedspeech.coordinator.round.open_round import OpenRound, grace_end
 from fedspeech.coordinator.state.records import UpdateRecord
 from fedspeech.coordinator.strategies import Result, RoundPlan, SecureTerms
 from fedspeech.protocol import secure_sum_maths as ss
@@ -59,6 +59,15 @@ def weights(samples: dict[str, int]) -> dict[str, float]:
     """Each device's weight in the sum: its training clips against the most any device of the round has."""
     most = max(max(samples.values()), 1)
     return {d: max(n, 1) / most for d, n in samples.items()}
+
+
+def sum_bound(bounds: list[float], noise: float, length: int, rounding: float) -> float:
+    """The longest a secure sum of changes can be when each is within its bound: their bounds added, the
+    fixed point's rounding of every weight, and, with noise of deviation `noise` on each device, a norm
+    of the summed Gaussian that fewer than one round in ten million goes past (the chi distribution's tail).
+    """
+    noise_norm = noise * math.sqrt(len(bounds)) * (math.sqrt(length) + 6.0)
+    return sum(bounds) + rounding * math.sqrt(length) + noise_norm
 
 
 def train(round: int, plan: RoundPlan, context: RoundContext) -> Collected:
@@ -98,7 +107,7 @@ def train(round: int, plan: RoundPlan, context: RoundContext) -> Collected:
         )
         for device, task in tasks.items():
             context.link.publish_task(task, device)
-        survivors, total, missed = _phases(round, plan, context, len(devices))
+        survivors, total, missed = _phases(round, plan, context, len(devices), needed)
     except ProtocolError as exc:
         log.warning("round %d: the secure sum failed: %s", round, exc)
         missed = True
@@ -115,6 +124,14 @@ def train(round: int, plan: RoundPlan, context: RoundContext) -> Collected:
     fixed = ss.fixed_point(bound, noise, len(devices))
     denominator = terms.denominator or sum(share[d] for d in survivors)
     values = fixed.decode(total[:counted])
+    most = sum_bound([share[d] * clip for d in survivors], noise, length, fixed.max_error)
+    if (norm := float(np.linalg.norm(values[:length]))) > most:
+        log.error(
+            "round %d: the secure sum's norm is %.4g, more than %.4g, the most %d changes bounded to %g can "
+            "give: a device did not bound its own (the sum cannot tell which); the round is run again",
+            round, norm, most, len(survivors), clip,
+        )  # fmt: skip
+        return Collected(closed, [], missed)
     new = ss.with_change(current, values[:length] / denominator)
     for device in survivors:
         closed.updates[device] = (
@@ -123,8 +140,9 @@ def train(round: int, plan: RoundPlan, context: RoundContext) -> Collected:
         )
     noised = f", with noise of deviation {noise:.4g} added on each device" if noise else ""
     log.info(
-        "round %d: the secure sum of %d devices' changes, each bounded to norm %g%s; its mean off by at most "
-        "%.3g a weight in fixed point", round, len(survivors), clip, noised, fixed.max_error / denominator,
+        "round %d: the secure sum of %d devices' changes, each bounded to norm %g on its device%s; its mean "
+        "off by at most %.3g a weight in fixed point",
+        round, len(survivors), clip, noised, fixed.max_error / denominator,
     )  # fmt: skip
     results = [closed.updates[d][0] for d in survivors]
     tally = decode_tally(total[counted:], classes)
@@ -134,7 +152,7 @@ def train(round: int, plan: RoundPlan, context: RoundContext) -> Collected:
 
 
 def _phases(
-    round: int, plan: RoundPlan, context: RoundContext, devices: int
+    round: int, plan: RoundPlan, context: RoundContext, devices: int, threshold: int
 ) -> tuple[list[str], np.ndarray, bool]:
     """Run the four phases: the survivors, the sum of their encoded changes, and whether the upload phase
     ran into the deadline. ProtocolError when too few devices remain at a phase.
@@ -142,19 +160,39 @@ def _phases(
     config, secure_uploads, stop = context.config, context.secure_uploads, context.stop
     deadline = context.started + config.round_timeout
     keys_until = min(deadline, time.time() + config.secure_keys_timeout)
-    secure_uploads.wait(devices, keys_until, stop)
-    secure_uploads.wait(len(secure_uploads.close()), keys_until, stop)  # the adverts, then the shares
+    _gather(context, devices, devices, threshold, keys_until)  # the adverts
+    advertised = len(secure_uploads.close())
+    _gather(context, advertised, advertised, threshold, keys_until)  # then the shares
     sharers = secure_uploads.close()
-    came = secure_uploads.wait(min(plan.needed, len(sharers)), deadline, stop)
+    came = _gather(context, len(sharers), min(plan.needed, len(sharers)), threshold, deadline)
     missed = len(came) < len(sharers) and time.time() >= deadline
     survivors = secure_uploads.close()
     if stop.is_set():
         return [], np.zeros(0), missed
-    secure_uploads.wait(len(survivors), deadline + config.secure_keys_timeout, stop)
+    _gather(context, len(survivors), len(survivors), threshold, deadline + config.secure_keys_timeout)
     secure_uploads.close()
-    total, liars = secure_uploads.total()
+    total, liars, left_out = secure_uploads.total()
     if liars:
         log.warning(
             "round %d: %s gave up wrong shares; the sum was rebuilt without them", round, sorted(liars)
         )
-    return survivors, total, missed
+    for device, unopened in left_out.items():
+        log.warning(
+            "round %d: %s handed out shares that did not open (for %s): its update was left out of the sum",
+            round, device, ", ".join(unopened) or "every device",
+        )  # fmt: skip
+    return [d for d in survivors if d not in left_out], total, missed
+
+
+def _gather(context: RoundContext, group: int, needed: int, least: int, until: float) -> set[str]:
+    """Wait for a phase's messages: from all `group` devices, or from `needed` of them once half the
+    group (and `least`) have sent theirs and the others' grace has passed (straggler_grace), or until
+    `until`. A device that agrees keys and goes silent costs the round seconds, not its timeout.
+    """
+    uploads, stop, grace = context.secure_uploads, context.stop, context.config.straggler_grace
+    since = time.time()
+    enough = min(needed, max(least, math.ceil(group / 2)))
+    came = uploads.wait(enough if grace else needed, until, stop)
+    if grace and enough <= len(came) < needed:
+        came = uploads.wait(needed, min(until, grace_end(since, time.time(), grace)), stop)
+    return came
