@@ -20,9 +20,9 @@ from fedspeech.coordinator.round.acknowledgements import Acknowledgements
 from fedspeech.coordinator.round.evaluation_phase import EvaluationPhase, evaluates, evaluation_plan
 from fedspeech.coordinator.round.influence import (
     SampleLimits,
+    Standings,
     bounded,
-    direction_unchecked,
-    too_few_to_tell,
+    say_where_directions_go_unchecked,
 )
 from fedspeech.coordinator.round.interfaces import DeviceLink, ModelOps
 from fedspeech.coordinator.round.modes import MODES
@@ -67,6 +67,7 @@ class Orchestrator:
         self._clips = CoordinatorClips(model, config, self._full, self._learning_rate)
         self._velocity: Arrays | None = None  # server momentum's last step (a restart starts it again)
         self.stragglers = Stragglers()  # who took a task and sent nothing, and sits out rounds for it
+        self.standings = Standings()  # how each device's changes have pointed against the others'
         acks = Acknowledgements(config.ack_timeout)  # which devices took their tasks
         self.evaluation = EvaluationPhase(store, link, model.definition.labels, config.eval_min_reports, acks)
         self.settled_round = -1  # the last round whose model is stored and, where asked for, evaluated
@@ -78,10 +79,7 @@ class Orchestrator:
         # how its rounds train: by the strategy's mode, or summed securely
         self._train = MODES["secure_sum" if config.secure_aggregation else self.strategy.mode]
         self.secure_uploads = SecureSumUploads()  # a secure sum's phases, between HTTP and its mode
-        if (unchecked := direction_unchecked(config)) is not None:
-            log.warning("%s", unchecked)
-        elif (few := too_few_to_tell(config)) is not None:
-            log.info("%s", few)
+        say_where_directions_go_unchecked(config)
         first = model.spec_at(self._depth(1))  # a bad depth schedule fails here, at start-up
         limits = SampleLimits(config.sample_growth, config.samples_over_median, config.max_device_samples)
         self.uploads = Uploads(
@@ -237,7 +235,7 @@ class Orchestrator:
 
     def _bounded(self, round: int, results: list[Result]) -> list[Result]:
         """The results as influence.bounded leaves them, whatever the strategy."""
-        return bounded(round, self.uploads.shared(self._current), results, self.config)
+        return bounded(round, self.uploads.shared(self._current), results, self.config, self.standings)
 
     def _aggregate(self, round: int, results: Sequence[Result]) -> tuple[Arrays, list[Result]] | None:
         """The strategy's new global weights and the results in them; None if no result can be aggregated.

@@ -12,6 +12,7 @@ from fedspeech.coordinator.config import RoundConfig, norm_bound_value
 from fedspeech.coordinator.round.evaluation import check_counts
 from fedspeech.coordinator.round.influence import (
     SampleLimits,
+    Standings,
     checked_directions,
     cosines_with_the_others,
     direction_unchecked,
@@ -238,6 +239,33 @@ def test_a_change_nearly_at_right_angles_to_the_others_counts_for_no_more_than_t
     assert kept[5].num_samples == told.samples == 100, "the median device's count, not its claim of 300"
     modest = [*results[:5], Result("aside", {"w": aside}, 60)]
     assert checked_directions(START, modest) == (modest, []), "a count under the median is left as it is"
+
+
+def test_a_device_whose_change_points_away_now_and_then_is_kept_and_one_that_persists_is_not():
+    standings = Standings()
+    for round in range(3):  # five devices whose changes point the same way
+        assert checked_directions(START, speakers_like(5, 0, seed=round), standings)[1] == []
+    common = np.random.default_rng(3).normal(0, 1, 20_000)  # speakers_like(seed=3)'s common step
+    rounds = []
+    for n in range(4):  # from round 4 on, d4's change holds a little less than none of the common step
+        results = speakers_like(5, 0, seed=3)
+        own = np.random.default_rng(10 + n).normal(0, 5, 20_000)
+        results[4] = Result("d4", {"w": (1 + own - 0.3 * common).astype(np.float32)}, 100)
+        cosine = cosines_with_the_others([r.arrays["w"] - 1.0 for r in results])[4]
+        kept, _ = checked_directions(START, results, standings)
+        rounds.append(("d4" in {r.device_id for r in kept}, cosine))
+    assert all(-0.1 < cosine < 0 for _, cosine in rounds), "d4 points a little away every round"
+    assert rounds[0][0], "its first time, kept on its standing"
+    assert not rounds[-1][0], "by its fourth, left out"
+    fresh = Standings()  # a device that points away from its first round has no standing to keep it
+    assert [d.device_id for d in checked_directions(START, results, fresh)[1]] == ["d4"]
+
+
+def test_a_standing_averages_a_devices_cosines_the_latest_counting_half():
+    standings = Standings()
+    assert standings.after({"a": 0.4}) == {"a": 0.4}
+    assert standings.after({"a": -0.2, "b": 0.1}) == pytest.approx({"a": 0.1, "b": 0.1})
+    assert standings.after({"a": -0.2}) == pytest.approx({"a": -0.05})
 
 
 def test_nothing_is_left_out_where_the_round_cannot_tell():

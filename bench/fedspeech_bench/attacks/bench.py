@@ -19,12 +19,12 @@ import statistics
 import sys
 import threading
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from fedspeech.coordinator.state.records import RoundRecord
 from fedspeech.coordinator.state.store import Store
-from fedspeech_bench.attacks.catalogue import ATTACKS, CLEAN, Attack, Evidence
+from fedspeech_bench.attacks.catalogue import ATTACKS, CLEAN, CLEAN_SECURE, Attack, Evidence
 from fedspeech_bench.attacks.live_fleet import FleetSettings, LiveFleet, MiB, Watch, live_fleet
 from fedspeech_bench.fleets.cpu_limits import ONE_THREAD, DeviceProcess, run_limited
 from fedspeech_bench.fleets.fleet_files import DeviceSpec, fleet_path, load_fleet
@@ -126,6 +126,7 @@ def run_arm(attack: Attack, specs: list[DeviceSpec], settings: FleetSettings, ru
     """Run the deployment with the attack mounted from the start; its outcome once every round is done."""
     insider_spec = specs[-1]
     evidence, stop = Evidence(), threading.Event()
+    settings = replace(settings, secure_aggregation=attack.secure)
     with live_fleet(specs[:-1], settings, run_dir, [insider_spec.name]) as fleet:
         insider = _start_insider(fleet, insider_spec, attack.insider, settings.attack_from)
         mount = threading.Thread(target=_mounted, args=(attack, fleet, stop, evidence), name=attack.name)
@@ -144,17 +145,27 @@ def run_arm(attack: Attack, specs: list[DeviceSpec], settings: FleetSettings, ru
     return Arm(attack.name, Store(run_dir / "state").rounds(), watch, evidence, finished)
 
 
+def attack_of(arm: Arm) -> Attack:
+    """The attack an arm ran."""
+    return {CLEAN.name: CLEAN, CLEAN_SECURE.name: CLEAN_SECURE, **ATTACKS}[arm.attack]
+
+
+def clean_for(arm: Arm, arms: list[Arm]) -> Arm:
+    """The clean arm an arm is measured against: the one run under secure aggregation if it was."""
+    clean = CLEAN_SECURE if attack_of(arm).secure else CLEAN
+    return next(a for a in arms if a.attack == clean.name)
+
+
 def table(arms: list[Arm]) -> str:
-    """The markdown table: every attack against the clean arm, the first."""
-    clean = arms[0]
+    """The markdown table: every attack against its clean arm."""
     rows = [
         "| attack | result | accuracy (drift) | median round s (drift) | coordinator RSS peak MiB (drift) "
         "| slowest honest status s | model as clean | what happened |",
         "|---|---|---|---|---|---|---|---|",
     ]
     for arm in arms:
-        attack = ATTACKS.get(arm.attack, CLEAN)
-        result = "-" if arm is clean else verdict(attack, arm, clean)
+        clean = clean_for(arm, arms)
+        result = "-" if arm is clean else verdict(attack_of(arm), arm, clean)
         drift = (
             f"{arm.accuracy - clean.accuracy:+.4f}",
             f"{arm.round_s - clean.round_s:+.2f}",
@@ -179,7 +190,11 @@ def plot(arms: list[Arm], path: Path) -> None:
 
     plt = pyplot()
     names = [arm.attack for arm in arms]
-    results = ["-", *(verdict(ATTACKS[arm.attack], arm, arms[0]) for arm in arms[1:])]
+    cleans = [clean_for(arm, arms) for arm in arms]
+    results = [
+        "-" if arm is clean else verdict(attack_of(arm), arm, clean)
+        for arm, clean in zip(arms, cleans, strict=True)
+    ]
     fig, axes = plt.subplots(1, 3, figsize=(15, 5), sharey=True)
     for ax, (label, values) in zip(
         axes,
@@ -207,8 +222,9 @@ def run_attacks(out: Path, names: list[str], settings: FleetSettings) -> list[Ar
     """Run the clean arm and each named attack's; write results.json, table.md and attacks.png to out."""
     specs = load_fleet(fleet_path(FLEET))
     arms: list[Arm] = []
-    for attack in [CLEAN, *(ATTACKS[name] for name in names)]:
-        print(f"[{len(arms) + 1}/{len(names) + 1}] {attack.name}: {attack.what}", flush=True)
+    attacks = [ATTACKS[name] for name in names]
+    for attack in [CLEAN, *([CLEAN_SECURE] if any(a.secure for a in attacks) else []), *attacks]:
+        print(f"[{len(arms) + 1}] {attack.name}: {attack.what}", flush=True)
         arms.append(run_arm(attack, specs, settings, out / attack.name))
     out.mkdir(parents=True, exist_ok=True)
     (out / "results.json").write_text(json.dumps([asdict(arm) for arm in arms], indent=1))

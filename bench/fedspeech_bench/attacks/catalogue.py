@@ -52,6 +52,7 @@ class Attack:
     mount: Mount
     insider: str = "none"  # the attack of the enrolled device the bench runs (fleets.poisoning), if any
     round_time_allowance_s: float = 3.0  # what a defended round may take longer than a clean one
+    secure: bool = False  # run under secure aggregation, against a clean run under it
 
 
 def _no_mount(fleet: LiveFleet, stop: threading.Event, evidence: Evidence) -> None:
@@ -69,6 +70,18 @@ def _compromised(fleet: LiveFleet, stop: threading.Event, evidence: Evidence) ->
     evidence.notes.append(
         f"{bounded} uploads counted at the bound, {left_out} left out for their direction, "
         f"{reports} faked reports refused"
+    )
+
+
+def _secure_insider(fleet: LiveFleet, stop: threading.Event, evidence: Evidence) -> None:
+    stop.wait()
+    log = fleet.log()
+    named = len(re.findall(r"handed out shares that did not open", log))
+    refused = len(re.findall(r"the secure sum's norm is .* a device did not bound its own", log))
+    short = len(re.findall(r"masked update .* not \d+ uint32|a masked update of \d+ bytes", log))
+    evidence.notes.append(
+        f"{named} rounds left its update out for shares that did not open, {refused} sums refused as too "
+        f"long, {short} short vectors refused"
     )
 
 
@@ -254,6 +267,13 @@ def _rollback(fleet: LiveFleet, stop: threading.Event, evidence: Evidence) -> No
     evidence.notes.append(f"new listeners after round 0's announcement or none was retained loaded: {loaded}")
 
 
+# the compromised device's attacks on secure aggregation (attacks.secure_insider), each under it
+SECURE_INSIDERS = {
+    "random_shares": "an enrolled device hands out shares that open for no one",
+    "silent_after_keys": "an enrolled device agrees keys, then goes silent",
+    "short_vector": "an enrolled device sends its masked vector 4 bytes short",
+    "unbounded": "an enrolled device sends its change reversed x 1,000, unclipped",
+}
 ATTACKS = {
     attack.name: attack
     for attack in [
@@ -285,6 +305,13 @@ ATTACKS = {
         Attack(
             "rollback", "a stranger retains round 0's announcement, or none, for new listeners", _rollback
         ),
+        *(
+            Attack(f"secure_{name}", what, _secure_insider, insider=name, secure=True)
+            for name, what in SECURE_INSIDERS.items()
+        ),
     ]
 }
 CLEAN = Attack("none", "no attack: the reference", _no_mount)
+CLEAN_SECURE = Attack(
+    "none_secure", "no attack, under secure aggregation: the reference", _no_mount, secure=True
+)

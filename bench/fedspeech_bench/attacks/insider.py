@@ -4,7 +4,7 @@
 
 It is a device daemon on an FSDD speaker's clips whose trainer mounts ATTACK (fleets.poisoning's, or
 "none" for an honest device): it trains honestly, then uploads what the attack makes of its update, from
-round N on (1: every round).
+round N on (1: every round). An attack of secure_insider's patches its part in the secure sum instead.
 """
 
 import argparse
@@ -15,6 +15,8 @@ from fedspeech.edge_client.daemon import ClientConfig, run_client
 from fedspeech.edge_client.local_data import DataSource
 from fedspeech.edge_client.trainer import Trainer
 from fedspeech.protocol.mqtt import BrokerSettings
+from fedspeech_bench.attacks import secure_insider
+from fedspeech_bench.attacks.secure_insider import SECURE_ATTACKS
 from fedspeech_bench.fleets.poisoning import ATTACKS, attacking_trainer
 
 HONEST = "none"
@@ -23,7 +25,7 @@ HONEST = "none"
 def main() -> None:
     """Run the device daemon until SIGTERM."""
     parser = argparse.ArgumentParser()
-    parser.add_argument("attack", choices=[HONEST, *ATTACKS])
+    parser.add_argument("attack", choices=[HONEST, *ATTACKS, *SECURE_ATTACKS])
     for name in ("coordinator", "broker", "topic_root", "state", "speaker", "device_id", "secret_file"):
         parser.add_argument(name)
     parser.add_argument("--from-round", type=int, default=1)
@@ -37,9 +39,11 @@ def main() -> None:
         state_dir=Path(args.state) / args.device_id,
         topic_root=args.topic_root,
         enrolment_secret=Path(args.secret_file).read_text().strip(),
-        make_trainer=Trainer if args.attack == HONEST else attacking_trainer(args.attack, args.from_round),
+        make_trainer=attacking_trainer(args.attack, args.from_round) if args.attack in ATTACKS else Trainer,
     )
     config.check()
+    if args.attack in SECURE_ATTACKS:
+        secure_insider.mount(args.attack, args.from_round)
     run_client(config)
 
 

@@ -83,7 +83,13 @@ def run_arm(arm: Arm, rounds: int, seed: int = 0) -> ArmRun:
     import torch
 
     from fedspeech.coordinator.config import RoundConfig
-    from fedspeech.coordinator.round.influence import SampleLimits, bounded, fleet_median, sample_ceiling
+    from fedspeech.coordinator.round.influence import (
+        SampleLimits,
+        Standings,
+        bounded,
+        fleet_median,
+        sample_ceiling,
+    )
     from fedspeech.coordinator.strategies import Result, make_strategy
     from fedspeech.coordinator.strategies.differential_privacy import PrivacySettings
     from fedspeech.models import build_model
@@ -120,6 +126,7 @@ def run_arm(arm: Arm, rounds: int, seed: int = 0) -> ArmRun:
     net = build_model(spec)
     current = get_arrays(build_model(spec))
     counted: dict[str, int] = {}
+    standings = Standings()
     run = ArmRun(arm)
     for round in range(1, rounds + 1):
         profiles = {
@@ -143,7 +150,7 @@ def run_arm(arm: Arm, rounds: int, seed: int = 0) -> ArmRun:
             most = sample_ceiling(registered[s], counted.get(s), median, limits)
             results.append(Result(s, arrays, min(claimed, most)))
         counted.update({r.device_id: r.num_samples for r in results})
-        kept = bounded(round, current, results, config)
+        kept = bounded(round, current, results, config, standings)
         if arm.direction_check and not arm.dp:
             run.left_out += sum(r.device_id in insiders for r in results) - sum(
                 r.device_id in insiders for r in kept

@@ -40,6 +40,7 @@ class FleetSettings:
     eval_every: int = 3
     round_timeout_s: float = 300.0
     attack_from: int = 1
+    secure_aggregation: bool = False
 
 
 @dataclass
@@ -142,6 +143,7 @@ def _coordinator_args(
         "--rounds", str(settings.rounds), "--epochs", str(settings.epochs),
         "--eval-every", str(settings.eval_every), "--round-timeout", str(settings.round_timeout_s),
         "--min-devices", str(devices), "--eval-corpus", "fsdd",
+        *(["--secure-aggregation"] if settings.secure_aggregation else []),
     ]  # fmt: skip
 
 
