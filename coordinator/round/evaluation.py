@@ -1,5 +1,6 @@
 """Federated evaluation: the devices' counts on their own test splits, combined into the fleet's scores."""
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 
@@ -34,8 +35,24 @@ class FederatedEvaluation:
     decisions: np.ndarray  # every report's word decisions, summed: what calibrates the threshold
 
 
-def check_counts(confusion: np.ndarray, labels: Sequence[str], test_counts: Mapping[str, int]) -> None:
-    """ValueError unless each class's clips in a report are at most the test clips its device registered.
+# A device holds out a fifth of its clips for testing (models.clips.datasets.TEST_FRACTION), a quarter as
+# many as it trains on; twice that, and at least MIN_TEST_CLIPS, covers the split's spread on few clips.
+TEST_OVER_TRAINING = 0.5
+MIN_TEST_CLIPS = 20
+
+
+def most_test_clips(training: int) -> int:
+    """The most test clips a device may report that counts for `training` training clips (its ceiling,
+    which grows slowly from its registration): a registration of a billion test clips buys nothing.
+    """
+    return max(MIN_TEST_CLIPS, math.ceil(TEST_OVER_TRAINING * training))
+
+
+def check_counts(
+    confusion: np.ndarray, labels: Sequence[str], test_counts: Mapping[str, int], training: int
+) -> None:
+    """ValueError unless each class's clips in a report are at most the test clips its device registered,
+    and all of them at most most_test_clips(training).
 
     A device could report any counts: a billion correct clips would outvote the whole fleet's figure.
     """
@@ -47,6 +64,10 @@ def check_counts(confusion: np.ndarray, labels: Sequence[str], test_counts: Mapp
     if over:
         shown = ", ".join(over[:3]) + (f" and {len(over) - 3} more" if len(over) > 3 else "")
         raise ValueError(f"more test clips than the device registered ({shown})")
+    if (total := int(confusion.sum())) > (most := most_test_clips(training)):
+        raise ValueError(
+            f"{total} test clips, more than the {most} its {training} training clips make plausible"
+        )
 
 
 def check_decisions(decisions: np.ndarray, confusion: np.ndarray, labels: Sequence[str]) -> None:

@@ -3,7 +3,7 @@
 import logging
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -11,7 +11,14 @@ import numpy as np
 from fedspeech.coordinator.config import RoundConfig
 from fedspeech.coordinator.refusals import BadUpload, NotWanted
 from fedspeech.coordinator.round.acknowledgements import Acknowledgements
-from fedspeech.coordinator.round.evaluation import Counts, check_counts, check_decisions, combine, scored
+from fedspeech.coordinator.round.evaluation import (
+    Counts,
+    check_counts,
+    check_decisions,
+    combine,
+    most_test_clips,
+    scored,
+)
 from fedspeech.coordinator.round.interfaces import DeviceLink
 from fedspeech.coordinator.state.store import StateWriteError, Store
 from fedspeech.models.calibration import BINS, Decisions
@@ -76,6 +83,8 @@ class EvaluationPhase:
     ) -> None:
         """labels: the task's, in the order of the classes of a report's confusion matrix."""
         self.store, self.link, self.labels, self.min_reports = store, link, list(labels), min_reports
+        # the training clips a device counts for now: what it registered, or what the round loop sets
+        self.training: Callable[[str], int] = self._registered
         self.acks = acks or Acknowledgements()
         self._lock = threading.Condition()
         self._open: OpenEvaluation | None = None
@@ -92,7 +101,9 @@ class EvaluationPhase:
         decisions = np.zeros((2, BINS), dtype=np.int64)  # a device that counts none calibrates nothing
         device = self.store.device(device_id)
         try:
-            check_counts(confusion, self.labels, device.test_counts if device is not None else {})
+            if device is None:
+                raise ValueError("the device is not registered")
+            check_counts(confusion, self.labels, device.test_counts, self.training(device_id))
             if report.decisions is not None:
                 decisions = np.array(report.decisions, dtype=np.int64)
                 check_decisions(decisions, confusion, self.labels)
@@ -110,6 +121,10 @@ class EvaluationPhase:
                 raise NotWanted(f"{device_id} already reported on round {round}")
             evaluation.reports[device_id] = Counts(confusion, report.loss_sum, decisions)
             self._lock.notify_all()
+
+    def _registered(self, device_id: str) -> int:
+        device = self.store.device(device_id)
+        return device.num_samples if device is not None else 0
 
     def wake(self) -> None:
         """Have the evaluation look again at once whether it has all it waits for (a device failed a task)."""
@@ -153,12 +168,20 @@ class EvaluationPhase:
         on = f"the test clips of {devices} (round {round}'s model)"
         return Decisions(result.decisions, on)
 
-    def take_summed(self, round: int, tally: Tally, devices: int) -> Decisions | None:
+    def take_summed(self, round: int, tally: Tally, summed: Sequence[str]) -> Decisions | None:
         """A secure round's summed evaluation of round's model by its devices, stored as that round's
         federated scores (a disk that does not take them is logged); its word decisions pooled (None if
-        the devices counted no test clip or no decision).
+        the devices counted no test clip or no decision, or more than they all may: most_test_clips).
         """
-        if tally.confusion.sum() == 0:
+        devices, clips = len(summed), int(tally.confusion.sum())
+        if clips > (most := sum(most_test_clips(self.training(d)) for d in summed)):
+            log.warning(
+                "round %d's model: the summed evaluation of %d devices counts %d test clips, more than "
+                "the %d their training clips make plausible: a device lied in its tally; it is not taken",
+                round, devices, clips, most,
+            )  # fmt: skip
+            return None
+        if clips == 0:
             return None
         result = scored(Counts(tally.confusion, tally.loss_sum, tally.decisions), [])
         try:

@@ -85,6 +85,7 @@ class Orchestrator:
         self.uploads = Uploads(
             store, link, self.evaluation, spec=first, local_names=self._local_names, limits=limits, acks=acks
         )
+        self.evaluation.training = self.uploads.sample_ceiling  # a report's clips within what it trains on
 
     def run(self, stop: threading.Event) -> None:
         """Run rounds until done or stopped; a round that fails (a full disk, a bug) is run again."""
@@ -175,7 +176,7 @@ class Orchestrator:
             return None
         new, kept = aggregated
         if collected.tally is not None:
-            self._take_tally(collected.tally, len(results))
+            self._take_tally(collected.tally, [r.device_id for r in results])
         if self.config.server_momentum:
             new, self._velocity = server_momentum(
                 self._current, new, self._velocity, self.config.server_momentum
@@ -293,7 +294,7 @@ class Orchestrator:
             return
         self._announce(record)
 
-    def _take_tally(self, tally: Tally, devices: int) -> None:
+    def _take_tally(self, tally: Tally, devices: Sequence[str]) -> None:
         """A secure round's sums: the clips per label its devices train on, and their evaluation of the
         model they were sent, stored as that model's round's federated evaluation (whose word decisions
         calibrate the models exported next).

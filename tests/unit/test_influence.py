@@ -144,14 +144,24 @@ LABELS = ["0", "1", "_none_"]
 
 def test_an_evaluation_report_within_the_registered_test_counts_passes_and_one_beyond_is_refused():
     confusion = np.array([[4, 1, 0], [0, 5, 0], [0, 0, 0]])
-    check_counts(confusion, LABELS, {"0": 5, "1": 6})
+    check_counts(confusion, LABELS, {"0": 5, "1": 6}, 40)
     with pytest.raises(ValueError, match=r"more test clips than the device registered \(1: 5 of 4\)"):
-        check_counts(confusion, LABELS, {"0": 5, "1": 4})
+        check_counts(confusion, LABELS, {"0": 5, "1": 4}, 40)
     faked = np.diag([10**9, 10**9, 0])
     with pytest.raises(ValueError, match="0: 1000000000 of 5, 1: 1000000000 of 6"):
-        check_counts(faked, LABELS, {"0": 5, "1": 6})
+        check_counts(faked, LABELS, {"0": 5, "1": 6}, 40)
     with pytest.raises(ValueError, match="_none_: 1 of 0"):
-        check_counts(np.array([[0, 0, 0], [0, 0, 0], [0, 0, 1]]), LABELS, {"0": 5, "1": 6})
+        check_counts(np.array([[0, 0, 0], [0, 0, 0], [0, 0, 1]]), LABELS, {"0": 5, "1": 6}, 40)
+
+
+def test_test_clips_are_bounded_by_the_training_clips_a_device_counts_for_not_by_its_registration():
+    registered = {"0": 10**9, "1": 10**9}  # a registration may claim any counts within the protocol's
+    check_counts(np.diag([10, 10, 0]), LABELS, registered, 40)  # at least 20 test clips are plausible
+    with pytest.raises(ValueError, match="21 test clips, more than the 20 its 40 training clips"):
+        check_counts(np.diag([11, 10, 0]), LABELS, registered, 40)
+    check_counts(np.diag([125, 125, 0]), LABELS, registered, 500)
+    with pytest.raises(ValueError, match="251 test clips, more than the 250"):
+        check_counts(np.diag([126, 125, 0]), LABELS, registered, 500)
 
 
 def test_a_registration_with_counts_out_of_bounds_is_refused():

@@ -64,8 +64,9 @@ class SecureDevice:
         self.masked: list[bytes] = []  # what it sent in the masked phase
         # its clips per label, and its evaluation of the model it is sent: right a clips, b wrong as a
         decisions = np.zeros((2, DECISION_BINS), np.int64)
-        decisions[0, -1] = samples
-        self.tally = Tally(np.array([samples, 2]), np.array([[samples, 0], [1, 0]]), decisions, 0.5)
+        right = samples // 2  # test clips: fewer than its training ones, as a device's split holds out
+        decisions[0, -1] = right
+        self.tally = Tally(np.array([samples, 2]), np.array([[right, 0], [1, 0]]), decisions, 0.5)
         self.errors: list[str] = []
         key = signing.public_key_text(self.identity)
         fleet.store.register_device(device_id, f"token-{device_id}", samples, {}, identity_key=key)
@@ -356,6 +357,15 @@ def test_adaptive_clipping_under_secure_aggregation_counts_the_changes_within_th
     assert record.dp_epsilon == pytest.approx(epsilon_spent(z, 1.0, 2, 1e-5)), "the count costs no epsilon"
 
 
+def test_a_tally_of_more_test_clips_than_the_devices_train_on_is_not_taken(tmp_path):
+    fleet = secure_fleet(tmp_path, rounds=2)
+    devices = [SecureDevice(fleet, d, 1.0, 40) for d in "abc"]
+    liar = devices[2].tally  # all right, a million test clips: the fleet's accuracy would be 1.0000
+    devices[2].tally = replace(liar, confusion=np.array([[10**6, 0], [0, 0]]))
+    fleet.finish()
+    assert [r.federated_accuracy for r in fleet.store.rounds()] == [None] * 3, "no figure from the lie"
+
+
 def test_each_devices_noise_keeps_the_sum_private_once_the_threshold_survives():
     for z, clip, needed, devices, length in [(1.0, 1.0, 3, 6, 82_459), (0.3, 10.0, 50, 100, 10**6)]:
         noise = device_noise(z, clip, needed, devices, length)
@@ -372,11 +382,11 @@ def test_the_devices_counts_reach_the_coordinator_only_summed_as_the_fleets_and_
     fleet.finish()
     orchestrator = fleet.orchestrator
     assert orchestrator.fleet_counts == {"a": 60, "b": 6}  # the last round's three devices, summed
-    # round 2's devices scored round 1's model: 60 of 63 clips right, as one sum of 3 devices
+    # round 2's devices scored round 1's model: 30 of 33 clips right, as one sum of 3 devices
     first = fleet.store.rounds()[1]
-    assert (first.evaluation_asked, first.evaluation_reports, first.evaluation_clips) == (3, 3, 63)
-    assert first.federated_accuracy == pytest.approx(60 / 63)
-    assert first.federated_loss == pytest.approx(1.5 / 63)
+    assert (first.evaluation_asked, first.evaluation_reports, first.evaluation_clips) == (3, 3, 33)
+    assert first.federated_accuracy == pytest.approx(30 / 33)
+    assert first.federated_loss == pytest.approx(1.5 / 33)
     assert fleet.store.device_evaluations(1) == [], "no device's own evaluation is stored"
     for device in devices:  # what each sent: its tally masked with the rest, uniform bytes
         tail = np.frombuffer(device.masked[-1], np.uint32)[-tally_length(2) :]

@@ -83,7 +83,8 @@ def train(round: int, plan: RoundPlan, context: RoundContext) -> Collected:
     current = uploads.shared(uploads.current)
     length = sum(current[name].size for name in ss.layout(current))  # the change's, then the tally's
     classes = uploads.current_spec().num_classes
-    samples = {d: (record.num_samples if (record := context.store.device(d)) else 1) for d in devices}
+    # what each counts for: its registration, grown slowly and within a multiple of the fleet's median
+    samples = {d: max(1, uploads.sample_ceiling(d)) for d in devices}
     terms = context.secure_terms or SecureTerms()
     share = weights(samples) if terms.weighted else dict.fromkeys(devices, 1.0)
     clip, unmask_s = terms.clip or config.secure_norm_bound, config.secure_keys_timeout
