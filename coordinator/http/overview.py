@@ -8,6 +8,7 @@ from typing import Any
 
 from fedspeech.coordinator.broker.mqtt_link import CoordinatorLink
 from fedspeech.coordinator.round.acknowledgements import DeviceError
+from fedspeech.coordinator.round.evaluation import outlying
 from fedspeech.coordinator.round.orchestrator import Orchestrator
 from fedspeech.coordinator.round.upload_outcomes import Outcome, UploadOutcomes
 from fedspeech.coordinator.state.records import RoundRecord
@@ -17,6 +18,16 @@ from fedspeech.protocol import onnx_metadata as meta
 from fedspeech.protocol import routes
 
 MAX_ROUNDS = 1000  # the latest rounds an overview lists: enough for the curves of any run worth plotting
+
+
+@dataclass(frozen=True)
+class ReportView:
+    """A device's evaluation report on a round's model, and whether it lies far from the others'."""
+
+    round: int
+    accuracy: float
+    clips: int
+    others_median: float | None  # the other reports' median accuracy where this one is far from it
 
 
 @dataclass(frozen=True)
@@ -37,6 +48,7 @@ class DeviceView:
     last_error: DeviceError | None  # the last task it reported it could not do, since the coordinator started
     train_counts: dict[str, int]
     test_counts: dict[str, int]
+    last_report: ReportView | None = None  # its report on the latest model the devices evaluated
 
 
 @dataclass(frozen=True)
@@ -90,6 +102,7 @@ def overview(
     profiles = {d: s.profile for d, s in statuses.items() if d in online and s.profile is not None}
     scores = hardware_scores(profiles, penalties=getattr(orchestrator.strategy, "penalties", None))
     devices, private = [], orchestrator.config.secure_aggregation
+    reports = last_reports(store)
     for device in known:
         status = statuses.get(device.device_id)
         profile = asdict(status.profile) if status and status.profile else device.profile
@@ -109,6 +122,7 @@ def overview(
                 last_error=errors.get(device.device_id),
                 train_counts=status.train_counts if status and not private else {},
                 test_counts=status.test_counts if status and not private else {},
+                last_report=reports.get(device.device_id),
             )
         )
     rounds = store.rounds()[-MAX_ROUNDS:]
@@ -168,3 +182,14 @@ def _privacy(secure: bool, rounds: list[RoundRecord]) -> str:
     if spent:
         text += f", differential privacy: epsilon {spent[-1].dp_epsilon:.3g} at delta {spent[-1].dp_delta:g}"
     return text
+
+
+def last_reports(store: Store) -> dict[str, ReportView]:
+    """Each device's report on the latest model the devices evaluated one by one, far ones flagged."""
+    evaluated = [r for r in store.rounds() if r.evaluation_reports and r.federated_accuracy is not None]
+    if not evaluated:
+        return {}
+    round = evaluated[-1].round
+    reports = {e.device_id: e for e in store.device_evaluations(round) if e.clips}
+    far = outlying({d: e.accuracy for d, e in reports.items()})
+    return {d: ReportView(round, e.accuracy, e.clips, far.get(d)) for d, e in reports.items()}

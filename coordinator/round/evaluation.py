@@ -124,3 +124,24 @@ def scored(total: Counts, devices: list[DeviceEvaluation]) -> FederatedEvaluatio
         metrics.accuracy(confusion), metrics.macro_f1(confusion), total.loss_sum / clips, round(clips),
         devices, total.decisions,
     )  # fmt: skip
+
+
+OUTLYING_POINTS = 0.1  # the least distance from the other reports' median accuracy that is flagged
+
+
+def outlying(accuracies: Mapping[str, float]) -> dict[str, float]:
+    """The devices whose reported accuracy lies far from the others': by more than OUTLYING_POINTS and
+    three times the others' median absolute deviation; each with the others' median. A report that
+    claims every clip right stands out while the model is still learning; one that is honest but far
+    off tells of a voice or a microphone the model serves badly, which an operator wants to see too.
+    """
+    flagged = {}
+    for device, accuracy in accuracies.items():
+        others = [a for d, a in accuracies.items() if d != device]
+        if len(others) < 2:
+            continue
+        median = float(np.median(others))
+        spread = float(np.median([abs(a - median) for a in others]))
+        if abs(accuracy - median) > max(OUTLYING_POINTS, 3 * spread):
+            flagged[device] = median
+    return flagged

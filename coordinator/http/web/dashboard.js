@@ -72,8 +72,16 @@ function deviceRow(d, now) {
     el("td", d.rounds_joined, "number rounds-joined"),
     updateCell,
     errorCell,
+    reportCell(d.last_report),
     el("td", counts(d.train_counts, d.test_counts)),
   ], { device: d.device_id });
+}
+
+function reportCell(report) {
+  if (!report) return el("td", "none");
+  const text = `round ${report.round}: ${number(report.accuracy, 4)} of ${report.clips} clips`;
+  if (report.others_median === null) return el("td", text, "number");
+  return el("td", `${text}, far from the others' (median ${number(report.others_median, 4)})`, "flagged");
 }
 
 function roundRow(r) {
