@@ -148,11 +148,13 @@ class Standings:
 
     of: dict[str, float] = field(default_factory=dict)
 
+    def with_cosine(self, device: str, cosine: float) -> float:
+        """The device's standing were this round's cosine in it."""
+        return (1 - STANDING_LATEST) * self.of.get(device, cosine) + STANDING_LATEST * cosine
+
     def after(self, cosines: Mapping[str, float]) -> dict[str, float]:
-        """The devices' standings with this round's cosines in them."""
-        for device, cosine in cosines.items():
-            before = self.of.get(device, cosine)
-            self.of[device] = (1 - STANDING_LATEST) * before + STANDING_LATEST * cosine
+        """The devices' standings with this round's cosines in them, kept."""
+        self.of.update({device: self.with_cosine(device, cosine) for device, cosine in cosines.items()})
         return {device: self.of[device] for device in cosines}
 
 
@@ -168,7 +170,8 @@ def checked_directions(
     reversed one as much below 0; the direction firms up as the model learns. The change that points
     furthest away (cosine <= 0) from a device whose standing (Standings, this round's cosine in it)
     points away too is left out and the others compared again, until no such change is left, fewer than
-    MIN_TO_TELL remain or a strict minority has been left out. Of
+    MIN_TO_TELL remain or a strict minority has been left out; each standing then takes the device's
+    cosine in the last comparison it was in (with the others that counted). Of
     those kept, one whose cosine is below half the median counts for no more samples than the median
     kept device: a change nearly at right angles to the others' adds to the model mostly what no other
     device found, and a large count must not make it the round's. (Weighing such changes down in
@@ -186,21 +189,24 @@ def checked_directions(
     most_left_out = (len(remaining) - 1) // 2
     done: dict[int, Direction] = {}
     cosines: list[float] = []
-    standing: dict[str, float] | None = None
+    standings = standings if standings is not None else Standings()
+    last: dict[str, float] = {}  # each device's cosine in the last comparison of the round it was in
     while len(remaining) >= MIN_TO_TELL and names:
         cosines = cosines_with_the_others([flat[i] for i in remaining])
         ids = [results[i].device_id for i in remaining]
-        if standing is None:  # each change against all the others': what the standings take in
-            standing = (standings or Standings()).after(dict(zip(ids, cosines, strict=True)))
-        # of the changes that point away from the others', from devices whose standing does too
+        last.update(zip(ids, cosines, strict=True))
+        # of the changes that point away from the others', from devices whose standing would too
         away = [
-            (c, n) for n, (d, c) in enumerate(zip(ids, cosines, strict=True)) if c <= 0 and standing[d] <= 0
+            (c, n)
+            for n, (d, c) in enumerate(zip(ids, cosines, strict=True))
+            if c <= 0 and standings.with_cosine(d, c) <= 0
         ]
         if not away or len(done) == most_left_out or max(cosines) <= 0:
             break
         worst = min(away)[1]
         done[remaining[worst]] = Direction(results[remaining[worst]].device_id, cosines[worst], 0)
         del remaining[worst]
+    standings.after(last)
     if len(cosines) == len(remaining) and max(cosines, default=0) > 0:
         half_median = float(np.median(cosines)) / 2
         median_samples = int(np.median([results[i].num_samples for i in remaining]))
