@@ -12,6 +12,7 @@ from typing import Literal
 import numpy as np
 
 from fedspeech.coordinator.privacy.secure_sum_server import ServerRound
+from fedspeech.coordinator.privacy.sum_suspects import SumSuspects
 from fedspeech.coordinator.refusals import BadUpload, NotWanted
 from fedspeech.protocol import secure_sum_wire as wire
 from fedspeech.protocol.bounds import ProtocolError
@@ -32,6 +33,7 @@ class SecureSumUploads:
         self._group: list[str] = []  # the devices the open phase expects a message from
         self._outcomes: dict[Phase, dict[str, bytes]] = {}  # a closed phase's reply to each device
         self.bytes_up = self.bytes_down = 0
+        self.suspects = SumSuspects()  # who may have sent a change it did not bound, across rounds
 
     @property
     def phase(self) -> Phase | None:

@@ -78,6 +78,12 @@ def train(round: int, plan: RoundPlan, context: RoundContext) -> Collected:
     if left_out:
         log.warning("round %d: %s registered no identity key and cannot join a secure sum", round, left_out)
     devices = [d for d in plan.work if d in identities]
+    if aside := secure_uploads.suspects.aside(round, devices):
+        log.warning(
+            "round %d: %s kept out of the secure sum: named for a change it did not bound, or tried as "
+            "the next suspect of one", round, ", ".join(sorted(aside)),
+        )  # fmt: skip
+        devices = [d for d in devices if d not in aside]
     needed = threshold(len(devices), config.secure_threshold)
     deadline = context.started + config.round_timeout
     current = uploads.shared(uploads.current)
@@ -129,10 +135,12 @@ def train(round: int, plan: RoundPlan, context: RoundContext) -> Collected:
     if (norm := float(np.linalg.norm(values[:length]))) > most:
         log.error(
             "round %d: the secure sum's norm is %.4g, more than %.4g, the most %d changes bounded to %g can "
-            "give: a device did not bound its own (the sum cannot tell which); the round is run again",
+            "give: a device did not bound its own; the round is run again, with one of them left out in turn",
             round, norm, most, len(survivors), clip,
         )  # fmt: skip
+        secure_uploads.suspects.refused(survivors)
         return Collected(closed, [], missed)
+    secure_uploads.suspects.passed(round)
     new = ss.with_change(current, values[:length] / denominator)
     for device in survivors:
         closed.updates[device] = (
