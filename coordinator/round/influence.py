@@ -229,8 +229,8 @@ def direction_unchecked(config: RoundConfig) -> str | None:
         return (
             "under secure aggregation the coordinator never sees one device's change: it cannot leave out "
             "one that points away from the others', and each device bounds its own change's norm (a sum "
-            "longer than bounded changes can give is refused, and its round run again, without telling "
-            "which device it was)"
+            "longer than bounded changes can give is refused, and its round run again with one device "
+            "left out in turn until the one that did not is found)"
         )
     if config.privacy is not None:
         return (

@@ -78,6 +78,14 @@ def test_the_table_has_a_row_per_arm_with_its_drift_and_verdict():
     assert lines[3].endswith("| 0 of 2 | 2 of 5 refused; 2 faked reports refused |")
 
 
+def test_an_attack_on_secure_aggregation_is_measured_against_the_clean_run_under_it():
+    secure_clean = _arm("none_secure", accuracy=0.8, round_s=8.0)
+    unbounded = _arm("secure_unbounded", accuracy=0.79, round_s=9.0)
+    lines = table([CLEAN, secure_clean, unbounded]).splitlines()
+    assert "| none_secure | - | 0.8000 (+0.0000) | 8.00 (+0.00) |" in lines[3]
+    assert "| secure_unbounded | defended | 0.7900 (-0.0100) | 9.00 (+1.00) |" in lines[4]
+
+
 def test_the_compromised_device_reports_a_billion_correct_clips_of_every_label():
     task = SimpleNamespace(task_id="t1", round=3, spec=SimpleNamespace(num_classes=11))
     trainer = AttackingTrainer("mallory", attack="scaled_global")
