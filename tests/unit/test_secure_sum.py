@@ -116,8 +116,8 @@ def test_one_masked_update_is_uniform_bytes_and_the_plain_one_is_not():
     coding = FixedPoint(clip=1.0, devices=6)
     devices = fleet(6, seed=2)
     masked = masked_vectors(devices, coding)
-    for d in devices:
-        assert byte_uniformity(masked[d.id]) > 0.001, d.id
+    for d in devices:  # fresh keys each run: a p-value of uniform bytes is itself uniform, so the bar is low
+        assert byte_uniformity(masked[d.id]) > 1e-6, d.id
         assert byte_uniformity(coding.encode(d.update)) < 1e-10, d.id
 
 
