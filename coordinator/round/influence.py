@@ -176,14 +176,15 @@ def checked_directions(
     furthest away (cosine <= 0) from a device whose standing (Standings, this round's cosine in it)
     points away by MIN_AWAY or more is left out and the others compared again, until no such change is
     left, fewer than MIN_TO_TELL remain or a strict minority has been left out; each standing then takes
-    the device's cosine in the last comparison it was in (with the others that counted). Of
+    the device's cosine in the last comparison it was in (with the others that counted). Where every
+    change points away, only one from a device whose standing already did before the round is left out. Of
     those kept, one whose cosine is below half the median counts for no more samples than the median
     kept device: a change nearly at right angles to the others' adds to the model mostly what no other
     device found, and a large count must not make it the round's. (Weighing such changes down in
     proportion to their cosine cost honest devices in late rounds, when the fleet's changes are nearly
-    orthogonal.) With fewer than MIN_TO_TELL changes, or none that points the others' way, the round
-    cannot tell and nothing is done. Only the weights training steps are compared; a change that is not
-    finite is left for the aggregation to drop, and one that changes nothing has no direction to judge.
+    orthogonal.) With fewer than MIN_TO_TELL changes the round cannot tell and nothing is done. Only the
+    weights training steps are compared; a change that is not finite is left for the aggregation to
+    drop, and one that changes nothing has no direction to judge.
     """
     names = [name for name, array in current.items() if stepped(name, array)]
     flat = [
@@ -200,13 +201,18 @@ def checked_directions(
         cosines = cosines_with_the_others([flat[i] for i in remaining])
         ids = [results[i].device_id for i in remaining]
         last.update(zip(ids, cosines, strict=True))
-        # of the changes that point away from the others', those from devices whose standing does too
+        # of the changes that point away from the others', those from devices whose standing does too;
+        # where every change points away (two compromised devices that agree drag the others' down), only
+        # those of devices whose standing did before this round
+        tell = max(cosines) > 0
         away = [
             (c, n)
             for n, (d, c) in enumerate(zip(ids, cosines, strict=True))
-            if c <= 0 and standings.with_cosine(d, c) <= -MIN_AWAY
+            if c <= 0
+            and standings.with_cosine(d, c) <= -MIN_AWAY
+            and (tell or standings.of.get(d, 0.0) <= -MIN_AWAY)
         ]
-        if not away or len(done) == most_left_out or max(cosines) <= 0:
+        if not away or len(done) == most_left_out:
             break
         worst = min(away)[1]
         done[remaining[worst]] = Direction(results[remaining[worst]].device_id, cosines[worst], 0)

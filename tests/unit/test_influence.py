@@ -290,6 +290,11 @@ def test_nothing_is_left_out_where_the_round_cannot_tell():
     everyone = [Result(f"d{i}", {"w": np.full(3, v, np.float32)}, 1) for i, v in enumerate([2, 0, 0])]
     # from the start 1: changes +1, -1, -1; each points away from the others'
     assert checked_directions({"w": np.ones(3, np.float32)}, everyone) == (everyone, [])
+    # unless a device's standing pointed away before: two that agree drag every cosine below 0
+    known = Standings({"d0": -0.2})
+    assert [d.device_id for d in checked_directions({"w": np.ones(3, np.float32)}, everyone, known)[1]] == [
+        "d0"
+    ]
     unchanged = [*speakers_like(2, 0), Result("same", START, 10)]  # sent back as received: no direction
     assert checked_directions(START, unchanged) == (unchanged, [])
     broken = [*speakers_like(3, 0), Result("nan", {"w": np.full(20_000, np.nan, np.float32)}, 1)]
