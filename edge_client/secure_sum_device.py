@@ -107,8 +107,10 @@ class DeviceRound:
         """Phase 4, once: the shares held of each survivor's seed and of each dropped sharer's mask key.
 
         A sharer whose sealed share does not open (it sent no real one) gets no share from this device:
-        the seed of their pairwise mask goes instead, which lets the sum be unmasked without it and
-        tells the coordinator nothing of this device's own update.
+        the seed of their pairwise mask goes instead, which lets the sum be unmasked without it. Only
+        while the shares of at least a threshold of the others opened: each of their pair masks stays
+        secret, and fewer than a threshold of devices may collude, so a coordinator that spoils shares on
+        their way learns nothing of this device's update; with more spoiled, this device drops out.
         """
         if self._answered:
             raise ProtocolError("this device has already given up its shares for this round")
@@ -139,6 +141,12 @@ class DeviceRound:
                 seeds[owner] = share[:half]
             else:
                 keys[owner] = share[half:]
+        opened = len(self._sharers) - 1 - len(pairs)
+        if pairs and opened < self.threshold:
+            raise ProtocolError(
+                f"the shares of {len(pairs)} sharers did not open and of only {opened} did: too few to "
+                "give pair seeds in their place"
+            )
         self._answered = True
         return Unmasking(self.device_id, self.round, seeds, keys, pairs)
 

@@ -139,6 +139,25 @@ def test_random_shares_leave_their_sender_out_named_and_the_others_sum_right(att
     assert not liars & set(honest), "no honest device blamed"
 
 
+def test_a_device_whose_shares_were_spoiled_on_their_way_gives_pair_seeds_only_while_enough_opened():
+    fleet = Fleet(6, threshold=3)
+    fleet.advertise(fleet.ids)
+    fleet.share(fleet.ids)
+    fleet.upload(fleet.ids)
+    survivors, device = fleet.server.survivors(), fleet.devices["dev-0"]
+    spoiled = dict(fleet.server.shares_for("dev-0"))
+    for sender in ("dev-1", "dev-2"):  # three others' shares still open: each keeps its pair mask secret
+        spoiled[sender] = bytes(len(spoiled[sender]))
+    reply = device.unmask(survivors, spoiled)
+    assert set(reply.pair_seeds) == {"dev-1", "dev-2"} and set(reply.seed_shares) == set(survivors) - {
+        "dev-1",
+        "dev-2",
+    }
+    every = {sender: bytes(len(sealed)) for sender, sealed in fleet.server.shares_for("dev-3").items()}
+    with pytest.raises(ProtocolError, match="too few to give pair seeds"):  # all spoiled: it would expose
+        fleet.devices["dev-3"].unmask(survivors, every)
+
+
 def test_shares_that_do_not_open_for_one_device_cost_nothing_when_the_others_rebuild_them():
     fleet = Fleet(6, threshold=3)
     everyone = fleet.ids
@@ -236,8 +255,10 @@ def test_a_device_refuses_what_would_expose_its_update():
         device.unmask(survivors[:2], server.shares_for("dev-0"))
     tampered = dict(server.shares_for("dev-0"))
     tampered["dev-1"] = tampered["dev-1"][:-1] + bytes([tampered["dev-1"][-1] ^ 1])
-    reply = device.unmask(survivors, tampered)  # a share that does not open: their pair's seed instead
-    assert "dev-1" in reply.pair_seeds and "dev-1" not in reply.seed_shares
-    assert set(reply.seed_shares) == set(survivors) - {"dev-1"}
+    # a share that does not open, where only two others' did (threshold 3): two colluders could hold
+    # every other pair mask of dev-0, so it gives no pair seed and drops out
+    with pytest.raises(ProtocolError, match="of only 2 did: too few"):
+        device.unmask(survivors, tampered)
+    device.unmask(survivors, server.shares_for("dev-0"))
     with pytest.raises(ProtocolError, match="already given up its shares"):
         device.unmask(survivors, server.shares_for("dev-0"))
