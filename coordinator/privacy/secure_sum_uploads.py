@@ -30,6 +30,7 @@ class SecureSumUploads:
         self._identities: Mapping[str, str] = {}  # device -> its identity key, base64
         self._phase = len(PHASES)  # the open phase's index; len(PHASES): none open
         self._came: set[str] = set()  # the devices whose message of the open phase counts
+        self._refused: set[str] = set()  # the devices whose message of the open phase was refused: out
         self._group: list[str] = []  # the devices the open phase expects a message from
         self._outcomes: dict[Phase, dict[str, bytes]] = {}  # a closed phase's reply to each device
         self.bytes_up = self.bytes_down = 0
@@ -54,14 +55,15 @@ class SecureSumUploads:
         with self._changed:
             self._server, self._identities = server, dict(identities)
             self._phase, self._came, self._group, self._outcomes = 0, set(), sorted(identities), {}
+            self._refused = set()
             self.bytes_up = self.bytes_down = 0
 
     def wait(self, enough: int, until: float, stop: threading.Event) -> set[str]:
-        """Wait until enough devices of the open phase's group sent their message, the time is up, or
-        stop is set; the devices that did.
+        """Wait until enough devices of the open phase's group sent their message (or all that were not
+        refused), the time is up, or stop is set; the devices that did.
         """
         with self._changed:
-            while len(self._came) < min(enough, len(self._group)) and not stop.is_set():
+            while len(self._came) < min(enough, len(self._group) - len(self._refused)) and not stop.is_set():
                 left = until - time.time()
                 if left <= 0:
                     break
@@ -87,7 +89,7 @@ class SecureSumUploads:
                 else:
                     group = []
             finally:
-                self._phase, self._came = self._phase + 1, set()
+                self._phase, self._came, self._refused = self._phase + 1, set(), set()
             self._group = group
             self._changed.notify_all()
             return group
@@ -126,6 +128,8 @@ class SecureSumUploads:
                 else:
                     server.take_unmasking(wire.read_unmasking(body, device, round))
             except ProtocolError as exc:
+                self._refused.add(device)  # its device drops out of the round: no one waits for it
+                self._changed.notify_all()
                 raise BadUpload(f"{phase} of {device}: {exc}") from None
             self._came.add(device)
             self.bytes_up += len(body)
@@ -158,6 +162,6 @@ class SecureSumUploads:
             raise NotWanted(f"the {phase} of round {round} are not taken now")
         if device not in self._group:
             raise NotWanted(f"{device} is not expected in the {phase} of round {round}")
-        if device in self._came:
+        if device in self._came or device in self._refused:
             raise NotWanted(f"{device} already sent its {phase} for round {round}")
         return server

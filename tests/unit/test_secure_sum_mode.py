@@ -15,8 +15,9 @@ from scipy import stats
 
 from fedspeech.coordinator.privacy.budget import epsilon_spent
 from fedspeech.coordinator.privacy.secure_sum_uploads import SecureSumUploads
-from fedspeech.coordinator.refusals import NotWanted
+from fedspeech.coordinator.refusals import BadUpload, NotWanted
 from fedspeech.coordinator.round.modes.secure_sum import device_noise, sum_bound
+from fedspeech.coordinator.round.open_round import GRACE_MIN_S
 from fedspeech.coordinator.strategies.differential_privacy import change_noise_multiplier, count_noise
 from fedspeech.edge_client.secure_sum_device import DeviceRound, encode_change
 from fedspeech.protocol import secure_sum_maths as ss
@@ -55,10 +56,12 @@ class SecureDevice:
         bounds: bool = True,
         step: tuple[float, ...] = (),
         random_shares: bool = False,
+        short: bool = False,
     ) -> None:
         self.fleet, self.device_id, self.value, self.drop = fleet, device_id, value, drop
         self.step = step  # given: its trained weights are those received plus step, not `value`
         self.random_shares = random_shares  # True: the shares it hands out open for no one
+        self.short = short  # True: its masked vector is sent 4 bytes short
         self.bounds = bounds  # False: its change is not scaled to the clip (a daemon patched to skip it)
         self.identity = Ed25519PrivateKey.generate()
         self.masked: list[bytes] = []  # what it sent in the masked phase
@@ -115,13 +118,13 @@ class SecureDevice:
             encoded = np.concatenate(
                 [encode_change(change, norm, secure, np.random.default_rng()), self.tally.encode()]
             )
-            masked = wire.masked_body(device.masked(encoded, sharers))
+            masked = wire.masked_body(device.masked(encoded, sharers))[: -4 if self.short else None]
             self.masked.append(masked)
             if not post("masked", masked):
                 return
             survivors = wire.read_survivors(outcome("masked"))
             post("unmasking", wire.unmasking_body(device.unmask(survivors, sealed)))
-        except NotWanted as exc:
+        except (NotWanted, BadUpload) as exc:
             self.errors.append(str(exc))
 
 
@@ -239,6 +242,20 @@ def test_random_shares_cost_a_round_nothing_and_their_senders_sit_out_when_they_
     rounds = fleet.store.rounds()
     assert [(r.results, r.accuracy) for r in rounds[1:]] == [(4, pytest.approx(4.0, abs=1e-6))] * 3
     assert "x0" in fleet.link.tasks_of(2) and "x0" not in fleet.link.tasks_of(3)
+
+
+def test_a_masked_vector_refused_costs_the_round_no_grace(tmp_path):
+    fleet = secure_fleet(tmp_path, rounds=1, round_timeout=20.0, secure_keys_timeout=20.0)
+    for device, value in {"a": 1.0, "b": 3.0, "c": 5.0, "d": 7.0}.items():
+        SecureDevice(fleet, device, value, 10)
+    short = SecureDevice(fleet, "short", 100.0, 10, short=True)
+    fleet.finish(timeout=20.0)
+    record = fleet.store.rounds()[1]
+    assert (record.results, record.accuracy) == (4, pytest.approx(4.0, abs=1e-6))
+    assert record.wall_s < GRACE_MIN_S, "closed once the others were in, with no grace for the refused"
+    assert (
+        short.errors and "not 20002 uint32" not in short.errors[0] and "masked update of" in short.errors[0]
+    )
 
 
 def test_a_survivor_silent_at_the_unmasking_costs_a_grace_and_its_update_counts(tmp_path):
