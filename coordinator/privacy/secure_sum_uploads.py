@@ -30,7 +30,8 @@ class SecureSumUploads:
         self._identities: Mapping[str, str] = {}  # device -> its identity key, base64
         self._phase = len(PHASES)  # the open phase's index; len(PHASES): none open
         self._came: set[str] = set()  # the devices whose message of the open phase counts
-        self._refused: set[str] = set()  # the devices whose message of the open phase was refused: out
+        # the devices whose message of the open phase was refused, and no good one since: not waited for
+        self._refused: set[str] = set()
         self._group: list[str] = []  # the devices the open phase expects a message from
         self._outcomes: dict[Phase, dict[str, bytes]] = {}  # a closed phase's reply to each device
         self.bytes_up = self.bytes_down = 0
@@ -128,10 +129,11 @@ class SecureSumUploads:
                 else:
                     server.take_unmasking(wire.read_unmasking(body, device, round))
             except ProtocolError as exc:
-                self._refused.add(device)  # its device drops out of the round: no one waits for it
+                self._refused.add(device)  # a daemon drops out of the round on a refusal
                 self._changed.notify_all()
                 raise BadUpload(f"{phase} of {device}: {exc}") from None
             self._came.add(device)
+            self._refused.discard(device)
             self.bytes_up += len(body)
             self._changed.notify_all()
 
@@ -162,6 +164,6 @@ class SecureSumUploads:
             raise NotWanted(f"the {phase} of round {round} are not taken now")
         if device not in self._group:
             raise NotWanted(f"{device} is not expected in the {phase} of round {round}")
-        if device in self._came or device in self._refused:
+        if device in self._came:
             raise NotWanted(f"{device} already sent its {phase} for round {round}")
         return server
