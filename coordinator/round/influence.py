@@ -106,7 +106,8 @@ MIN_TO_TELL = 3  # changes a round needs for each to be compared with at least t
 # How far a device's standing, this round's cosine in it, must point away for its change to be left out.
 # Once the model has learned, honest changes point nearly at right angles to each other, a little away
 # now and then: on a clean FSDD fleet of four over 20 rounds, single cosines down to -0.049 and standings
-# never below -0.018; a reversed change's cosine was -0.096 in its first round and below -0.1 after.
+# never below -0.018 (though once, with a compromised fifth left out, one fell below -0.03); a reversed
+# change's cosine was -0.096 in its first round and below -0.1 after.
 MIN_AWAY = 0.03
 
 
