@@ -28,8 +28,9 @@ log = logging.getLogger(__name__)
 DEMO_STRATEGY = "epochs_only"
 # --full-speed runs every device on this one machine: what their profiles measure there is each other's
 # load, not their hardware. Measured, epochs_only then gave each device 1 to 3 epochs a round by turns
-# (11 or 12 a round in all without secure aggregation, 9 or 10 with it, whose work on the keys loads
-# the machine more), and the secure sum fell behind the plain one. Alike devices train alike epochs.
+# (10 to 12 a round in all without secure aggregation, 10.9 on average; 8 to 12 with it, 10.2, its work
+# on the keys loading the machine more), and the secure sum fell behind the plain one. Alike devices
+# train alike epochs.
 FULL_SPEED_STRATEGY = "fedavg"
 # Each device holds one speaker's voice, and plain averaging drifts between them: a learning rate falling
 # to a tenth along a cosine and server momentum (FedAvgM) took the clip accuracy of an in-process run of
