@@ -102,7 +102,8 @@ def overview(
     profiles = {d: s.profile for d, s in statuses.items() if d in online and s.profile is not None}
     scores = hardware_scores(profiles, penalties=getattr(orchestrator.strategy, "penalties", None))
     devices, private = [], orchestrator.config.secure_aggregation
-    reports = last_reports(store)
+    rounds = store.rounds()[-MAX_ROUNDS:]
+    reports = last_reports(store, rounds)
     for device in known:
         status = statuses.get(device.device_id)
         profile = asdict(status.profile) if status and status.profile else device.profile
@@ -125,7 +126,6 @@ def overview(
                 last_report=reports.get(device.device_id),
             )
         )
-    rounds = store.rounds()[-MAX_ROUNDS:]
     latest = rounds[-1] if rounds else None
     return Overview(
         at=time.time(),
@@ -184,9 +184,11 @@ def _privacy(secure: bool, rounds: list[RoundRecord]) -> str:
     return text
 
 
-def last_reports(store: Store) -> dict[str, ReportView]:
-    """Each device's report on the latest model the devices evaluated one by one, far ones flagged."""
-    evaluated = [r for r in store.rounds() if r.evaluation_reports and r.federated_accuracy is not None]
+def last_reports(store: Store, rounds: list[RoundRecord]) -> dict[str, ReportView]:
+    """Each device's report on the latest of the rounds' models the devices evaluated one by one, far ones
+    flagged.
+    """
+    evaluated = [r for r in rounds if r.evaluation_reports and r.federated_accuracy is not None]
     if not evaluated:
         return {}
     round = evaluated[-1].round

@@ -27,9 +27,9 @@ def test_the_overview_shows_each_devices_last_report_and_flags_the_far_one(tmp_p
     store = Store(tmp_path / "state")
     for round in (1, 2):
         store_round(store, FakeModel(), round, {"w": np.zeros(2, np.float32)}, RoundTally(time.time()), None)
-    assert last_reports(store) == {}, "nothing evaluated yet"
+    assert last_reports(store, store.rounds()) == {}, "nothing evaluated yet"
     reports = [DeviceEvaluation(d, 50, correct, 10.0) for d, correct in [("a", 15), ("b", 16), ("c", 14)]]
     store.save_evaluation(2, 4, (0.3, 0.3, 1.0), [*reports, DeviceEvaluation("liar", 50, 50, 0.0)])
-    shown = last_reports(store)
+    shown = last_reports(store, store.rounds())
     assert shown["a"] == ReportView(2, 0.3, 50, None)
     assert shown["liar"] == ReportView(2, 1.0, 50, pytest.approx(0.3))
