@@ -104,14 +104,15 @@ def test_bad_reports_are_rejected_and_a_good_one_is_pooled(coordinator, caplog):
     http = app.test_client()
     wait_for(lambda: service.store.latest_round(), 60, "round 0")
     test_counts = dict.fromkeys("0123456789", 6)  # the device's test clips, which bound its reports
-    registration = Registration(DEVICE, 50, Profile(2, 0.0, 512.0), test_counts)
+    # 100 training clips: a report may hold at most half as many test clips (42 below)
+    registration = Registration(DEVICE, 100, Profile(2, 0.0, 512.0), test_counts)
     reply = http.post("/api/devices", data=messages.encode(registration))
     token = messages.decode(reply.data, Credentials).token
-    device.go_online(50)
+    device.go_online(100)
     train = device.next_task(30)
     assert train.action == "train" and train.definition.labels == [*(str(d) for d in range(10)), "_none_"]
     arrays, _ = weights.decode(http.get(train.weights.path).data)
-    update = weights.encode(arrays, {"task_id": train.task_id, "num_samples": "50"})
+    update = weights.encode(arrays, {"task_id": train.task_id, "num_samples": "100"})
     headers = {"Authorization": f"Bearer {token}", "X-Content-SHA256": weights.sha256(update)}
     assert http.post(train.upload_path, data=update, headers=headers).status_code == 200
 
