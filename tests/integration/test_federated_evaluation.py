@@ -104,7 +104,6 @@ def test_bad_reports_are_rejected_and_a_good_one_is_pooled(coordinator, caplog):
     http = app.test_client()
     wait_for(lambda: service.store.latest_round(), 60, "round 0")
     test_counts = dict.fromkeys("0123456789", 6)  # the device's test clips, which bound its reports
-    # 100 training clips: a report may hold at most half as many test clips (42 below)
     registration = Registration(DEVICE, 100, Profile(2, 0.0, 512.0), test_counts)
     reply = http.post("/api/devices", data=messages.encode(registration))
     token = messages.decode(reply.data, Credentials).token
