@@ -25,6 +25,7 @@ from fedspeech.connection_options import (
     seconds,
     warn_if_unreachable,
 )
+from fedspeech.defence_options import add_defence_options
 from fedspeech.installed_commands import require_extra
 from fedspeech.models.architectures import MODELS, NEW_BLOCKS
 from fedspeech.privacy_options import add_dp_options
@@ -231,22 +232,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         type=float,
         help="the most samples a device counts for, as a multiple of the fleet's median (default 3)",
     )
-    c.add_argument(
-        "--norm-bound",
-        metavar="median|off|NORM",
-        help="bound on each update's change (L2) before aggregation: a multiple of the round's median "
-        "(default), a fixed norm, or off",
-    )
-    c.add_argument(
-        "--norm-bound-factor",
-        type=float,
-        help="with --norm-bound median: the bound as a multiple of the round's median change (default 2)",
-    )
-    c.add_argument(
-        "--direction-check",
-        action=argparse.BooleanOptionalAction,
-        help="leave out an update whose change points away from the mean of the round's others (default on)",
-    )
+    add_defence_options(c)
     private = c.add_argument_group("privacy: what the coordinator may learn of one device's update")
     private.add_argument(
         "--secure-aggregation",

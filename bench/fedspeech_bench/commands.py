@@ -6,6 +6,7 @@ heavy imports wait inside the functions that run them.
 
 import argparse
 from pathlib import Path
+from typing import Any
 
 from fedspeech.connection_options import (
     at_least,
@@ -15,6 +16,7 @@ from fedspeech.connection_options import (
     results_folder,
     unreachable,
 )
+from fedspeech.defence_options import add_defence_options, defence_options
 from fedspeech.privacy_options import add_dp_options, dp_options
 from fedspeech.protocol.topics import parse_broker_url
 from fedspeech_bench.attacks.insider_rounds import add_parser as add_insiders_parser
@@ -41,6 +43,7 @@ def _bench_strategies(args: argparse.Namespace) -> None:
     server = {"server_momentum": args.server_momentum, "final_lr_fraction": args.final_lr_fraction}
     every_arm = {name: value for name, value in server.items() if value is not None}
     try:
+        every_arm |= defences(args)
         config = strategies_config(
             args.out, args.strategy, args.k, args.float16 or (), corpora=corpora, seeds=args.seeds,
             rounds=args.rounds, data_dir=args.data_dir, corpus_settings=dict.fromkeys(corpora, every_arm),
@@ -174,6 +177,7 @@ def add_bench_parser(subparsers: argparse._SubParsersAction) -> None:
     )
     bs.add_argument("--server-momentum", type=float, help="for every arm (default 0)")
     bs.add_argument("--final-lr-fraction", type=float, help="for every arm (default 1)")
+    add_defence_options(bs)  # for every arm: with --norm-bound off --no-direction-check, what they cost
     bs.set_defaults(run=_bench_strategies)
     bg = b.add_parser("growing", help="fixed-depth against growing transformers, and the growth ablations")
     bg.add_argument("--out", type=Path, default=Path("fedspeech-bench-growing"), help="where results go")
@@ -294,7 +298,8 @@ def _demo(args: argparse.Namespace) -> None:
     dp = dp_options(args)
     strategy = args.strategy or (FULL_SPEED_STRATEGY if args.full_speed else DemoConfig.strategy)
     try:
-        RoundConfig(rounds=args.rounds, strategy=strategy, **dp)
+        defence = defences(args)
+        RoundConfig(rounds=args.rounds, strategy=strategy, **dp, **defence)
     except ValueError as exc:
         raise SystemExit(f"fedspeech demo: {exc}") from None
     fleet = None if args.fleet is None else fleet_path(args.fleet)
@@ -318,6 +323,7 @@ def _demo(args: argparse.Namespace) -> None:
             fleet=None if args.full_speed else fleet or DemoConfig.fleet,
             strategy=strategy,
             privacy=dp,
+            defences=defence,
             rounds=args.rounds,
             epochs=args.epochs,
             broker_url=args.broker,
@@ -329,6 +335,16 @@ def _demo(args: argparse.Namespace) -> None:
             seed=args.seed,
         )
     )
+
+
+def defences(args: argparse.Namespace) -> dict[str, Any]:
+    """The settings of the defence options given (defence_options), norm_bound read; ValueError if bad."""
+    from fedspeech.coordinator.config import norm_bound_value
+
+    given = defence_options(args)
+    if "norm_bound" in given:
+        given["norm_bound"] = norm_bound_value(given["norm_bound"])
+    return given
 
 
 def _check_broker(command: str, url: str) -> None:
@@ -386,4 +402,5 @@ def add_demo_parser(subparsers: argparse._SubParsersAction) -> None:
         help="the first model's weights and each device's draws of its clips (default 0)",
     )
     add_dp_options(m)
+    add_defence_options(m)
     m.set_defaults(run=_demo)

@@ -67,6 +67,7 @@ class DemoConfig:
     synthetic: bool = False  # a first model from synthetic speech, synthetic takes mixed in on the devices
     seed: int = 0  # the coordinator's: the first model's weights, and the seed of each device's task
     privacy: Mapping[str, Any] = field(default_factory=dict)  # dp_* settings: differential privacy
+    defences: Mapping[str, Any] = field(default_factory=dict)  # norm_bound, direction_check, if not default
 
 
 def federated_text(r: RoundRecord) -> str:
@@ -210,6 +211,7 @@ def run_demo(cfg: DemoConfig) -> dict:
         round_timeout=cfg.round_timeout_s,
         strategy=cfg.strategy,
         **cfg.privacy,
+        **cfg.defences,
         eval_every=cfg.eval_every,
         final_lr_fraction=DEMO_FINAL_LR_FRACTION,
         server_momentum=DEMO_SERVER_MOMENTUM,

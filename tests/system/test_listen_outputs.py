@@ -160,7 +160,7 @@ def test_a_wyoming_service_publishes_each_word_and_runs_the_hook(
 DEVICE = "kitchen-pi"
 
 
-@pytest.mark.timeout(150)
+@pytest.mark.timeout(200)
 def test_a_listener_following_the_coordinator_publishes_on_its_one_login(
     fsdd_model, topic_root, processes, clients, tmp_path
 ):
@@ -181,9 +181,9 @@ def test_a_listener_following_the_coordinator_publishes_on_its_one_login(
     start = tmp_path / "start.safetensors"  # round 0: the session's trained model, so that words are heard
     start.write_bytes(weights.encode(get_arrays(fsdd_model.model)))
     wav = tmp_path / "digits.wav"
-    soundfile.write(
-        wav, np.concatenate([takes("0123456789", "lucas", 1), takes("98765", "george", 2)]), FSDD_RATE
-    )
+    # 25 digits, about 33 s: round 1 reaches the listener 13-20 s in on a loaded two-core machine
+    spoken = [takes("0123456789", "lucas", 1), takes("98765", "george", 2), takes("0123456789", "george", 3)]
+    soundfile.write(wav, np.concatenate(spoken), FSDD_RATE)
     # the coordinator, with no held-out clips, calibrates no threshold: the session model's is used
     threshold = OnnxModel(fsdd_model.onnx_path).metadata["threshold"]
     topics, user = Topics(topic_root), listen_user(DEVICE)
@@ -221,7 +221,7 @@ def test_a_listener_following_the_coordinator_publishes_on_its_one_login(
             "daemon", "client", "--speaker", "jackson", "--device-id", DEVICE, "--coordinator", url, *common,
             "--state", str(devices), "--max-samples", "20",
         )  # fmt: skip
-        assert listener.wait(timeout=60) == 0, listener.log_path.read_text()
+        assert listener.wait(timeout=90) == 0, listener.log_path.read_text()
         events = [first]  # every detection published, up to the listener's "offline" at its end
         while (message := watcher.messages.get(timeout=WAIT_S))[0] != topics.availability(user):
             if message[0] == topics.detections(user):

@@ -1,5 +1,6 @@
 """The benchmarks' summary, statistics and report on hand-made runs (no training)."""
 
+import argparse
 import math
 from dataclasses import asdict, replace
 from dataclasses import fields as dataclass_fields
@@ -8,6 +9,7 @@ import pytest
 from scipy import stats
 
 from fedspeech.coordinator.strategies.krum import Krum
+from fedspeech_bench.commands import add_bench_parser, add_demo_parser, defences
 from fedspeech_bench.fleets.fleet_files import FLEETS_DIR, load_fleet
 from fedspeech_bench.harness import (
     arm_config,
@@ -205,3 +207,19 @@ def test_a_new_demo_fleet_forgets_keys_and_tokens_but_keeps_its_synthetic_speech
         "devices/pi4-a/synthetic/c/0/t.flac", "state/pretrained/b.safetensors", "state/synthetic/a/0/t.flac",
     ]  # fmt: skip
     fresh_state(tmp_path / "nothing yet")  # a first run: nothing to forget
+
+
+def test_the_defence_options_reach_the_demo_and_every_arm_and_a_bad_bound_is_refused():
+    parser = argparse.ArgumentParser()
+    subcommands = parser.add_subparsers()
+    add_bench_parser(subcommands)
+    add_demo_parser(subcommands)
+    off = parser.parse_args(["bench", "strategies", "--norm-bound", "off", "--no-direction-check"])
+    assert defences(off) == {"norm_bound": "off", "direction_check": False}
+    assert defences(parser.parse_args(["demo", "--norm-bound", "2.5"])) == {"norm_bound": 2.5}
+    assert defences(parser.parse_args(["demo"])) == {}, "left out: the coordinator's defaults"
+    with pytest.raises(ValueError, match="norm_bound must be median, off or a positive number"):
+        defences(parser.parse_args(["demo", "--norm-bound", "big"]))
+    with pytest.raises(SystemExit, match="^fedspeech demo: norm_bound must be"):
+        args = parser.parse_args(["demo", "--norm-bound", "-1"])
+        args.run(args)
