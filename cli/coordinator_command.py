@@ -308,7 +308,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "--straggler-grace",
         type=float,
         help="once half a round's devices have uploaded, the others have this many times the time that took "
-        "(at least 2 s) before the round closes without them (default 2; 0: until --round-timeout)",
+        "(at least 2 s) before the round closes without them (default 3; 0: until --round-timeout)",
     )
     c.add_argument("--epochs", type=int, help="local epochs per round")
     c.add_argument("--batch-size", type=int)

@@ -169,9 +169,9 @@ class RoundConfig:
     min_results: int = 2
     round_timeout: float = 120.0  # seconds a device has to send its update
     # once half a round's devices (and min_results) have uploaded, the others have this many times the time
-    # that took (at least 2 s) before the round closes without them: a Pi 3 beside Pi 4s (2.5 x slower)
-    # makes it in time, a device that takes its task and never answers costs a few seconds
-    straggler_grace: float = 2.0
+    # that took (at least 2 s) before the round closes without them: on pi-mix a Pi 3 (3.5 x the time half
+    # the fleet took) makes it in time, a device that takes its task and never answers costs a few seconds
+    straggler_grace: float = 3.0
     # a device that has not acknowledged its task this long (seconds) after it is absent for it: a round
     # never waits its deadline for a device that only looks online
     ack_timeout: float = DEFAULT_ACK_TIMEOUT_S
