@@ -94,6 +94,7 @@ def test_a_fleet_starts_from_synthetic_speech_of_its_task_files_words(
     garage = devices["garage"]
     counted = {w: garage["train_counts"].get(w, 0) + garage["test_counts"].get(w, 0) for w in WORDS}
     assert counted == dict.fromkeys(WORDS, TAKES_PER_WORD), "only its own clips are counted"
+    assert garage["num_samples"] == sum(garage["train_counts"].values()), "registered: its own clips"
 
     # a restart with the same state resumes: nothing spoken or trained again
     first.terminate()
