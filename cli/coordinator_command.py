@@ -115,7 +115,8 @@ def _check_paths(config: "CoordinatorConfig", layers: "Sequence[Layer]") -> None
     init = None if service.init in ("random", "synthetic") else Path(service.init)
     for name, path in (("tls_cert", service.tls_cert), ("tls_key", service.tls_key), ("init", init)):
         if path is not None and not path.is_file():
-            raise SystemExit(f"fedspeech coordinator: {where(name, layers)} {path}: no such file")
+            choices = ": give random, synthetic or a .safetensors file" if name == "init" else ""
+            raise SystemExit(f"fedspeech coordinator: {where(name, layers)} {path}: no such file{choices}")
     folders = {
         "eval_data": config.evaluation.eval_data,
         "validation_data": service.validation_data,

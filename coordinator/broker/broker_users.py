@@ -136,7 +136,7 @@ def check_topic_root(topic_root: str, option: str = "--topic-root") -> None:
     """
     if not TOPIC_ROOT.match(topic_root):
         raise ValueError(
-            f"{option} {topic_root!r}: use letters, digits, '_', '.' and '-', with '/' between levels"
+            f"{option} {topic_root!r}: use ASCII letters, digits, '_', '.' and '-', with '/' between levels"
         )
 
 

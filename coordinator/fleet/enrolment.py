@@ -50,7 +50,7 @@ def add_device(store: Store, device_id: str) -> str:
     Where the state keeps the broker's users, the device gets its own (Mosquitto must then reload).
     """
     if not bounds.DEVICE_ID.match(device_id):
-        raise ValueError(f"bad device id {device_id!r}: 1 to 64 letters, digits, '_', '.', '-'")
+        raise ValueError(f"bad device id {device_id!r}: 1 to 64 ASCII letters, digits, '_', '.', '-'")
     if shares_a_user(device_id):
         raise ValueError(
             f"bad device id {device_id!r}: 'coordinator', 'homeassistant' and ids ending in '-listen' name "

@@ -271,6 +271,11 @@ def _cases(tmp: Path, busy: int, broker: str, nothing: str) -> dict[str, tuple[l
             "coordinator",
             ["--tls-cert", "no such file"],
         ),
+        "coordinator init misspelt": (
+            [*coordinator, "--init", "synthetc"],
+            "coordinator",
+            ["--init synthetc: no such file", "random, synthetic or a .safetensors file"],
+        ),
         "coordinator eval data missing": (
             [*coordinator, "--eval-data", str(tmp / "clips")],
             "coordinator",
