@@ -41,6 +41,7 @@ from fedspeech.runtime.http_requests import (
     fetch_announcement,
     fetch_blob,
     https_context,
+    looks_like_a_page,
     request,
 )
 from fedspeech.runtime.session import ModelError, OnnxModel, PairedModel, load_model, load_pair
@@ -330,5 +331,7 @@ def _key_text(body: bytes) -> str:
     except (ValueError, KeyError, TypeError):
         text = None
     if not isinstance(text, str):
+        if looks_like_a_page(body):
+            raise ValueError(f"{routes.KEY} answered a web page: the URL is not a fedspeech coordinator's")
         raise ValueError(f'{routes.KEY} answered no {{"coordinator_key": ...}}: {body[:80]!r}')
     return text

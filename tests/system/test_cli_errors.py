@@ -562,6 +562,42 @@ def test_a_listener_whose_coordinator_does_not_answer_gives_up_in_one_line():
     assert_last_line(result, "listen", "cannot get the coordinator's key", nothing)
 
 
+@pytest.mark.parametrize(
+    ("status", "said"),
+    [
+        (200, "/api/key answered a web page: the URL is not a fedspeech coordinator's"),
+        (404, "answered HTTP 404 with a web page, not a fedspeech coordinator's answer"),
+    ],
+)
+def test_a_listener_pointed_at_a_web_page_says_it_is_no_coordinator(status, said):
+    class Page(BaseHTTPRequestHandler):  # a router's admin page, say: HTML for every path
+        def do_GET(self) -> None:
+            page = (
+                b"<!DOCTYPE html>\n<html><head><title>Router</title></head><body>"
+                + b"x" * 500
+                + b"</body></html>"
+            )
+            self.send_response(status)
+            self.send_header("Content-Type", "text/html")
+            self.send_header("Content-Length", str(len(page)))
+            self.end_headers()
+            self.wfile.write(page)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Page)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{server.server_address[1]}"
+    try:
+        result = fedspeech("listen", "--coordinator", url, "--input", str(FSDD_CLIP))
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert_last_line(result, "listen", said)
+    assert "<html" not in result.stderr + result.stdout, "the page is never printed"
+
+
 def test_a_client_says_when_its_broker_does_not_answer(caplog):
     from fedspeech.protocol.mqtt import BrokerSettings, connect, make_client
 
