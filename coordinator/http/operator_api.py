@@ -49,7 +49,7 @@ def status() -> Response:
 def devices() -> Response:
     """Known devices (registered or enrolled) with their latest MQTT status and clips per label."""
     service = current_service()
-    statuses = service.link.statuses()
+    statuses, shared = service.link.statuses(), service.enrolment.shared_ids()
     listed = []
     for device in service.store.devices():
         status = statuses.get(device.device_id)
@@ -59,6 +59,7 @@ def devices() -> Response:
                 "state": status.state if status else "unknown",
                 "train_counts": status.train_counts if status else {},
                 "test_counts": status.test_counts if status else {},
+                "shared_id": device.device_id in shared,
             }
         )
     return jsonify(listed)

@@ -184,7 +184,9 @@ class Store:
         """The digests of a device's token and enrolment secret, or None for an unknown device."""
         with self._connect() as db:
             row = db.execute(
-                "SELECT token_sha256, secret_sha256 FROM devices WHERE device_id = ?", (device_id,)
+                "SELECT token_sha256, secret_sha256, identity_key, registered_at FROM devices "
+                "WHERE device_id = ?",
+                (device_id,),
             ).fetchone()
         return CredentialDigests(*row) if row else None
 

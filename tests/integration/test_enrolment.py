@@ -244,3 +244,37 @@ def test_a_refused_enrolment_secret_is_named_as_the_cause(tmp_path, mosquitto_ur
                 f"revoke {device_id}` first if it is enrolled already)"
             )
         assert service.store.device("hall").registered is False, "nothing changed on the coordinator"
+
+
+def test_two_devices_with_one_id_are_named_and_a_replaced_state_folder_is_not(make_app, caplog, monkeypatch):
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+    from fedspeech.coordinator.fleet import enrolment
+
+    app = make_app()
+    http, store = app.test_client(), app.extensions["fedspeech"].store
+    secret = add_device(store, "hall")
+    first, second = (signing.public_key_text(Ed25519PrivateKey.generate()) for _ in range(2))
+
+    def register(identity: str) -> str:
+        body = messages.encode(Registration("hall", 20, Profile(2, 0.0, 512.0), {}, identity))
+        return _token(http.post("/api/devices", data=body, headers={"Authorization": f"Bearer {secret}"}))
+
+    def shared() -> bool:
+        (hall,) = http.get("/api/devices").get_json()
+        return hall["shared_id"]
+
+    caplog.set_level(logging.WARNING, "fedspeech.coordinator.fleet.enrolment")
+    register(first)
+    register(first)  # the same device again (a restart): nothing to say
+    assert not shared() and "two devices" not in caplog.text
+    for identity in (second, first, second):  # two devices with the id, each taking the other's token in turn
+        register(identity)
+    named = [r.getMessage() for r in caplog.records if "two devices run with the id hall" in r.getMessage()]
+    assert len(named) == 3 and "give each its own --device-id" in named[0], named
+    assert shared()
+
+    caplog.clear()
+    monkeypatch.setattr(enrolment, "SHARED_ID_S", 0.0)  # long after: a device whose state folder was replaced
+    register(first)
+    assert "two devices" not in caplog.text and not shared()
