@@ -7,7 +7,12 @@ never sleep (tests/helpers/mqtt_clients).
 """
 
 import os
+import pwd
+import shlex
+import signal
 import stat
+import subprocess
+import sys
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -25,7 +30,7 @@ from fedspeech.edge_client.mqtt_link import BrokerLink
 from fedspeech.protocol.messages import DeviceStatus, Profile
 from fedspeech.protocol.mqtt import BrokerSettings, LastWill
 from fedspeech.protocol.topics import Topics
-from fedspeech_bench.attacks.mosquitto import Mosquitto, running_mosquitto
+from fedspeech_bench.attacks.mosquitto import Mosquitto, listening, running_mosquitto
 from tests.helpers.configs import coordinator_config
 from tests.helpers.mqtt_clients import WAIT_S, Client
 from tests.helpers.ports import free_port
@@ -179,3 +184,49 @@ def test_a_registration_over_http_hands_out_working_broker_credentials(fleet, tm
             link.go_offline()
         server.stop()
         service.link.stop()
+
+
+@pytest.mark.parametrize("in_background", [True, False])
+def test_the_readmes_broker_line_runs_as_written(tmp_path, in_background):
+    """As root too (as on a Pi's first setup, or in a container): Mosquitto stays the state folder's owner,
+    who may read it, instead of becoming user mosquitto, who may not; with -d and in the foreground."""
+    from tests.system.test_readme_own_devices import readme_blocks
+
+    setup = readme_blocks()[1]
+    (line,) = [line for line in setup if "mosquitto -c" in line]
+    argv = shlex.split(line)
+    assert argv[-1] == "-d", line
+    port = free_port()
+    fedspeech = [sys.executable, "-m", "fedspeech"]
+    enrol = [*fedspeech, "devices", "add", "kitchen-pi", "--new-state", "--secret-file", "kitchen-pi.secret"]
+    subprocess.run(enrol, cwd=tmp_path, check=True, capture_output=True, timeout=120)
+    made = [*fedspeech, "broker-config", "--port", str(port)]
+    subprocess.run(made, cwd=tmp_path, check=True, capture_output=True, timeout=120)
+    state = tmp_path / "fedspeech-state"
+    assert f"user {pwd.getpwuid(os.geteuid()).pw_name}\n" in (state / "broker" / "mosquitto.conf").read_text()
+
+    foreground = None
+    if in_background:
+        started = subprocess.run(argv, cwd=tmp_path, capture_output=True, text=True, timeout=30)
+        assert started.returncode == 0, started.stderr
+    else:
+        foreground = subprocess.Popen(
+            argv[:-1], cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
+        )
+    try:
+        wait_for(lambda: listening(port), 10, f"Mosquitto on port {port}")
+        coordinator = BrokerSettings(
+            f"mqtt://127.0.0.1:{port}", "coordinator", broker_users.coordinator_password_file(state)
+        )
+        client = Client(coordinator).connected()  # it read its password file, in the 0700 folder
+        client.close()
+        pid = int((state / "broker" / "mosquitto.pid").read_text())  # the README's `kill -HUP $(cat ...)`
+        os.kill(pid, signal.SIGHUP)
+        wait_for(lambda: "Reloading config" in (state / "broker" / "mosquitto.log").read_text(), 10, "reload")
+    finally:
+        pid_file = state / "broker" / "mosquitto.pid"
+        if foreground is not None:
+            foreground.terminate()
+            foreground.wait(timeout=10)
+        elif pid_file.is_file():
+            os.kill(int(pid_file.read_text()), signal.SIGTERM)
