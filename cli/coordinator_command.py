@@ -45,6 +45,7 @@ def run(args: argparse.Namespace) -> None:
     """`fedspeech coordinator`: the service from its settings, until SIGTERM or SIGINT."""
     require_extra("coordinator")
     from fedspeech.coordinator.app import TopicRootTaken, create_app, serve
+    from fedspeech.coordinator.state.lock import StateInUse, hold_state
     from fedspeech.models.clips.tasks import TaskFileError
 
     try:
@@ -54,6 +55,13 @@ def run(args: argparse.Namespace) -> None:
     _check_paths(config, layers)
     _check_before_start(config)  # one line before anything starts or logs
     _warn_if_secrets_readable(config)
+    try:
+        held = hold_state(config.service.state)  # until this process ends
+    except StateInUse as exc:
+        raise SystemExit(f"fedspeech coordinator: {exc}") from None
+    except OSError as exc:
+        cannot = f"cannot use the state folder {config.service.state}: {exc.strerror}"
+        raise SystemExit(f"fedspeech coordinator: {cannot}") from None
     try:
         app = create_app(config)
     except (TaskFileError, ValueError, FileNotFoundError) as exc:
@@ -84,6 +92,7 @@ def run(args: argparse.Namespace) -> None:
             break
     server.stop()
     service.stop()
+    held.close()
     if service.link.refusal is not None:
         raise SystemExit(f"fedspeech coordinator: {service.link.refusal}")
 

@@ -546,6 +546,26 @@ def test_a_device_refuses_a_url_that_is_no_coordinator(tmp_path):
     assert_last_line(result, "client", f"{url} answered GET /api/task with HTTP 404", "--coordinator")
 
 
+def test_a_second_coordinator_on_one_state_folder_is_refused_naming_the_first(
+    processes, tmp_path, mosquitto_url, topic_root
+):
+    state = tmp_path / "state"
+    common = ["--state", str(state), "--broker", mosquitto_url, "--topic-root", topic_root]
+    first = processes.start("coordinator", "coordinator", *common, "--port", "0")
+    wait_for(
+        lambda: "dashboard at" in first.log_path.read_text() or first.poll() is not None, 90, "the first"
+    )
+    assert first.poll() is None, first.log_path.read_text()[-2000:]
+    second = fedspeech("coordinator", *common, "--port", "0", "--topic-root", f"{topic_root}/other")
+    assert_one_line(second, "coordinator", f"another coordinator (pid {first.pid}) runs on the state folder")
+    assert first.poll() is None, "the first runs on"
+    first.terminate()
+    assert first.wait(timeout=60) == 0
+    again = processes.start("again", "coordinator", *common, "--port", "0")  # the lock went with the first
+    wait_for(lambda: "dashboard at" in again.log_path.read_text() or again.poll() is not None, 90, "again")
+    assert again.poll() is None, again.log_path.read_text()[-2000:]
+
+
 def test_a_coordinator_whose_broker_does_not_answer_says_so_and_keeps_trying(processes, tmp_path):
     nothing = f"mqtt://127.0.0.1:{free_port()}"
     coordinator = processes.start(
