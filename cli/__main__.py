@@ -4,6 +4,7 @@ import argparse
 import contextlib
 import logging
 import signal
+import sys
 from pathlib import Path
 from typing import NoReturn
 
@@ -235,6 +236,10 @@ def main(argv: list[str] | None = None) -> None:
         if extra is None:
             raise
         raise needs(args.command, str(exc.name), extra) from None
+    except KeyboardInterrupt:  # Ctrl-C where a command had not set its own way to stop (start-up, say)
+        command = " ".join(filter(None, ("fedspeech", args.command, getattr(args, "bench", None))))
+        print(f"{command}: interrupted", file=sys.stderr)
+        raise SystemExit(130) from None
 
 
 if __name__ == "__main__":
