@@ -23,7 +23,7 @@ from fedspeech.protocol import messages, signing
 from fedspeech.protocol.bounds import ProtocolError
 from fedspeech.protocol.message_checks import MAX_WITHDRAWN
 from fedspeech.protocol.messages import DeviceStatus, ModelAnnouncement, Task, TaskWithdrawal
-from fedspeech.protocol.mqtt import BrokerSettings, connect, make_client, route
+from fedspeech.protocol.mqtt import BrokerSettings, connect, make_client, refusal_text, route
 from fedspeech.protocol.topics import Topics
 
 log = logging.getLogger(__name__)
@@ -96,7 +96,7 @@ class CoordinatorLink:
 
     def _on_connect(self, client, userdata, flags, reason_code, properties) -> None:
         if reason_code.is_failure:
-            log.warning("broker %s refused the connection: %s", self.settings.url, reason_code)
+            log.warning("%s", refusal_text(self.settings, reason_code))
             return
         if not self.checked.is_set():  # its retained announcement arrives before the next SUBACK
             client.subscribe(self.topics.model, qos=0)

@@ -6,6 +6,7 @@ when it registers over HTTP, and loses them when it is revoked and Mosquitto rel
 never sleep (tests/helpers/mqtt_clients).
 """
 
+import logging
 import os
 import pwd
 import shlex
@@ -28,7 +29,7 @@ from fedspeech.edge_client.coordinator_http import CoordinatorClient
 from fedspeech.edge_client.credentials import DeviceCredentials
 from fedspeech.edge_client.mqtt_link import BrokerLink
 from fedspeech.protocol.messages import DeviceStatus, Profile
-from fedspeech.protocol.mqtt import BrokerSettings, LastWill
+from fedspeech.protocol.mqtt import BrokerSettings, LastWill, connect, make_client
 from fedspeech.protocol.topics import Topics
 from fedspeech_bench.attacks.mosquitto import Mosquitto, listening, running_mosquitto
 from tests.helpers.configs import coordinator_config
@@ -133,6 +134,24 @@ def test_no_client_without_credentials_takes_a_devices_client_id(fleet, clients)
     seen = coordinator.until(TOPICS.status("kitchen-pi"), b"still here")
     assert seen == [(TOPICS.status("kitchen-pi"), b"still here")], "kitchen-pi's will was published"
     assert kitchen.disconnects == 0, "an impostor disconnected kitchen-pi"
+
+
+def test_a_device_enrolled_before_mosquitto_reloads_is_told_what_to_do(fleet, clients, caplog):
+    add_device(Store(fleet.state), "garage-pi")  # its broker password is written; Mosquitto has not read it
+    settings = fleet.settings("garage-pi")
+    paho = make_client(settings, "garage-pi")  # as a device's or coordinator's, which says why it is refused
+    with caplog.at_level(logging.WARNING, "fedspeech.protocol.mqtt"):
+        connect(paho, settings)
+        try:
+            wait_for(lambda: "refused the connection" in caplog.text, 10, "the refusal")
+        finally:
+            paho.disconnect()
+            paho.loop_stop()
+    said = [r.getMessage() for r in caplog.records if "refused the connection" in r.getMessage()]
+    assert said and "(user garage-pi)" in said[0] and "kill -HUP $(cat STATE/broker/mosquitto.pid)" in said[0]
+    fleet.mosquitto.reload()
+    wait_for(lambda: "Reloading config" in fleet.mosquitto.log(), 10, "the reload")
+    clients.append(Client(fleet.settings("garage-pi")).connected())
 
 
 def test_a_revoked_device_is_refused_once_mosquitto_reloads(fleet, clients):
