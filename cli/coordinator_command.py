@@ -84,15 +84,25 @@ def run(args: argparse.Namespace) -> None:
     logging.getLogger(__name__).info("dashboard at %s/, metrics at %s/metrics", server.url, server.url)
     if config.service.broker is not None:
         warn_if_unreachable(config.service.broker, "devices get no tasks")
-    stop = threading.Event()
+    stop, signalled = threading.Event(), []
     for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: stop.set())
+        signal.signal(sig, lambda number, frame: (signalled.append(signal.Signals(number).name), stop.set()))
     while not stop.wait(1.0):
         if service.link.refusal is not None:  # the topic root, checked once the broker answered, is taken
             break
+    log = logging.getLogger(__name__)
+    if signalled:
+        log.info("stopping on %s: the round under way is given up, its devices' work dropped", signalled[0])
     server.stop()
     service.stop()
     held.close()
+    rounds = service.store.rounds()
+    done = f"round {rounds[-1].round}" if rounds else "no round"
+    log.info(
+        "stopped after %s; started again on %s, the coordinator goes on from there",
+        done,
+        config.service.state,
+    )
     if service.link.refusal is not None:
         raise SystemExit(f"fedspeech coordinator: {service.link.refusal}")
 

@@ -31,6 +31,10 @@ log = logging.getLogger(__name__)
 # Anyone who may publish on the broker can invent device ids, so the table of statuses has bounds:
 MAX_TRACKED = 10_000  # devices whose status is kept at all
 MAX_OFFLINE = 1_000  # of them offline; the longest offline are forgotten first
+TURN_LOG_S, TURN_LOG_MOST = (
+    60.0,
+    4,
+)  # a device's going offline or coming back: logged at most 4 times a minute
 
 
 class TopicRootTaken(Exception):
@@ -56,6 +60,7 @@ class CoordinatorLink:
         self._seen: dict[str, float] = {}  # when each tracked device's latest status arrived
         self._offline: OrderedDict[str, None] = OrderedDict()  # offline devices, longest offline first
         self._full_logged = False
+        self._turn_logged: dict[str, list[float]] = {}  # when a device's going offline or back was logged
         self._handed_out: dict[str, list[str]] = {}  # device -> its tasks published and not yet withdrawn
         self._announcement: bytes | None = None  # the latest, signed as published
         self._lock = threading.Lock()
@@ -165,6 +170,9 @@ class CoordinatorLink:
                     self._full_logged = True
                 return
             self._forget(next(iter(self._offline)))
+        before = self._status.get(device_id)
+        if before is not None and (before.state == "offline") != (status.state == "offline"):
+            self._say_turned(device_id, status.state == "offline")
         self._status[device_id] = status
         self._seen[device_id] = time.time()
         if status.state == "offline":
@@ -172,7 +180,18 @@ class CoordinatorLink:
             while len(self._offline) > self.max_offline:
                 self._forget(next(iter(self._offline)))
 
+    def _say_turned(self, device_id: str, offline: bool) -> None:
+        """Log that a device went offline or came back, at most TURN_LOG_MOST times in TURN_LOG_S a device:
+        anyone on an open broker can flip a device's status."""
+        now = time.monotonic()
+        recent = [t for t in self._turn_logged.get(device_id, []) if now - t < TURN_LOG_S]
+        if len(recent) < TURN_LOG_MOST:
+            recent.append(now)
+            log.info("device %s %s", device_id, "went offline" if offline else "is back online")
+        self._turn_logged[device_id] = recent
+
     def _forget(self, device_id: str) -> None:
+        self._turn_logged.pop(device_id, None)
         self._status.pop(device_id, None)
         self._seen.pop(device_id, None)
         self._offline.pop(device_id, None)

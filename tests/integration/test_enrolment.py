@@ -206,6 +206,45 @@ def test_statuses_from_strangers_on_the_broker_are_bounded(tmp_path, mosquitto_u
         publisher.disconnect()
 
 
+def test_a_device_going_offline_and_back_is_logged_and_a_flipping_status_a_few_times_a_minute(
+    tmp_path, mosquitto_url, topic_root, caplog
+):
+    from fedspeech.coordinator.broker import mqtt_link
+
+    topics = Topics(topic_root)
+    link = CoordinatorLink(BrokerSettings(mosquitto_url), topics, signing.load_or_create_key(tmp_path / "k"))
+    publisher = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2)
+    publisher.connect(*parse_broker_url(mosquitto_url))
+    publisher.loop_start()
+    link.start()
+    caplog.set_level(logging.INFO, "fedspeech.coordinator.broker.mqtt_link")
+
+    def status(state: str) -> None:
+        payload = messages.encode(DeviceStatus("kitchen", state))
+        publisher.publish(topics.status("kitchen"), payload, qos=1, retain=True).wait_for_publish(5)
+        wait_for(
+            lambda: link.statuses().get("kitchen", DeviceStatus("kitchen", "")).state == state, 10, state
+        )
+
+    def said() -> list[str]:
+        return [r.getMessage() for r in caplog.records if r.getMessage().startswith("device kitchen ")]
+
+    try:
+        status("online")  # retained, as a device's status is: the link hears it once it has subscribed
+        assert said() == [], "a device first heard of is not news"
+        status("offline")
+        status("training")
+        assert said() == ["device kitchen went offline", "device kitchen is back online"]
+        for state in ("offline", "online") * 5:  # a forger flipping it: logged a few times a minute
+            status(state)
+        assert len(said()) == mqtt_link.TURN_LOG_MOST
+    finally:
+        publisher.publish(topics.status("kitchen"), b"", qos=1, retain=True).wait_for_publish(5)
+        link.stop()
+        publisher.loop_stop()
+        publisher.disconnect()
+
+
 def test_only_registered_devices_count_as_online(tmp_path, mosquitto_url, topic_root):
     with one_round_coordinator(tmp_path, mosquitto_url, topic_root, "kitchen", eval_every=0) as running:
         app, service, device = running

@@ -561,6 +561,8 @@ def test_a_second_coordinator_on_one_state_folder_is_refused_naming_the_first(
     assert first.poll() is None, "the first runs on"
     first.terminate()
     assert first.wait(timeout=60) == 0
+    said = first.log_path.read_text()
+    assert "stopping on SIGTERM" in said and f"stopped after round 0; started again on {state}" in said, said
     again = processes.start("again", "coordinator", *common, "--port", "0")  # the lock went with the first
     wait_for(lambda: "dashboard at" in again.log_path.read_text() or again.poll() is not None, 90, "again")
     assert again.poll() is None, again.log_path.read_text()[-2000:]
