@@ -556,6 +556,7 @@ def test_a_second_coordinator_on_one_state_folder_is_refused_naming_the_first(
         lambda: "dashboard at" in first.log_path.read_text() or first.poll() is not None, 90, "the first"
     )
     assert first.poll() is None, first.log_path.read_text()[-2000:]
+    assert f"a new coordinator state in {state}" in first.log_path.read_text()
     second = fedspeech("coordinator", *common, "--port", "0", "--topic-root", f"{topic_root}/other")
     assert_one_line(second, "coordinator", f"another coordinator (pid {first.pid}) runs on the state folder")
     assert first.poll() is None, "the first runs on"
@@ -566,6 +567,7 @@ def test_a_second_coordinator_on_one_state_folder_is_refused_naming_the_first(
     again = processes.start("again", "coordinator", *common, "--port", "0")  # the lock went with the first
     wait_for(lambda: "dashboard at" in again.log_path.read_text() or again.poll() is not None, 90, "again")
     assert again.poll() is None, again.log_path.read_text()[-2000:]
+    assert "a new coordinator state" not in again.log_path.read_text(), "the state is the first's"
 
 
 def test_a_coordinator_whose_broker_does_not_answer_says_so_and_keeps_trying(processes, tmp_path):
