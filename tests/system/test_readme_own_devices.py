@@ -172,6 +172,11 @@ def test_the_readmes_own_devices_hear_speakers_they_never_met(tmp_path, processe
         heard = subprocess.run(argv, cwd=tmp_path, capture_output=True, text=True, timeout=300)
         status = _command(f"fedspeech status --coordinator {url} --rounds 3", {})
         shown = subprocess.run(status, capture_output=True, text=True, timeout=60, check=True).stdout
+        listing = _command(f"fedspeech devices list --coordinator {url}", {})
+        listed = subprocess.run(listing, capture_output=True, text=True, timeout=60, check=True).stdout
+    assert sorted(listed.splitlines()) == [f"{device}\tregistered\tonline" for device in sorted(folders)], (
+        listed
+    )
     assert f"detection: threshold {float(model.metadata['threshold']):.3f}, calibrated on" in shown, shown
     assert heard.returncode == 0, heard.stderr[-3000:]
     detected = [m.group(2) for line in heard.stdout.splitlines() if (m := DETECTION.match(line))]
