@@ -20,6 +20,7 @@ from fedspeech.connection_options import (
 )
 from fedspeech.coordinator_command import add_parser as add_coordinator_parser
 from fedspeech.devices import add_parser as add_devices_parser
+from fedspeech.evaluate import add_parser as add_eval_parser
 from fedspeech.installed_commands import (
     KNOWN,
     add_installed_commands,
@@ -209,6 +210,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_installed_commands(sub)
 
     add_listen_parser(sub)
+    add_eval_parser(sub)
     add_synthesize_parser(sub)
     st = sub.add_parser("strategies", help="every strategy with its settings, their defaults and bounds")
     st.add_argument("--markdown", action="store_true", help="the settings as the README's table")
