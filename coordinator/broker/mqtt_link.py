@@ -70,6 +70,8 @@ class CoordinatorLink:
         self._status_subscription: int | None = None  # whose SUBACK ends the check
         self.checked = threading.Event()  # the check is over: the root is ours, or refusal says why not
         self.refusal: str | None = None
+        self._announced = False  # a model announcement was published: a rival's afterwards is logged
+        self._rival_said = False
         self._started = False  # check_topic_root has returned: a refusal from now on is logged
         self._client = make_client(settings, f"fedspeech-coordinator-{uuid.uuid4().hex[:8]}")
         self._client.on_connect = self._on_connect
@@ -103,19 +105,37 @@ class CoordinatorLink:
         if reason_code.is_failure:
             log.warning("%s", refusal_text(self.settings, reason_code))
             return
-        if not self.checked.is_set():  # its retained announcement arrives before the next SUBACK
-            client.subscribe(self.topics.model, qos=0)
+        client.subscribe(self.topics.model, qos=0)  # a retained announcement arrives before the next SUBACK
         _, self._status_subscription = client.subscribe(self.topics.all_status, qos=1)
         log.info("connected to broker %s", self.settings.url)
 
     def _on_model(self, msg: mqtt.MQTTMessage) -> None:
-        """Note a retained announcement this coordinator did not sign, while the topic root is checked."""
-        if self.checked.is_set() or not msg.retain or not msg.payload:
+        """Note an announcement this coordinator did not sign: retained, while the topic root is checked;
+        any, after (another coordinator that started on the same root before either had announced).
+        """
+        if not msg.payload or (not self.checked.is_set() and not msg.retain):
             return
         try:
             signing.verify(self._key.public_key(), msg.topic, msg.payload)
+            return
         except ProtocolError:
+            pass
+        if not self.checked.is_set():
             self._foreign = True
+        elif not self._announced and not self.take_over and self.refusal is None:
+            self.refusal = (
+                f"another coordinator announced a model on the topic root {self.topics.root} on "
+                f"{self.settings.url} before this one's first: give this one a --topic-root of its own (and "
+                "its devices and listeners the same)"
+            )
+            log.error("%s", self.refusal)
+        elif not self._rival_said:
+            self._rival_said = True
+            log.error(
+                "another coordinator announces models on the topic root %s on %s: the devices take whichever "
+                "model came last; stop it, or give it a --topic-root of its own",
+                self.topics.root, self.settings.url,
+            )  # fmt: skip
 
     def _on_subscribe(self, client, userdata, mid, reason_codes, properties) -> None:
         """After the SUBACK that follows the model topic's retained announcement, decide the topic root."""
@@ -132,8 +152,7 @@ class CoordinatorLink:
                 log.error("%s", self.refusal)
         elif self._foreign:
             log.warning("taking over the topic root %s from another coordinator's announcement", root)
-        client.unsubscribe(self.topics.model)  # its own announcements need not come back
-        self.checked.set()
+        self.checked.set()  # still subscribed to the model topic: another coordinator's announcements show
         if self.refusal is None:
             self._publish_announcement()
 
@@ -246,6 +265,7 @@ class CoordinatorLink:
                 payload = self._announcement
             if payload is not None:
                 self._client.publish(self.topics.model, payload, qos=1, retain=True)
+                self._announced = True
 
     def signed_announcement(self) -> bytes | None:
         """The latest announcement as published (signed for the model topic); None before the first."""
