@@ -12,7 +12,7 @@ import signal
 import threading
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TextIO
 
 from fedspeech.connection_options import (
     add_broker_options,
@@ -45,7 +45,7 @@ def run(args: argparse.Namespace) -> None:
     """`fedspeech coordinator`: the service from its settings, until SIGTERM or SIGINT."""
     require_extra("coordinator")
     from fedspeech.coordinator.app import TopicRootTaken, create_app, serve
-    from fedspeech.coordinator.state.lock import StateInUse, hold_state
+    from fedspeech.coordinator.state.store import holds_state
     from fedspeech.models.clips.tasks import TaskFileError
 
     try:
@@ -55,17 +55,20 @@ def run(args: argparse.Namespace) -> None:
     _check_paths(config, layers)
     _check_before_start(config)  # one line before anything starts or logs
     _warn_if_secrets_readable(config)
-    try:
-        held = hold_state(config.service.state)  # until this process ends
-    except StateInUse as exc:
-        raise SystemExit(f"fedspeech coordinator: {exc}") from None
-    except OSError as exc:
-        cannot = f"cannot use the state folder {config.service.state}: {exc.strerror}"
-        raise SystemExit(f"fedspeech coordinator: {cannot}") from None
+    state = config.service.state
+    if not config.service.new_state and not holds_state(state):
+        raise SystemExit(
+            f"fedspeech coordinator: no coordinator state in {state.resolve()}: give your fleet's --state, "
+            "or --new-state to start a new fleet there"
+        )
+    # held until this process ends; a new state is made by create_app, once the task and model are
+    # checked, and held from then on
+    held = _hold(state) if state.is_dir() else None
     try:
         app = create_app(config)
     except (TaskFileError, ValueError, FileNotFoundError) as exc:
         raise SystemExit(f"fedspeech coordinator: {exc}") from None
+    held = held or _hold(state)
     service = app.extensions["fedspeech"]
     try:
         service.start()
@@ -105,6 +108,22 @@ def run(args: argparse.Namespace) -> None:
     )
     if service.link.refusal is not None:
         raise SystemExit(f"fedspeech coordinator: {service.link.refusal}")
+
+
+def _hold(state: Path) -> TextIO:
+    """The state folder's lock, held (state.lock); SystemExit with one line if another process holds it
+    or the folder takes no file."""
+    from fedspeech.coordinator.state.lock import StateInUse, hold_state
+
+    try:
+        return hold_state(state)
+    except StateInUse as exc:
+        raise SystemExit(f"fedspeech coordinator: {exc}") from None
+    except OSError as exc:
+        raise SystemExit(
+            f"fedspeech coordinator: cannot write the state directory {state.resolve()} ({exc.strerror}): "
+            "give a folder this user may write with --state, or make this one writable"
+        ) from None
 
 
 def settings(
@@ -209,6 +228,13 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         help="settings from a TOML file (README: Configuration); options given here override it",
     )
     c.add_argument("--state", type=Path, help="state directory (default fedspeech-state)")
+    c.add_argument(
+        "--new-state",
+        action="store_true",
+        default=None,
+        help="start a new fleet's state in --state if it holds none yet (else refused: a mistyped --state "
+        "would start a new fleet); a state that exists is used either way",
+    )
     c.add_argument("--broker", help="mqtt:// or mqtts:// (TLS) URL of an existing broker (default: embedded)")
     c.add_argument("--broker-port", type=port, help="port of the embedded broker (default 1883)")
     add_broker_options(c, "coordinator, with a password file")

@@ -18,10 +18,9 @@ class StateInUse(Exception):
 
 
 def hold_state(state_dir: Path) -> TextIO:
-    """The open lock file of state_dir (made if missing), held until it is closed or the process ends;
+    """The open lock file of the folder state_dir, held until it is closed or the process ends;
     StateInUse naming the other coordinator's pid if another process holds it.
     """
-    state_dir.mkdir(parents=True, exist_ok=True)
     handle = open(state_dir / LOCK_FILE, "a+")  # noqa: SIM115 - held open for the process' life
     try:
         fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)

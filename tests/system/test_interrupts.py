@@ -58,7 +58,8 @@ def test_ctrl_c_ends_a_long_command_without_a_traceback(case, tmp_path, processe
     places = {"tmp": str(tmp_path), "port": str(free_port()), "model": str(fsdd_model.onnx_path)}
     argv = [arg.format(**places) for arg in args]
     if argv[0] == "coordinator":
-        argv += ["--broker", mosquitto_url, "--topic-root", f"fedspeech-test/interrupts-{places['port']}"]
+        topic_root = f"fedspeech-test/interrupts-{places['port']}"
+        argv += ["--new-state", "--broker", mosquitto_url, "--topic-root", topic_root]
     proc = processes.start(case.replace(" ", "-"), *argv)
     wait_for(lambda: under_way in proc.log_path.read_text() or proc.poll() is not None, 240, under_way)
     assert proc.poll() is None, proc.log_path.read_text()[-3000:]

@@ -53,7 +53,7 @@ def test_a_fleet_starts_from_synthetic_speech_of_its_task_files_words(
     url = f"http://127.0.0.1:{port}"
     common = ["--broker", mosquitto_url, "--topic-root", topic_root]
     coordinator = [
-        "coordinator", "--task", str(task_file), "--state", str(state), "--port", str(port),
+        "coordinator", "--task", str(task_file), "--state", str(state), "--new-state", "--port", str(port),
         "--open-enrolment", "--init", "synthetic", "--init-takes", "24", "--init-epochs", "3",
         "--rounds", "2", "--min-devices", "3", "--min-results", "3", "--epochs", "1", *common,
     ]  # fmt: skip
