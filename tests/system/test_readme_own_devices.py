@@ -123,7 +123,9 @@ def test_the_readmes_own_devices_hear_speakers_they_never_met(tmp_path, processe
     http, mqtt = free_port(), free_port()
     folders, unheard, labels = _build_folders(tmp_path / "data")
     blocks = readme_blocks()
-    task, setup, client, listen = blocks[0], blocks[1], blocks[3][0], blocks[4][0]
+    task, setup = blocks[0], blocks[1]
+    (client,) = [block[0] for block in blocks if block[0].startswith("fedspeech client --coordinator")]
+    (listen,) = [block[0] for block in blocks if block[0].startswith("fedspeech listen --coordinator")]
     places = {
         "coordinator.lan:8080": f"127.0.0.1:{http}",
         "coordinator.lan:1883": f"127.0.0.1:{mqtt}",
