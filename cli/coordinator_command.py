@@ -88,8 +88,13 @@ def run(args: argparse.Namespace) -> None:
     if config.service.broker is not None:
         warn_if_unreachable(config.service.broker, "devices get no tasks")
     stop, signalled = threading.Event(), []
+
+    def on_signal(number: int, frame: object) -> None:
+        signalled.append(signal.Signals(number).name)
+        stop.set()
+
     for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda number, frame: (signalled.append(signal.Signals(number).name), stop.set()))
+        signal.signal(sig, on_signal)
     while not stop.wait(1.0):
         if service.link.refusal is not None:  # the topic root, checked once the broker answered, is taken
             break
