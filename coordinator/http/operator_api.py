@@ -8,6 +8,7 @@ from flask import Response, jsonify
 from fedspeech.coordinator.fleet.enrolment import revoke_device, revoked_reason
 from fedspeech.coordinator.http.admin import admin_only, is_admin, refusal
 from fedspeech.coordinator.http.api import Unauthorized, bearer, bp, current_service, error
+from fedspeech.coordinator.http.overview import standing
 from fedspeech.protocol import routes
 
 
@@ -36,9 +37,10 @@ def status() -> Response:
         registered = service.store.registered()  # anyone on the broker can claim a device id there
         answer["devices_online"] = [d for d in service.link.online() if d in registered]
         answer["broker"] = service.broker_url
-        # the last task each device could not do, and why, since the coordinator started
-        errors = service.uploads.last_errors()
-        answer["device_errors"] = {d: asdict(errors[d]) for d in sorted(errors)}
+        # the last task each device could not do, and why, since the coordinator started, until it recovers
+        errors, last = service.uploads.last_errors(), service.outcomes.last()
+        standing_errors = {d: e for d in sorted(errors) if (e := standing(errors[d], last.get(d)))}
+        answer["device_errors"] = {d: asdict(e) for d, e in standing_errors.items()}
         # what keeps the next round from starting, and how to change it (it tells how many are online)
         answer["waiting"] = service.orchestrator.waiting
     return jsonify(answer)

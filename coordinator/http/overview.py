@@ -155,7 +155,7 @@ def overview(
                 last_seen=seen.get(device.device_id),
                 rounds_joined=joined.get(device.device_id, 0),
                 last_update=last.get(device.device_id),
-                last_error=_standing(errors.get(device.device_id), last.get(device.device_id)),
+                last_error=standing(errors.get(device.device_id), last.get(device.device_id)),
                 train_counts=status.train_counts if status and not private else {},
                 test_counts=status.test_counts if status and not private else {},
                 last_report=reports.get(device.device_id),
@@ -189,7 +189,7 @@ def _made(start: FirstModel | None, first: RoundRecord) -> str | None:
     return start.made_from
 
 
-def _standing(error: DeviceError | None, update: Outcome | None) -> DeviceError | None:
+def standing(error: DeviceError | None, update: Outcome | None) -> DeviceError | None:
     """A device's last error, unless an upload of its was accepted after it: then it has recovered."""
     if error is None or (update is not None and update.accepted and update.at > error.at):
         return None

@@ -288,7 +288,8 @@ def _recorded_fleet(tmp_path, monkeypatch):
 def test_the_overview_lists_a_devices_missing_labels_and_forgets_an_error_it_recovered_from(
     tmp_path, monkeypatch
 ):
-    overview = _recorded_fleet(tmp_path, monkeypatch).test_client().get("/api/overview").get_json()
+    http = _recorded_fleet(tmp_path, monkeypatch).test_client()
+    overview = http.get("/api/overview").get_json()
     devices = {d["device_id"]: d for d in overview["devices"]}
     assert devices["kitchen"]["missing_labels"] == LABELS[3:], (
         "the none class is trained on noise: not missing"
@@ -297,6 +298,8 @@ def test_the_overview_lists_a_devices_missing_labels_and_forgets_an_error_it_rec
     assert devices["kitchen"]["last_error"]["reason"] == "no data folder /srv/clips"
     assert devices["hall"]["last_error"] is None, "an upload accepted since"
     assert devices["hall"]["last_update"]["accepted"]
+    errors = http.get("/api/status").get_json()["device_errors"]  # `fedspeech status` shows these
+    assert set(errors) == {"kitchen"}, errors
 
 
 def _texts(driver, selector):
