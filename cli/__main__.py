@@ -4,6 +4,7 @@ import argparse
 import contextlib
 import logging
 import signal
+import sys
 from pathlib import Path
 from typing import NoReturn
 
@@ -19,6 +20,7 @@ from fedspeech.connection_options import (
 )
 from fedspeech.coordinator_command import add_parser as add_coordinator_parser
 from fedspeech.devices import add_parser as add_devices_parser
+from fedspeech.evaluate import add_parser as add_eval_parser
 from fedspeech.installed_commands import (
     KNOWN,
     add_installed_commands,
@@ -208,6 +210,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_installed_commands(sub)
 
     add_listen_parser(sub)
+    add_eval_parser(sub)
     add_synthesize_parser(sub)
     st = sub.add_parser("strategies", help="every strategy with its settings, their defaults and bounds")
     st.add_argument("--markdown", action="store_true", help="the settings as the README's table")
@@ -235,6 +238,10 @@ def main(argv: list[str] | None = None) -> None:
         if extra is None:
             raise
         raise needs(args.command, str(exc.name), extra) from None
+    except KeyboardInterrupt:  # Ctrl-C where a command had not set its own way to stop (start-up, say)
+        command = " ".join(filter(None, ("fedspeech", args.command, getattr(args, "bench", None))))
+        print(f"{command}: interrupted", file=sys.stderr)
+        raise SystemExit(130) from None
 
 
 if __name__ == "__main__":

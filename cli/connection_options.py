@@ -59,18 +59,30 @@ def broker_settings(args: argparse.Namespace, url: str, username: str | None) ->
     return settings
 
 
+SECRETS_MADE_BY = {"enrolment secret": ", the one `fedspeech devices add` printed or wrote to --secret-file"}
+
+
 def read_secret(path: Path | None, what: str, command: str = "") -> str | None:
-    """The first line of a secret's file, or None; SystemExit if it cannot be read; a warning if others
-    may read it.
+    """The first line of a secret's file, or None without a file; SystemExit if it cannot be read or holds
+    nothing; a warning if others may read it.
     """
     if path is None:
         return None
     warn_if_readable(path, what)
+    prefix = f"fedspeech {command}".strip()
     try:
-        return path.read_text().strip()[:1024] or None
+        secret = path.read_text().strip()[:1024]
     except OSError as exc:
-        prefix = f"fedspeech {command}".strip()
         raise SystemExit(f"{prefix}: cannot read the {what} {path}: {exc.strerror}") from None
+    except UnicodeDecodeError:
+        secret = None
+    if not secret:
+        wrong = "is empty" if secret == "" else "is not text"
+        made_by = SECRETS_MADE_BY.get(what, "")
+        raise SystemExit(
+            f"{prefix}: the {what} file {path} {wrong}: put the {what} on its first line{made_by}"
+        )
+    return secret
 
 
 def coordinator_url(args: argparse.Namespace) -> str:

@@ -12,7 +12,7 @@ import signal
 import threading
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TextIO
 
 from fedspeech.connection_options import (
     add_broker_options,
@@ -45,6 +45,7 @@ def run(args: argparse.Namespace) -> None:
     """`fedspeech coordinator`: the service from its settings, until SIGTERM or SIGINT."""
     require_extra("coordinator")
     from fedspeech.coordinator.app import TopicRootTaken, create_app, serve
+    from fedspeech.coordinator.state.store import holds_state
     from fedspeech.models.clips.tasks import TaskFileError
 
     try:
@@ -54,10 +55,20 @@ def run(args: argparse.Namespace) -> None:
     _check_paths(config, layers)
     _check_before_start(config)  # one line before anything starts or logs
     _warn_if_secrets_readable(config)
+    state = config.service.state
+    if not config.service.new_state and not holds_state(state):
+        raise SystemExit(
+            f"fedspeech coordinator: no coordinator state in {state.resolve()}: give your fleet's --state, "
+            "or --new-state to start a new fleet there"
+        )
+    # held until this process ends; a new state is made by create_app, once the task and model are
+    # checked, and held from then on
+    held = _hold(state) if state.is_dir() else None
     try:
         app = create_app(config)
     except (TaskFileError, ValueError, FileNotFoundError) as exc:
         raise SystemExit(f"fedspeech coordinator: {exc}") from None
+    held = held or _hold(state)
     service = app.extensions["fedspeech"]
     try:
         service.start()
@@ -76,16 +87,48 @@ def run(args: argparse.Namespace) -> None:
     logging.getLogger(__name__).info("dashboard at %s/, metrics at %s/metrics", server.url, server.url)
     if config.service.broker is not None:
         warn_if_unreachable(config.service.broker, "devices get no tasks")
-    stop = threading.Event()
+    stop, signalled = threading.Event(), []
+
+    def on_signal(number: int, frame: object) -> None:
+        signalled.append(signal.Signals(number).name)
+        stop.set()
+
     for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: stop.set())
+        signal.signal(sig, on_signal)
     while not stop.wait(1.0):
         if service.link.refusal is not None:  # the topic root, checked once the broker answered, is taken
             break
+    log = logging.getLogger(__name__)
+    if signalled:
+        log.info("stopping on %s: the round under way is given up, its devices' work dropped", signalled[0])
     server.stop()
     service.stop()
+    held.close()
+    rounds = service.store.rounds()
+    done = f"round {rounds[-1].round}" if rounds else "no round"
+    log.info(
+        "stopped after %s; started again on %s, the coordinator goes on from there",
+        done,
+        config.service.state,
+    )
     if service.link.refusal is not None:
         raise SystemExit(f"fedspeech coordinator: {service.link.refusal}")
+
+
+def _hold(state: Path) -> TextIO:
+    """The state folder's lock, held (state.lock); SystemExit with one line if another process holds it
+    or the folder takes no file."""
+    from fedspeech.coordinator.state.lock import StateInUse, hold_state
+
+    try:
+        return hold_state(state)
+    except StateInUse as exc:
+        raise SystemExit(f"fedspeech coordinator: {exc}") from None
+    except OSError as exc:
+        raise SystemExit(
+            f"fedspeech coordinator: cannot write the state directory {state.resolve()} ({exc.strerror}): "
+            "give a folder this user may write with --state, or make this one writable"
+        ) from None
 
 
 def settings(
@@ -115,7 +158,8 @@ def _check_paths(config: "CoordinatorConfig", layers: "Sequence[Layer]") -> None
     init = None if service.init in ("random", "synthetic") else Path(service.init)
     for name, path in (("tls_cert", service.tls_cert), ("tls_key", service.tls_key), ("init", init)):
         if path is not None and not path.is_file():
-            raise SystemExit(f"fedspeech coordinator: {where(name, layers)} {path}: no such file")
+            choices = ": give random, synthetic or a .safetensors file" if name == "init" else ""
+            raise SystemExit(f"fedspeech coordinator: {where(name, layers)} {path}: no such file{choices}")
     folders = {
         "eval_data": config.evaluation.eval_data,
         "validation_data": service.validation_data,
@@ -189,6 +233,13 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         help="settings from a TOML file (README: Configuration); options given here override it",
     )
     c.add_argument("--state", type=Path, help="state directory (default fedspeech-state)")
+    c.add_argument(
+        "--new-state",
+        action="store_true",
+        default=None,
+        help="start a new fleet's state in --state if it holds none yet (else refused: a mistyped --state "
+        "would start a new fleet); a state that exists is used either way",
+    )
     c.add_argument("--broker", help="mqtt:// or mqtts:// (TLS) URL of an existing broker (default: embedded)")
     c.add_argument("--broker-port", type=port, help="port of the embedded broker (default 1883)")
     add_broker_options(c, "coordinator, with a password file")

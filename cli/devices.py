@@ -35,7 +35,9 @@ def _over_http(args: argparse.Namespace) -> None:
     else:
         for device in admin_request(args, "GET", routes.DEVICES):
             state = "registered" if device["registered"] else "enrolled, not registered yet"
-            print(f"{device['device_id']}\t{state}")
+            online = {"unknown": "not heard from on the broker"}.get(device["state"], device["state"])
+            shared = "\ttwo devices register with this id" if device.get("shared_id") else ""
+            print(f"{device['device_id']}\t{state}\t{online}{shared}")
 
 
 def _on_state(args: argparse.Namespace) -> None:
@@ -63,6 +65,10 @@ def _on_state(args: argparse.Namespace) -> None:
         for device in store.devices():
             state = "registered" if device.registered else "enrolled, not registered yet"
             print(f"{device.device_id}\t{state}")
+        print(
+            "who is online: `fedspeech devices list --coordinator URL` asks the running coordinator",
+            file=sys.stderr,
+        )
 
 
 def _add(args: argparse.Namespace, store: "Store", new: bool) -> None:
@@ -106,7 +112,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     texts = {
         "add": "enrol a device and print its secret once",
         "revoke": "revoke a device: its token stops working and it must be enrolled again",
-        "list": "the devices the coordinator knows",
+        "list": "the devices the coordinator knows (with --coordinator: who is online)",
     }
     for action, text in texts.items():
         a = actions.add_parser(action, help=text)

@@ -72,6 +72,9 @@ class ServiceConfig:
     """What the coordinator keeps and serves, where: its state, broker, HTTP server, task and model."""
 
     state: Path = Path("fedspeech-state")  # the folder of what outlives a restart
+    # make a folder that holds no coordinator state one (else refused: a mistyped --state would quietly
+    # start a new fleet); a state that exists is used either way
+    new_state: bool = False
     # an existing broker's URL, mqtt:// or mqtts://; None: start an embedded broker on
     # embedded_broker_host:broker_port
     broker: str | None = None

@@ -39,6 +39,7 @@ from fedspeech.runtime.http_requests import (
 log = logging.getLogger(__name__)
 
 MAX_SECURE_REPLY = secure_sum_wire.MAX_BODY_BYTES + 1  # one byte more shows a reply is too long
+ENROLMENT = "with its enrolment secret"  # how a registration offered the secret, as its log line says
 
 
 class CoordinatorClient:
@@ -121,9 +122,9 @@ class CoordinatorClient:
         identity = signing.public_key_text(self.credentials.identity)
         registration = Registration(self.device_id, num_samples, profile, dict(test_counts or {}), identity)
         body = messages.encode(registration)
-        offers = [(self.credentials.token, "kept token"), (self.enrolment_secret, "enrolment secret")]
+        offers = [(self.credentials.token, "with its kept token"), (self.enrolment_secret, ENROLMENT)]
         # last, nothing: a coordinator with open enrolment that forgot this device takes it as a new one
-        offers = [(c, name) for c, name in offers if c] + [(None, "nothing")]
+        offers = [(c, how) for c, how in offers if c] + [(None, "as a new device, with no token or secret")]
         revoked = secret_refused = False
         for credential, name in offers:
             if revoked and credential is None:
@@ -136,9 +137,9 @@ class CoordinatorClient:
                 log.info("registered %s with %s (%d samples)", self.device_id, self.base_url, num_samples)
                 return True
             revoked = revoked or says_revoked(answer)
-            secret_refused = secret_refused or (name == "enrolment secret" and answer.status == 401)
+            secret_refused = secret_refused or (name == ENROLMENT and answer.status == 401)
             reason = f"HTTP {answer.status}: {error_reason(answer)}"
-            log.info("the coordinator refused to register %s with its %s (%s)", self.device_id, name, reason)
+            log.info("the coordinator refused to register %s %s (%s)", self.device_id, name, reason)
         if revoked:
             raise self.revoked()
         if secret_refused:

@@ -69,7 +69,9 @@ class ClientConfig:
     def check(self) -> None:
         """ValueError, in words a user can act on, for settings that cannot work."""
         if not bounds.DEVICE_ID.match(self.device_id):
-            raise ValueError(f"device id {self.device_id!r}: use 1 to 64 letters, digits, '_', '.' or '-'")
+            raise ValueError(
+                f"device id {self.device_id!r}: use 1 to 64 ASCII letters, digits, '_', '.' or '-'"
+            )
         try:
             routes.url(self.coordinator_url, routes.STATUS)  # an http:// or https:// URL
         except ValueError:

@@ -54,13 +54,20 @@ class Split:
 
     negatives holds the windows of the task's negatives (training side only): the background noise
     training mixes into speech. As many of them as the commonest label has clips are also among
-    waveforms, labelled as the none class.
+    waveforms, labelled as the none class. The last `mixed` rows are synthetic takes (--mix-synthetic):
+    trained on, never counted as the device's clips, never shared.
     """
 
     waveforms: np.ndarray
     labels: np.ndarray
     counts: dict[str, int]
     negatives: np.ndarray = field(default_factory=_empty)
+    mixed: int = 0
+
+    @property
+    def clips(self) -> int:
+        """The device's own rows: what it registers, reports and counts an update for."""
+        return len(self.labels) - self.mixed
 
 
 @dataclass(frozen=True)
@@ -165,6 +172,7 @@ class LocalData:
                 self.train,
                 waveforms=np.concatenate([self.train.waveforms, spoken_waveforms]),
                 labels=np.concatenate([self.train.labels, spoken_labels]),
+                mixed=len(spoken_labels),
             )
 
     def _synthetic(self, task: TaskDefinition) -> tuple[np.ndarray, np.ndarray]:

@@ -18,7 +18,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 from fedspeech.protocol import bounds, messages, signing
 from fedspeech.protocol.bounds import ProtocolError
 from fedspeech.protocol.messages import DeviceStatus, ModelAnnouncement, Task, TaskWithdrawal
-from fedspeech.protocol.mqtt import BrokerSettings, LastWill, connect, make_client, route
+from fedspeech.protocol.mqtt import BrokerSettings, LastWill, connect, make_client, refusal_text, route
 from fedspeech.protocol.topics import Topics
 
 log = logging.getLogger(__name__)
@@ -76,7 +76,7 @@ class BrokerLink:
 
     def _on_connect(self, client, userdata, flags, reason_code, properties) -> None:
         if reason_code.is_failure:
-            log.warning("broker %s refused the connection: %s", self.broker.url, reason_code)
+            log.warning("%s", refusal_text(self.broker, reason_code))
             return
         log.info("connected to broker %s", self.broker.url)
         client.subscribe(self.topics.task(self.device_id), qos=1)

@@ -52,7 +52,7 @@ def device_status(device: Device, state: State, round: int | None = None) -> Dev
     return DeviceStatus(
         device.device_id,
         state,
-        len(data.train.labels),
+        data.train.clips,
         device.profile,
         round,
         train_counts={} if private else data.train.counts,
@@ -62,7 +62,7 @@ def device_status(device: Device, state: State, round: int | None = None) -> Dev
 
 def clip_counts(data: LocalData, private: bool) -> tuple[int, dict[str, int]]:
     """The device's training clips and its test clips per label (none if private), as it registers them."""
-    return len(data.train.labels), {} if private else dict(data.test.counts)
+    return data.train.clips, {} if private else dict(data.test.counts)
 
 
 def register_again(device: Device) -> bool:
@@ -97,7 +97,7 @@ def do_task(device: Device, task: Task) -> None:
             body = device.trainer.evaluate(task, arrays, device.data.test, device.data.train)
             content_type = "application/json"
         else:
-            if len(device.data.train.labels) == 0:
+            if device.data.train.clips == 0:
                 raise Dropped("no usable training clips")
             if task.secure_sum is not None:  # keys agreed with the round's other devices before training
                 secure = SecureUpload(device.http, task, device.http.credentials.identity)

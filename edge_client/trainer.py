@@ -199,7 +199,7 @@ class Trainer:
         metadata = {
             "task_id": task.task_id,
             "device_id": self.device_id,
-            "num_samples": str(result.num_samples),
+            "num_samples": str(result.num_samples - train.mixed),  # synthetic takes are not its clips
             "train_loss": str(result.loss),
             "train_seconds": str(result.seconds),
             "seconds_per_sample": str(result.seconds_per_sample),

@@ -38,7 +38,7 @@ def share_validation_clips(
     register: Callable[[], bool],
 ) -> None:
     """Upload count training clips (float32 audio and labels) to the coordinator, saying so in the log."""
-    chosen = pick_clips(train.labels, count)
+    chosen = pick_clips(train.labels[: train.clips], count)  # its own clips, never synthetic takes
     if len(chosen) == 0:
         log.info("no training clips to share for validation yet")
         return

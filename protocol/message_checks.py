@@ -58,13 +58,17 @@ MAX_TIME = 2.0**40  # bound on a message's Unix time, some 35,000 years from 197
 def check_definition(definition: "TaskDefinition") -> None:
     """ProtocolError unless the task's name, labels, rate and clip length are usable and bounded."""
     if not NAME.match(definition.name):
-        raise ProtocolError(f"name: {definition.name!r}: use letters, digits, '_', '.' or '-' (at most 64)")
+        raise ProtocolError(
+            f"name: {definition.name!r}: use ASCII letters, digits, '_', '.' or '-' (at most 64)"
+        )
     labels = definition.labels
     if not 2 <= len(labels) <= MAX_LABELS:
         raise ProtocolError(f"labels: between 2 and {MAX_LABELS} are needed, got {len(labels)}")
     for label in labels:
         if not NAME.match(label):
-            raise ProtocolError(f"labels: {label!r} is not a folder name (letters, digits, '_', '.', '-')")
+            raise ProtocolError(
+                f"labels: {label!r} is not a folder name (ASCII letters, digits, '_', '.', '-')"
+            )
     if len(set(labels)) != len(labels):
         raise ProtocolError(f"labels: repeated {sorted({x for x in labels if labels.count(x) > 1})}")
     low, high = SAMPLE_RATES
@@ -203,7 +207,7 @@ def check_announcement(announcement: "ModelAnnouncement") -> None:
                 f"the {kind} of another round in the announcement of round {announcement.round}"
             )
     if not 2 <= len(announcement.labels) <= MAX_LABELS or not all(NAME.match(x) for x in announcement.labels):
-        raise ProtocolError(f"labels: 2 to {MAX_LABELS} names of letters, digits, '_', '.', '-'")
+        raise ProtocolError(f"labels: 2 to {MAX_LABELS} names of ASCII letters, digits, '_', '.', '-'")
     if len(announcement.metrics) > MAX_CONFIG:
         raise ProtocolError(f"more than {MAX_CONFIG} metrics")
     _check_config(announcement.metrics)

@@ -76,9 +76,7 @@ def make_client(
         "cannot reach the broker at %s; trying again", settings.url
     )
     client.on_connect = lambda client, userdata, flags, reason_code, properties: (
-        log.warning("broker %s refused the connection: %s", settings.url, reason_code)
-        if reason_code.is_failure
-        else None
+        log.warning("%s", refusal_text(settings, reason_code)) if reason_code.is_failure else None
     )
     if settings.username:
         password = None
@@ -92,6 +90,22 @@ def make_client(
             keyfile=str(settings.key_file) if settings.key_file else None,
         )
     return client
+
+
+LOGIN_REFUSALS = ("Not authorized", "Bad user name or password")
+
+
+def refusal_text(settings: BrokerSettings, reason_code: Any) -> str:
+    """A broker's refusal of a connection in words, with what to do where it refused the login."""
+    text = f"broker {settings.url} refused the connection: {reason_code}"
+    if str(reason_code) not in LOGIN_REFUSALS:
+        return text
+    return (
+        f"{text} (user {settings.username or '(none)'}). Mosquitto run on `fedspeech broker-config`'s "
+        "files reads new users only when told: after `fedspeech devices add`, `kill -HUP $(cat "
+        "STATE/broker/mosquitto.pid)` on its machine (a new coordinator state needs `fedspeech "
+        "broker-config` first); else this user's name or password file is not the broker's"
+    )
 
 
 def connect(client: mqtt.Client, settings: BrokerSettings, keepalive: int = 60) -> None:

@@ -15,7 +15,7 @@ shared with the model follower: the client's owner makes it with `publisher_will
 
 The name is the listener's broker user (`<device id>-listen` on the fleet's broker), so that a Mosquitto
 ACL can let each listener write its own topics only (`pattern write .../listeners/%u/detections`). Home
-Assistant's discovery topics allow letters, digits, '_' and '-' only in the name: a name with a '.' (a
+Assistant's discovery topics allow ASCII letters, digits, '_' and '-' only in the name: a name with a '.' (a
 device id may have one) is refused with discovery on, and may publish with discovery off.
 
 A detection heard while the broker is unreachable is dropped, not queued: an event is worth acting on only
@@ -65,7 +65,7 @@ def check_name(name: str, discovery: bool = True) -> None:
     if discovery and not HA_ID.match(name):
         raise ValueError(
             f"the listener name {name!r} cannot name a Home Assistant discovery topic, whose node ids allow "
-            "letters, digits, '_' and '-' only: give the device an id without '.', or publish without "
+            "ASCII letters, digits, '_' and '-' only: give the device an id without '.', or publish without "
             "Home Assistant discovery"
         )
 
@@ -74,7 +74,8 @@ def check_prefix(prefix: str) -> None:
     """ValueError for a discovery prefix that is not a plain topic (no wildcard, space or empty level)."""
     if not PREFIX.match(prefix):
         raise ValueError(
-            f"discovery prefix {prefix!r}: use letters, digits, '_', '.' and '-', with '/' between levels"
+            f"discovery prefix {prefix!r}: use ASCII letters, digits, '_', '.' and '-', "
+            "with '/' between levels"
         )
 
 

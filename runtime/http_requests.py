@@ -98,12 +98,24 @@ def connection_error(exc: Exception) -> str:
 
 
 def error_reason(reply: Reply) -> str:
-    """The coordinator's error text from a reply, or its status; control characters escaped (one line)."""
+    """The coordinator's error text from a reply, or its status; control characters escaped (one line).
+
+    A web page (what a server that is no coordinator answers) is named as one, never printed.
+    """
     try:
         reason = str(json.loads(reply.body)["error"])[:200]
     except (ValueError, KeyError, TypeError):
-        reason = reply.body[:200].decode(errors="replace") or f"HTTP {reply.status}"
+        reason = reply.body[:200].decode(errors="replace").strip() or f"HTTP {reply.status}"
+        if looks_like_a_page(reply.body):
+            reason = f"HTTP {reply.status} with a web page, not a fedspeech coordinator's answer"
     return log_lines.escape(reason)
+
+
+def looks_like_a_page(body: bytes) -> bool:
+    """Whether a reply's body is HTML: a web server's page where a coordinator's JSON was expected."""
+    return (
+        body.lstrip()[:256].lower().startswith((b"<!doctype html", b"<html", b"<head", b"<body", b"<title"))
+    )
 
 
 def says_revoked(reply: Reply) -> bool:

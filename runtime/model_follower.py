@@ -41,6 +41,7 @@ from fedspeech.runtime.http_requests import (
     fetch_announcement,
     fetch_blob,
     https_context,
+    looks_like_a_page,
     request,
 )
 from fedspeech.runtime.session import ModelError, OnnxModel, PairedModel, load_model, load_pair
@@ -199,9 +200,12 @@ class ModelFollower:
         assert self._key is not None
         log.warning(
             "the retained announcement on %s has a bad signature: it is signed by another key than the "
-            "coordinator's (%s): is another coordinator using this topic root? give each coordinator its "
-            "own --topic-root, and this listener its coordinator's; waiting for a model signed by %s",
-            self.topic, self._key_origin, signing.public_key_text(self._key),
+            "coordinator's (%s): the broker %s carries another coordinator's models. If --coordinator "
+            "names the wrong one, give it the URL of the coordinator that announces on this broker; if two "
+            "coordinators share the broker, give each its own --topic-root, and this listener its "
+            "coordinator's. This listener runs only models signed by its coordinator: waiting for a model "
+            "signed by %s",
+            self.topic, self._key_origin, self.broker.url, signing.public_key_text(self._key),
         )  # fmt: skip
 
     def _offer(self, announcement: ModelAnnouncement) -> None:
@@ -330,5 +334,7 @@ def _key_text(body: bytes) -> str:
     except (ValueError, KeyError, TypeError):
         text = None
     if not isinstance(text, str):
+        if looks_like_a_page(body):
+            raise ValueError(f"{routes.KEY} answered a web page: the URL is not a fedspeech coordinator's")
         raise ValueError(f'{routes.KEY} answered no {{"coordinator_key": ...}}: {body[:80]!r}')
     return text

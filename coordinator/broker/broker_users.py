@@ -15,6 +15,7 @@ import base64
 import fcntl
 import hashlib
 import logging
+import pwd
 import re
 import secrets
 from collections.abc import Iterable, Iterator
@@ -59,11 +60,19 @@ def mosquitto_hash(password: str, salt: bytes | None = None) -> str:
     return f"$7${HASH_ITERATIONS}${base64.b64encode(salt).decode()}${base64.b64encode(digest).decode()}"
 
 
-def config_text(folder: Path, host: str, port: int) -> str:
-    """mosquitto.conf for the files in folder (an absolute path), listening on host:port."""
+def config_text(folder: Path, host: str, port: int, user: str | None = None) -> str:
+    """mosquitto.conf for the files in folder (an absolute path), listening on host:port, run as user
+    when started as root (None: Mosquitto's own user).
+    """
+    run_as = (
+        "# Started as root, Mosquitto becomes this user, who owns this folder and may read it (mode 0700)\n"
+        f"user {user}\n"
+        if user is not None
+        else ""
+    )
     return f"""# Written by `fedspeech broker-config`: run it again rather than edit this file.
 # Every client logs in with its own user and password (passwd) and may touch only its own topics (acl).
-allow_anonymous false
+{run_as}allow_anonymous false
 password_file {folder / "passwd"}
 acl_file {folder / "acl"}
 # a bigger packet disconnects its sender; model weights go over HTTP, never over MQTT
@@ -136,7 +145,7 @@ def check_topic_root(topic_root: str, option: str = "--topic-root") -> None:
     """
     if not TOPIC_ROOT.match(topic_root):
         raise ValueError(
-            f"{option} {topic_root!r}: use letters, digits, '_', '.' and '-', with '/' between levels"
+            f"{option} {topic_root!r}: use ASCII letters, digits, '_', '.' and '-', with '/' between levels"
         )
 
 
@@ -169,8 +178,17 @@ def write_config(
             _device_passwords(folder, device_id)
         write_atomically(folder / "acl", acl_text(Topics(topic_root), discovery_prefix).encode())
         _write_password_file(folder)
-        write_atomically(folder / "mosquitto.conf", config_text(folder, host, port).encode())
+        config = config_text(folder, host, port, folder_owner(folder))
+        write_atomically(folder / "mosquitto.conf", config.encode())
     return folder / "mosquitto.conf"
+
+
+def folder_owner(folder: Path) -> str | None:
+    """The name of the user who owns folder; None if the system has no name for its id (a container's)."""
+    try:
+        return pwd.getpwuid(folder.stat().st_uid).pw_name
+    except KeyError:
+        return None
 
 
 def device_logins(state_dir: Path, device_id: str) -> DeviceLogins | None:

@@ -23,7 +23,7 @@ from fedspeech.protocol import messages, signing
 from fedspeech.protocol.bounds import ProtocolError
 from fedspeech.protocol.message_checks import MAX_WITHDRAWN
 from fedspeech.protocol.messages import DeviceStatus, ModelAnnouncement, Task, TaskWithdrawal
-from fedspeech.protocol.mqtt import BrokerSettings, connect, make_client, route
+from fedspeech.protocol.mqtt import BrokerSettings, connect, make_client, refusal_text, route
 from fedspeech.protocol.topics import Topics
 
 log = logging.getLogger(__name__)
@@ -31,6 +31,10 @@ log = logging.getLogger(__name__)
 # Anyone who may publish on the broker can invent device ids, so the table of statuses has bounds:
 MAX_TRACKED = 10_000  # devices whose status is kept at all
 MAX_OFFLINE = 1_000  # of them offline; the longest offline are forgotten first
+TURN_LOG_S, TURN_LOG_MOST = (
+    60.0,
+    4,
+)  # a device's going offline or coming back: logged at most 4 times a minute
 
 
 class TopicRootTaken(Exception):
@@ -56,6 +60,7 @@ class CoordinatorLink:
         self._seen: dict[str, float] = {}  # when each tracked device's latest status arrived
         self._offline: OrderedDict[str, None] = OrderedDict()  # offline devices, longest offline first
         self._full_logged = False
+        self._turn_logged: dict[str, list[float]] = {}  # when a device's going offline or back was logged
         self._handed_out: dict[str, list[str]] = {}  # device -> its tasks published and not yet withdrawn
         self._announcement: bytes | None = None  # the latest, signed as published
         self._lock = threading.Lock()
@@ -65,6 +70,8 @@ class CoordinatorLink:
         self._status_subscription: int | None = None  # whose SUBACK ends the check
         self.checked = threading.Event()  # the check is over: the root is ours, or refusal says why not
         self.refusal: str | None = None
+        self._announced = False  # a model announcement was published: a rival's afterwards is logged
+        self._rival_said = False
         self._started = False  # check_topic_root has returned: a refusal from now on is logged
         self._client = make_client(settings, f"fedspeech-coordinator-{uuid.uuid4().hex[:8]}")
         self._client.on_connect = self._on_connect
@@ -96,21 +103,39 @@ class CoordinatorLink:
 
     def _on_connect(self, client, userdata, flags, reason_code, properties) -> None:
         if reason_code.is_failure:
-            log.warning("broker %s refused the connection: %s", self.settings.url, reason_code)
+            log.warning("%s", refusal_text(self.settings, reason_code))
             return
-        if not self.checked.is_set():  # its retained announcement arrives before the next SUBACK
-            client.subscribe(self.topics.model, qos=0)
+        client.subscribe(self.topics.model, qos=0)  # a retained announcement arrives before the next SUBACK
         _, self._status_subscription = client.subscribe(self.topics.all_status, qos=1)
         log.info("connected to broker %s", self.settings.url)
 
     def _on_model(self, msg: mqtt.MQTTMessage) -> None:
-        """Note a retained announcement this coordinator did not sign, while the topic root is checked."""
-        if self.checked.is_set() or not msg.retain or not msg.payload:
+        """Note an announcement this coordinator did not sign: retained, while the topic root is checked;
+        any, after (another coordinator that started on the same root before either had announced).
+        """
+        if not msg.payload or (not self.checked.is_set() and not msg.retain):
             return
         try:
             signing.verify(self._key.public_key(), msg.topic, msg.payload)
+            return
         except ProtocolError:
+            pass
+        if not self.checked.is_set():
             self._foreign = True
+        elif not self._announced and not self.take_over and self.refusal is None:
+            self.refusal = (
+                f"another coordinator announced a model on the topic root {self.topics.root} on "
+                f"{self.settings.url} before this one's first: give this one a --topic-root of its own (and "
+                "its devices and listeners the same)"
+            )
+            log.error("%s", self.refusal)
+        elif not self._rival_said:
+            self._rival_said = True
+            log.error(
+                "another coordinator announces models on the topic root %s on %s: the devices take whichever "
+                "model came last; stop it, or give it a --topic-root of its own",
+                self.topics.root, self.settings.url,
+            )  # fmt: skip
 
     def _on_subscribe(self, client, userdata, mid, reason_codes, properties) -> None:
         """After the SUBACK that follows the model topic's retained announcement, decide the topic root."""
@@ -127,8 +152,7 @@ class CoordinatorLink:
                 log.error("%s", self.refusal)
         elif self._foreign:
             log.warning("taking over the topic root %s from another coordinator's announcement", root)
-        client.unsubscribe(self.topics.model)  # its own announcements need not come back
-        self.checked.set()
+        self.checked.set()  # still subscribed to the model topic: another coordinator's announcements show
         if self.refusal is None:
             self._publish_announcement()
 
@@ -165,6 +189,9 @@ class CoordinatorLink:
                     self._full_logged = True
                 return
             self._forget(next(iter(self._offline)))
+        before = self._status.get(device_id)
+        if before is not None and (before.state == "offline") != (status.state == "offline"):
+            self._say_turned(device_id, status.state == "offline")
         self._status[device_id] = status
         self._seen[device_id] = time.time()
         if status.state == "offline":
@@ -172,7 +199,18 @@ class CoordinatorLink:
             while len(self._offline) > self.max_offline:
                 self._forget(next(iter(self._offline)))
 
+    def _say_turned(self, device_id: str, offline: bool) -> None:
+        """Log that a device went offline or came back, at most TURN_LOG_MOST times in TURN_LOG_S a device:
+        anyone on an open broker can flip a device's status."""
+        now = time.monotonic()
+        recent = [t for t in self._turn_logged.get(device_id, []) if now - t < TURN_LOG_S]
+        if len(recent) < TURN_LOG_MOST:
+            recent.append(now)
+            log.info("device %s %s", device_id, "went offline" if offline else "is back online")
+        self._turn_logged[device_id] = recent
+
     def _forget(self, device_id: str) -> None:
+        self._turn_logged.pop(device_id, None)
         self._status.pop(device_id, None)
         self._seen.pop(device_id, None)
         self._offline.pop(device_id, None)
@@ -227,6 +265,7 @@ class CoordinatorLink:
                 payload = self._announcement
             if payload is not None:
                 self._client.publish(self.topics.model, payload, qos=1, retain=True)
+                self._announced = True
 
     def signed_announcement(self) -> bytes | None:
         """The latest announcement as published (signed for the model topic); None before the first."""

@@ -12,6 +12,7 @@ import hmac
 import logging
 import secrets
 import threading
+import time
 from dataclasses import asdict
 
 from fedspeech.coordinator.broker import broker_users
@@ -23,6 +24,10 @@ from fedspeech.protocol.topics import shares_a_user
 log = logging.getLogger(__name__)
 
 MAX_DEVICES = 1000  # under open enrolment
+# A registration from another identity key this soon after the last is taken as a second device running
+# with the same id (each takes the other's token in turn, every few seconds); a device whose state folder
+# was replaced registers so once.
+SHARED_ID_S = 600.0
 
 
 class EnrolmentRefused(Exception):
@@ -50,7 +55,7 @@ def add_device(store: Store, device_id: str) -> str:
     Where the state keeps the broker's users, the device gets its own (Mosquitto must then reload).
     """
     if not bounds.DEVICE_ID.match(device_id):
-        raise ValueError(f"bad device id {device_id!r}: 1 to 64 letters, digits, '_', '.', '-'")
+        raise ValueError(f"bad device id {device_id!r}: 1 to 64 ASCII letters, digits, '_', '.', '-'")
     if shares_a_user(device_id):
         raise ValueError(
             f"bad device id {device_id!r}: 'coordinator', 'homeassistant' and ids ending in '-listen' name "
@@ -92,6 +97,7 @@ class Enrolment:
             raise ValueError(f"MAX_DEVICES must be at least 1, got {max_devices}")
         self.store, self.open, self.max_devices = store, open_enrolment, max_devices
         self._lock = threading.Lock()  # between the check and the write, no other registration
+        self._shared: dict[str, float] = {}  # device ids two devices register with: when last seen so
 
     def register(self, registration: messages.Registration, credential: str | None) -> str:
         """A new token for the device, the old one revoked; EnrolmentRefused says why not."""
@@ -107,11 +113,30 @@ class Enrolment:
             )  # fmt: skip
         if known is not None and known.token_sha256:
             log.warning("device %s registered again: its previous token no longer works", device_id)
+            self._check_shared(device_id, known, registration.identity_key or "")
         log.info(
         "registered device %s (%d samples, %d test clips)",
         device_id, registration.num_samples, sum(registration.test_counts.values()),
     )  # fmt: skip
         return token
+
+    def shared_ids(self) -> set[str]:
+        """The device ids that two devices registered with in the last SHARED_ID_S seconds."""
+        now = time.time()
+        return {device for device, seen in self._shared.items() if now - seen < SHARED_ID_S}
+
+    def _check_shared(self, device_id: str, known: CredentialDigests, identity_key: str) -> None:
+        """Warn, and remember, when a registration comes from another device than the last, soon after it."""
+        since = time.time() - known.registered_at
+        if not known.identity_key or identity_key in ("", known.identity_key) or since >= SHARED_ID_S:
+            return
+        self._shared[device_id] = time.time()
+        log.warning(
+            "device %s registered from another device (another identity key) %.0f s after the last: two "
+            "devices run with the id %s and take each other's token in turn; give each its own --device-id "
+            "(and `fedspeech devices add` it). A device whose --state folder was replaced registers so once.",
+            device_id, since, device_id,
+        )  # fmt: skip
 
     def _admit_new(self, device_id: str, known: bool, credential: str | None) -> None:
         """Return if device_id may register as a new device; else EnrolmentRefused."""

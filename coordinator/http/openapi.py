@@ -126,6 +126,7 @@ class DeviceState(TypedDict):
     state: str
     train_counts: dict[str, int]
     test_counts: dict[str, int]
+    shared_id: bool  # two devices registered with this id lately, each taking the other's token
 
 
 class RoundUpdates(TypedDict):

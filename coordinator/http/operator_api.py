@@ -8,6 +8,7 @@ from flask import Response, jsonify
 from fedspeech.coordinator.fleet.enrolment import revoke_device, revoked_reason
 from fedspeech.coordinator.http.admin import admin_only, is_admin, refusal
 from fedspeech.coordinator.http.api import Unauthorized, bearer, bp, current_service, error
+from fedspeech.coordinator.http.overview import standing
 from fedspeech.protocol import routes
 
 
@@ -36,9 +37,10 @@ def status() -> Response:
         registered = service.store.registered()  # anyone on the broker can claim a device id there
         answer["devices_online"] = [d for d in service.link.online() if d in registered]
         answer["broker"] = service.broker_url
-        # the last task each device could not do, and why, since the coordinator started
-        errors = service.uploads.last_errors()
-        answer["device_errors"] = {d: asdict(errors[d]) for d in sorted(errors)}
+        # the last task each device could not do, and why, since the coordinator started, until it recovers
+        errors, last = service.uploads.last_errors(), service.outcomes.last()
+        standing_errors = {d: e for d in sorted(errors) if (e := standing(errors[d], last.get(d)))}
+        answer["device_errors"] = {d: asdict(e) for d, e in standing_errors.items()}
         # what keeps the next round from starting, and how to change it (it tells how many are online)
         answer["waiting"] = service.orchestrator.waiting
     return jsonify(answer)
@@ -49,7 +51,7 @@ def status() -> Response:
 def devices() -> Response:
     """Known devices (registered or enrolled) with their latest MQTT status and clips per label."""
     service = current_service()
-    statuses = service.link.statuses()
+    statuses, shared = service.link.statuses(), service.enrolment.shared_ids()
     listed = []
     for device in service.store.devices():
         status = statuses.get(device.device_id)
@@ -59,6 +61,7 @@ def devices() -> Response:
                 "state": status.state if status else "unknown",
                 "train_counts": status.train_counts if status else {},
                 "test_counts": status.test_counts if status else {},
+                "shared_id": device.device_id in shared,
             }
         )
     return jsonify(listed)

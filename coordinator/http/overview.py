@@ -16,6 +16,8 @@ from fedspeech.coordinator.state.store import Store
 from fedspeech.coordinator.strategies.selection import hardware_scores
 from fedspeech.protocol import onnx_metadata as meta
 from fedspeech.protocol import routes
+from fedspeech.protocol.labels import none_class
+from fedspeech.protocol.messages import DeviceStatus, TaskDefinition
 
 MAX_ROUNDS = 1000  # the latest rounds an overview lists: enough for the curves of any run worth plotting
 
@@ -45,10 +47,14 @@ class DeviceView:
     last_seen: float | None  # when its latest MQTT status arrived (Unix time)
     rounds_joined: int  # rounds whose model its update went into
     last_update: Outcome | None  # its latest upload since the coordinator started
-    last_error: DeviceError | None  # the last task it reported it could not do, since the coordinator started
+    # the last task it reported it could not do, since the coordinator started; None once an upload of its
+    # was accepted after it
+    last_error: DeviceError | None
     train_counts: dict[str, int]
     test_counts: dict[str, int]
     last_report: ReportView | None = None  # its report on the latest model the devices evaluated
+    # the task's labels it holds no clip of (train or test); None where it gave no counts
+    missing_labels: list[str] | None = None
 
 
 @dataclass(frozen=True)
@@ -87,12 +93,39 @@ class Overview:
     devices: list[DeviceView]
     rounds: list[RoundRecord]  # oldest first, the latest MAX_ROUNDS
     model: ModelView | None
+    first_model: str | None = None  # how round 0's model was made, in words; None where not known
+
+
+@dataclass(frozen=True)
+class FirstModel:
+    """How this coordinator makes a new fleet's first model, in words, and since when it runs: a round 0
+    stored since then is one it made (the state does not record how round 0 was made).
+    """
+
+    made_from: str
+    since: float
+
+
+def init_in_words(init: str, init_data: Path | None) -> str:
+    """How --init and --init-data make the first model, in words."""
+    data = f"the clips in {init_data}" if init_data else None
+    if init == "synthetic":
+        return "trained on the task's words in synthetic speech" + (f" and on {data}" if data else "")
+    if init != "random":
+        return f"weights read from {init}"
+    return f"trained on {data}" if data else "random weights"
 
 
 def overview(
-    store: Store, link: CoordinatorLink, orchestrator: Orchestrator, outcomes: UploadOutcomes
+    store: Store,
+    link: CoordinatorLink,
+    orchestrator: Orchestrator,
+    outcomes: UploadOutcomes,
+    start: FirstModel | None = None,
 ) -> Overview:
-    """The overview of the coordinator's state now."""
+    """The overview of the coordinator's state now; start says how round 0 was made, if this coordinator
+    made it.
+    """
     statuses, seen, last = link.statuses(), link.last_seen(), outcomes.last()
     errors = orchestrator.uploads.last_errors()
     joined = store.rounds_joined()
@@ -102,7 +135,9 @@ def overview(
     profiles = {d: s.profile for d, s in statuses.items() if d in online and s.profile is not None}
     scores = hardware_scores(profiles, penalties=getattr(orchestrator.strategy, "penalties", None))
     devices, private = [], orchestrator.config.secure_aggregation
-    rounds = store.rounds()[-MAX_ROUNDS:]
+    stored = store.rounds()
+    rounds = stored[-MAX_ROUNDS:]
+    definition = orchestrator.model.definition
     reports = last_reports(store, rounds)
     for device in known:
         status = statuses.get(device.device_id)
@@ -120,10 +155,11 @@ def overview(
                 last_seen=seen.get(device.device_id),
                 rounds_joined=joined.get(device.device_id, 0),
                 last_update=last.get(device.device_id),
-                last_error=errors.get(device.device_id),
+                last_error=standing(errors.get(device.device_id), last.get(device.device_id)),
                 train_counts=status.train_counts if status and not private else {},
                 test_counts=status.test_counts if status and not private else {},
                 last_report=reports.get(device.device_id),
+                missing_labels=None if private else missing_labels(definition, status),
             )
         )
     latest = rounds[-1] if rounds else None
@@ -142,7 +178,37 @@ def overview(
         devices=devices,
         rounds=rounds,
         model=_model(store, orchestrator, latest) if latest else None,
+        first_model=_made(start, stored[0]) if stored else None,
     )
+
+
+def _made(start: FirstModel | None, first: RoundRecord) -> str | None:
+    """How the first stored round's model was made, where this coordinator made it as round 0."""
+    if start is None or first.round != 0 or first.started_at < start.since:
+        return None
+    return start.made_from
+
+
+def standing(error: DeviceError | None, update: Outcome | None) -> DeviceError | None:
+    """A device's last error, unless an upload of its was accepted after it: then it has recovered."""
+    if error is None or (update is not None and update.accepted and update.at > error.at):
+        return None
+    return error
+
+
+def missing_labels(definition: TaskDefinition, status: DeviceStatus | None) -> list[str] | None:
+    """The task's labels a device's latest status counts no clip of; None where it gave no counts.
+
+    The none class is left out: training fills it with background windows, which the counts do not hold.
+    """
+    if status is None or not (status.train_counts or status.test_counts):
+        return None
+    none = none_class(definition.labels)
+    return [
+        label
+        for i, label in enumerate(definition.labels)
+        if i != none and not status.train_counts.get(label) and not status.test_counts.get(label)
+    ]
 
 
 def _model(store: Store, orchestrator: Orchestrator, latest: RoundRecord) -> ModelView:

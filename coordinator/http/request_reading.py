@@ -36,6 +36,10 @@ MAX_BODY_BYTES = MAX_BLOB_BYTES  # the largest route's limit: a longer declared 
 # before it reads (as urllib does) sees the refusal; a longer one would cost the event loop its reading
 DRAIN_BYTES = 16 * 1024 * 1024
 _PIECE = 64 * 1024  # bytes of a file sent at a time
+# what a client still sending a refused body has to read the refusal before its connection is closed (and
+# reset, on the bytes left unread): on a loaded two-core machine, one of a burst of refused uploads got
+# no answer when the close followed the refusal at once
+LINGER_S = 1.0
 
 Receive = Callable[[], Awaitable[Any]]
 Send = Callable[[Any], Awaitable[None]]
@@ -131,7 +135,7 @@ class Bridge:
         except TimeoutError:
             reason = f"the request did not arrive within {self.timeout_s:g} s"
             _log_refusal(environ, _Refused(_json_answer(408, reason), reason), logging.INFO)
-            await _refuse(_json_answer(408, reason), incoming, send, None)
+            await _refuse(_json_answer(408, reason), incoming, send, None, linger=False)  # it sends slowly
             return
         if incoming.gone:  # a device killed mid-upload: nothing of it reaches the app
             self.budget += reserved
@@ -231,19 +235,24 @@ async def _read(incoming: _Incoming, rule: BodyRule) -> bytes:
     return b"".join(pieces)
 
 
-async def _refuse(answer: _Answer, incoming: _Incoming, send: Send, drain_until: float | None) -> None:
+async def _refuse(
+    answer: _Answer, incoming: _Incoming, send: Send, drain_until: float | None, linger: bool = True
+) -> None:
     """Send a refusal now; then read and drop the rest of the body until drain_until (None: not at all).
 
-    A connection whose body is not read to its end is closed.
+    A connection whose body is not read to its end is closed, LINGER_S after the refusal was sent where
+    linger: closed on unread bytes, it is reset, and a client still sending may lose the refusal it has
+    not read yet.
     """
     await send({"type": "http.response.start", "status": answer.status, "headers": answer.headers})
-    body = answer.body
+    await send({"type": "http.response.body", "body": answer.body, "more_body": True})
+    body = b""
     if drain_until is not None:
-        await send({"type": "http.response.body", "body": body, "more_body": True})
-        body = b""
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout_at(drain_until):
                 await _discard(incoming)
+    if linger and not incoming.done:  # not read on meanwhile: the server reads no more than it has queued
+        await asyncio.sleep(LINGER_S)
     # hypercorn closes the connection once the app has taken what it queued of the body: taken meanwhile
     leftover = asyncio.create_task(_discard(incoming))
     await send({"type": "http.response.body", "body": body, "more_body": False})

@@ -133,10 +133,12 @@ class DeviceRecord:
 
 @dataclass(frozen=True)
 class CredentialDigests:
-    """What the store keeps of a device's credentials: sha256 digests, '' for none."""
+    """What the store keeps of a device's credentials: sha256 digests and its identity key, '' for none."""
 
     token_sha256: str
     secret_sha256: str
+    identity_key: str = ""
+    registered_at: float = 0.0  # when its token was issued (or its secret, before it registered)
 
 
 # the rounds table holds what training produced; the federated evaluation is joined from its own table

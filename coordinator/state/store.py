@@ -3,6 +3,7 @@
 import contextlib
 import hashlib
 import json
+import logging
 import sqlite3
 import time
 from collections.abc import Iterable, Iterator, Mapping
@@ -27,6 +28,8 @@ from fedspeech.coordinator.state.records import (
 from fedspeech.protocol.weights import sha256
 
 # tokens of revoked devices, kept so that the device holding one can be told (the newest are kept)
+log = logging.getLogger(__name__)
+
 MAX_REVOKED_TOKENS = 10_000
 DATABASE = "state.sqlite3"
 
@@ -57,6 +60,8 @@ class Store:
         except OSError as exc:
             raise StateError(f"cannot use the state directory {self.dir}: {exc.strerror}") from None
         self._db = self.dir / DATABASE
+        if not self._db.exists():
+            log.info("a new coordinator state in %s: its database, keys and models are kept there", self.dir)
         with contextlib.suppress(OSError):  # a folder that takes no writes is refused by check_writable
             private_file(self._db)
         try:
@@ -184,7 +189,9 @@ class Store:
         """The digests of a device's token and enrolment secret, or None for an unknown device."""
         with self._connect() as db:
             row = db.execute(
-                "SELECT token_sha256, secret_sha256 FROM devices WHERE device_id = ?", (device_id,)
+                "SELECT token_sha256, secret_sha256, identity_key, registered_at FROM devices "
+                "WHERE device_id = ?",
+                (device_id,),
             ).fetchone()
         return CredentialDigests(*row) if row else None
 

@@ -206,6 +206,45 @@ def test_statuses_from_strangers_on_the_broker_are_bounded(tmp_path, mosquitto_u
         publisher.disconnect()
 
 
+def test_a_device_going_offline_and_back_is_logged_and_a_flipping_status_a_few_times_a_minute(
+    tmp_path, mosquitto_url, topic_root, caplog
+):
+    from fedspeech.coordinator.broker import mqtt_link
+
+    topics = Topics(topic_root)
+    link = CoordinatorLink(BrokerSettings(mosquitto_url), topics, signing.load_or_create_key(tmp_path / "k"))
+    publisher = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2)
+    publisher.connect(*parse_broker_url(mosquitto_url))
+    publisher.loop_start()
+    link.start()
+    caplog.set_level(logging.INFO, "fedspeech.coordinator.broker.mqtt_link")
+
+    def status(state: str) -> None:
+        payload = messages.encode(DeviceStatus("kitchen", state))
+        publisher.publish(topics.status("kitchen"), payload, qos=1, retain=True).wait_for_publish(5)
+        wait_for(
+            lambda: link.statuses().get("kitchen", DeviceStatus("kitchen", "")).state == state, 10, state
+        )
+
+    def said() -> list[str]:
+        return [r.getMessage() for r in caplog.records if r.getMessage().startswith("device kitchen ")]
+
+    try:
+        status("online")  # retained, as a device's status is: the link hears it once it has subscribed
+        assert said() == [], "a device first heard of is not news"
+        status("offline")
+        status("training")
+        assert said() == ["device kitchen went offline", "device kitchen is back online"]
+        for state in ("offline", "online") * 5:  # a forger flipping it: logged a few times a minute
+            status(state)
+        assert len(said()) == mqtt_link.TURN_LOG_MOST
+    finally:
+        publisher.publish(topics.status("kitchen"), b"", qos=1, retain=True).wait_for_publish(5)
+        link.stop()
+        publisher.loop_stop()
+        publisher.disconnect()
+
+
 def test_only_registered_devices_count_as_online(tmp_path, mosquitto_url, topic_root):
     with one_round_coordinator(tmp_path, mosquitto_url, topic_root, "kitchen", eval_every=0) as running:
         app, service, device = running
@@ -244,3 +283,37 @@ def test_a_refused_enrolment_secret_is_named_as_the_cause(tmp_path, mosquitto_ur
                 f"revoke {device_id}` first if it is enrolled already)"
             )
         assert service.store.device("hall").registered is False, "nothing changed on the coordinator"
+
+
+def test_two_devices_with_one_id_are_named_and_a_replaced_state_folder_is_not(make_app, caplog, monkeypatch):
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+    from fedspeech.coordinator.fleet import enrolment
+
+    app = make_app()
+    http, store = app.test_client(), app.extensions["fedspeech"].store
+    secret = add_device(store, "hall")
+    first, second = (signing.public_key_text(Ed25519PrivateKey.generate()) for _ in range(2))
+
+    def register(identity: str) -> str:
+        body = messages.encode(Registration("hall", 20, Profile(2, 0.0, 512.0), {}, identity))
+        return _token(http.post("/api/devices", data=body, headers={"Authorization": f"Bearer {secret}"}))
+
+    def shared() -> bool:
+        (hall,) = http.get("/api/devices").get_json()
+        return hall["shared_id"]
+
+    caplog.set_level(logging.WARNING, "fedspeech.coordinator.fleet.enrolment")
+    register(first)
+    register(first)  # the same device again (a restart): nothing to say
+    assert not shared() and "two devices" not in caplog.text
+    for identity in (second, first, second):  # two devices with the id, each taking the other's token in turn
+        register(identity)
+    named = [r.getMessage() for r in caplog.records if "two devices run with the id hall" in r.getMessage()]
+    assert len(named) == 3 and "give each its own --device-id" in named[0], named
+    assert shared()
+
+    caplog.clear()
+    monkeypatch.setattr(enrolment, "SHARED_ID_S", 0.0)  # long after: a device whose state folder was replaced
+    register(first)
+    assert "two devices" not in caplog.text and not shared()

@@ -140,4 +140,6 @@ def test_a_retained_announcement_signed_by_another_key_is_one_warning_and_the_ge
     (warning,) = lines(caplog, "signed by another key", logging.WARNING)
     assert warning.startswith(f"the retained announcement on {topics.model} has a bad signature")
     assert f"sent by {url}{routes.KEY}" in warning and "--topic-root" in warning
+    assert f"the broker {mosquitto_url} carries another coordinator's models" in warning
+    assert "give it the URL of the coordinator that announces on this broker" in warning
     assert f"waiting for a model signed by {signing.public_key_text(service.key)}" in warning

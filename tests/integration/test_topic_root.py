@@ -97,3 +97,26 @@ def test_a_coordinator_announces_nothing_before_it_has_checked_the_topic_root(
         assert _signed_by(other, model_topic), "the announcement held back was never published"
     finally:
         late.link.stop()
+
+
+def test_of_two_coordinators_started_on_one_topic_root_at_once_the_later_to_announce_stops(
+    tmp_path, mosquitto_url, topic_root, model_topic, caplog
+):
+    # both check the root before either has announced: nothing is retained there, both pass
+    first = _service(tmp_path / "first", mosquitto_url, topic_root)
+    second = _service(tmp_path / "second", mosquitto_url, topic_root)
+    for service in (first, second):
+        service.link.start()
+    try:
+        wait_for(lambda: first.link.checked.is_set() and second.link.checked.is_set(), 30, "both checks")
+        assert first.link.refusal is None and second.link.refusal is None
+        first.orchestrator._resume()  # the first's round 0 announced: the second hears it before its own
+        wait_for(lambda: second.link.refusal is not None, 60, "the second to find the first's announcement")
+        assert "another coordinator announced a model on the topic root" in second.link.refusal
+        assert topic_root in second.link.refusal and "--topic-root" in second.link.refusal
+        second.orchestrator._resume()  # its own round 0: held back, never published
+        assert _signed_by(first, model_topic) and first.link.refusal is None
+        assert "another coordinator announces models" not in caplog.text, "the first heard no rival"
+    finally:
+        first.link.stop()
+        second.link.stop()

@@ -101,7 +101,7 @@ def test_every_route_keeps_to_the_document(
     proc = processes.start(
         "coordinator",
         "coordinator",
-        "--state", str(tmp_path / "state"),
+        "--state", str(tmp_path / "state"), "--new-state",
         "--broker", mosquitto_url,
         "--port", str(port),
         "--topic-root", topic_root,

@@ -71,7 +71,9 @@ def listening() -> Iterator[int]:
 
 def test_coordinator_beside_a_running_broker_says_to_use_it_or_another_port(mosquitto_url, tmp_path):
     # the machine's Mosquitto holds 1883, where the embedded broker would listen by default
-    result = fedspeech("coordinator", "--state", str(tmp_path / "state"), "--port", str(free_port()))
+    result = fedspeech(
+        "coordinator", "--state", str(tmp_path / "state"), "--new-state", "--port", str(free_port())
+    )
     line = assert_one_line(result, "coordinator", "127.0.0.1:1883", "address already in use")
     assert "--broker mqtt://127.0.0.1:1883" in line and "--broker-port N" in line
     assert not (tmp_path / "state").exists(), "stopped before anything started"
@@ -108,7 +110,8 @@ def test_client_for_a_speaker_of_a_large_corpus_names_some_of_its_speakers():
 def _with_places(args: list[str], tmp_path: Path, broker: str) -> tuple[list[str], str]:
     """args with a state folder and broker for the coordinator, a results folder for a bench; its command."""
     if args[0] == "coordinator":  # its own broker and port are not what these cases are about
-        return [*args, "--state", str(tmp_path / "state"), "--broker", broker, "--port", "0"], "coordinator"
+        state = ["--state", str(tmp_path / "state"), "--new-state"]
+        return [*args, *state, "--broker", broker, "--port", "0"], "coordinator"
     if args[0] == "bench":
         return [*args, "--out", str(tmp_path / "out")], " ".join(args[:2])
     return args, args[0]
@@ -153,7 +156,7 @@ def test_a_wrong_data_dir_says_what_it_must_hold(args, mosquitto_url, tmp_path):
 def test_a_coordinator_polled_writes_no_request_lines_to_its_log(processes, tmp_path):
     port = free_port()
     coordinator = processes.start(
-        "coordinator", "coordinator", "--state", str(tmp_path / "state"),
+        "coordinator", "coordinator", "--state", str(tmp_path / "state"), "--new-state",
         "--port", str(port), "--broker-port", str(free_port()),
     )  # fmt: skip
     url = f"http://127.0.0.1:{port}/api/status"
@@ -198,7 +201,16 @@ def _cases(tmp: Path, busy: int, broker: str, nothing: str) -> dict[str, tuple[l
     busy: a port something listens on; broker: one that answers; nothing: a broker URL where none does.
     """
     text_file = tmp / "notes.txt"
-    coordinator = ["coordinator", "--state", str(tmp / "state"), "--broker", broker, "--port", "0"]
+    coordinator = [
+        "coordinator",
+        "--state",
+        str(tmp / "state"),
+        "--new-state",
+        "--broker",
+        broker,
+        "--port",
+        "0",
+    ]
     return {
         "coordinator unknown option": (
             ["coordinator", "--corpus", "emodb"],
@@ -270,6 +282,11 @@ def _cases(tmp: Path, busy: int, broker: str, nothing: str) -> dict[str, tuple[l
             [*coordinator, "--tls-cert", str(tmp / "cert.pem"), "--tls-key", str(tmp / "key.pem")],
             "coordinator",
             ["--tls-cert", "no such file"],
+        ),
+        "coordinator init misspelt": (
+            [*coordinator, "--init", "synthetc"],
+            "coordinator",
+            ["--init synthetc: no such file", "random, synthetic or a .safetensors file"],
         ),
         "coordinator eval data missing": (
             [*coordinator, "--eval-data", str(tmp / "clips")],
@@ -421,9 +438,16 @@ def test_a_bad_config_file_ends_in_one_line_naming_the_file_and_key(text, fixes,
 
 def test_a_bad_state_folder_ends_in_one_line_after_the_start_up_log(mosquitto_url, tmp_path):
     (tmp_path / "state").write_text("a file, not a folder\n")
-    args = ["--state", str(tmp_path / "state"), "--broker", mosquitto_url, "--port", "0"]
+    args = ["--state", str(tmp_path / "state"), "--new-state", "--broker", mosquitto_url, "--port", "0"]
     result = fedspeech("coordinator", *args)
     assert_last_line(result, "coordinator", "cannot use the state directory", str(tmp_path / "state"))
+
+
+def test_a_coordinator_refuses_a_folder_without_a_state_unless_told(mosquitto_url, tmp_path):
+    mistyped = tmp_path / "fleet" / "stat"
+    result = fedspeech("coordinator", "--state", str(mistyped), "--broker", mosquitto_url, "--port", "0")
+    assert_one_line(result, "coordinator", f"no coordinator state in {mistyped}", "--state", "--new-state")
+    assert not (tmp_path / "fleet").exists(), "nothing made"
 
 
 def test_devices_add_refuses_a_folder_without_a_coordinators_state_unless_told(tmp_path):
@@ -492,7 +516,7 @@ def test_a_second_coordinator_on_a_taken_topic_root_ends_in_one_line(
     processes, mosquitto_url, topic_root, tmp_path
 ):
     port = free_port()
-    common = ["--broker", mosquitto_url, "--topic-root", topic_root]
+    common = ["--broker", mosquitto_url, "--topic-root", topic_root, "--new-state"]
     processes.start("first", "coordinator", "--state", str(tmp_path / "first"), "--port", str(port), *common)
     wait_for(
         lambda: (get_json(f"http://127.0.0.1:{port}/api/status") or {}).get("completed_round") == 0,
@@ -541,11 +565,36 @@ def test_a_device_refuses_a_url_that_is_no_coordinator(tmp_path):
     assert_last_line(result, "client", f"{url} answered GET /api/task with HTTP 404", "--coordinator")
 
 
+def test_a_second_coordinator_on_one_state_folder_is_refused_naming_the_first(
+    processes, tmp_path, mosquitto_url, topic_root
+):
+    state = tmp_path / "state"
+    common = ["--state", str(state), "--new-state", "--broker", mosquitto_url, "--topic-root", topic_root]
+    first = processes.start("coordinator", "coordinator", *common, "--port", "0")
+    wait_for(
+        lambda: "dashboard at" in first.log_path.read_text() or first.poll() is not None, 90, "the first"
+    )
+    assert first.poll() is None, first.log_path.read_text()[-2000:]
+    assert f"a new coordinator state in {state}" in first.log_path.read_text()
+    second = fedspeech("coordinator", *common, "--port", "0", "--topic-root", f"{topic_root}/other")
+    assert_one_line(second, "coordinator", f"another coordinator (pid {first.pid}) runs on the state folder")
+    assert first.poll() is None, "the first runs on"
+    first.terminate()
+    assert first.wait(timeout=60) == 0
+    said = first.log_path.read_text()
+    assert "stopping on SIGTERM" in said and f"stopped after round 0; started again on {state}" in said, said
+    again = processes.start("again", "coordinator", *common, "--port", "0")  # the lock went with the first
+    wait_for(lambda: "dashboard at" in again.log_path.read_text() or again.poll() is not None, 90, "again")
+    assert again.poll() is None, again.log_path.read_text()[-2000:]
+    assert "a new coordinator state" not in again.log_path.read_text(), "the state is the first's"
+
+
 def test_a_coordinator_whose_broker_does_not_answer_says_so_and_keeps_trying(processes, tmp_path):
     nothing = f"mqtt://127.0.0.1:{free_port()}"
     coordinator = processes.start(
-        "coordinator", "coordinator", "--state", str(tmp_path / "state"), "--broker", nothing, "--port", "0"
-    )
+        "coordinator", "coordinator", "--state", str(tmp_path / "state"), "--new-state", "--broker", nothing,
+        "--port", "0",
+    )  # fmt: skip
     warning = f"cannot reach the broker at {nothing} (connection refused)"
     wait_for(lambda: warning in coordinator.log_path.read_text(), 120, "the coordinator's warning")
     assert coordinator.poll() is None, "a service waits for its broker"
@@ -555,6 +604,42 @@ def test_a_listener_whose_coordinator_does_not_answer_gives_up_in_one_line():
     nothing = f"http://127.0.0.1:{free_port()}"
     result = fedspeech("listen", "--coordinator", nothing, "--input", str(FSDD_CLIP))
     assert_last_line(result, "listen", "cannot get the coordinator's key", nothing)
+
+
+@pytest.mark.parametrize(
+    ("status", "said"),
+    [
+        (200, "/api/key answered a web page: the URL is not a fedspeech coordinator's"),
+        (404, "answered HTTP 404 with a web page, not a fedspeech coordinator's answer"),
+    ],
+)
+def test_a_listener_pointed_at_a_web_page_says_it_is_no_coordinator(status, said):
+    class Page(BaseHTTPRequestHandler):  # a router's admin page, say: HTML for every path
+        def do_GET(self) -> None:
+            page = (
+                b"<!DOCTYPE html>\n<html><head><title>Router</title></head><body>"
+                + b"x" * 500
+                + b"</body></html>"
+            )
+            self.send_response(status)
+            self.send_header("Content-Type", "text/html")
+            self.send_header("Content-Length", str(len(page)))
+            self.end_headers()
+            self.wfile.write(page)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Page)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{server.server_address[1]}"
+    try:
+        result = fedspeech("listen", "--coordinator", url, "--input", str(FSDD_CLIP))
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert_last_line(result, "listen", said)
+    assert "<html" not in result.stderr + result.stdout, "the page is never printed"
 
 
 def test_a_client_says_when_its_broker_does_not_answer(caplog):

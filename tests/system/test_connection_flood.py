@@ -87,7 +87,7 @@ def test_a_flood_of_idle_connections_stops_neither_training_nor_an_honest_client
     coordinator = processes.start(
         "coordinator",
         "coordinator",
-        "--state", str(tmp_path / "state"),
+        "--state", str(tmp_path / "state"), "--new-state",
         "--broker", mosquitto_url,
         "--port", str(port),
         "--topic-root", topic_root,

@@ -1,19 +1,25 @@
 """The operator's view through Flask's test client: dashboard, overview, metrics, admin token and revoking."""
 
 import base64
+import shutil
 import socket
 import subprocess
 import sys
+import time
+from pathlib import Path
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from fedspeech.coordinator.app import create_app, serve
-from fedspeech.coordinator.state.records import RoundRecord, UpdateRecord
+from fedspeech.coordinator.http.overview import init_in_words
+from fedspeech.coordinator.state.records import DeviceEvaluation, RoundRecord, UpdateRecord
 from fedspeech.protocol import messages, routes, weights
-from fedspeech.protocol.messages import TaskFailure
+from fedspeech.protocol.messages import DeviceStatus, TaskFailure
+from fedspeech_bench.dashboard_polling import chromium
 from tests.helpers.configs import coordinator_config
 from tests.helpers.device_doubles import make_task
+from tests.helpers.waiting import wait_for
 
 TOKEN = "an-admin-token-of-some-length-0123456789"
 
@@ -29,10 +35,12 @@ def guarded(tmp_path):
     return _app(tmp_path, admin_token_file=tmp_path / "admin-token")
 
 
-def _store_round(store, round, accuracy, wall_s, updates=()):
+def _store_round(store, round, accuracy, wall_s, updates=(), central=True, started=1.0):
+    """A round stored as the orchestrator stores it; central=False: the coordinator has no held-out set."""
     blob = f"weights {round}".encode()
+    scores = (accuracy, accuracy, 1.0 - accuracy) if central else (None, None, None)
     record = RoundRecord(
-        round, 1.0, 1.0 + wall_s, wall_s, 3, len(updates), accuracy, accuracy, 1.0 - accuracy,
+        round, started, started + wall_s, wall_s, 3, len(updates), *scores,
         100 * round, 1000 * round, weights.sha256(blob), weights.sha256(b"onnx"), withdrawn=1, stragglers=0,
     )  # fmt: skip
     store.save_round(record, blob, b"onnx", [UpdateRecord(d, 10, 0.5, 1.0, "ab" * 32) for d in updates])
@@ -229,3 +237,146 @@ def test_status_says_in_one_line_when_no_coordinator_answers(tmp_path):
     assert done.stderr.startswith(
         f"fedspeech status: cannot reach the coordinator at http://127.0.0.1:{port}"
     )
+
+
+def test_the_overview_says_how_round_0_was_made_where_this_coordinator_made_it(tmp_path):
+    app = _app(tmp_path)
+    _store_round(app.extensions["fedspeech"].store, 0, 0.1, 0.5, started=time.time())
+    assert app.test_client().get("/api/overview").get_json()["first_model"] == "random weights"
+    restarted = _app(tmp_path).test_client().get("/api/overview").get_json()
+    assert restarted["completed_round"] == 0 and restarted["first_model"] is None, "made before: not known"
+    assert init_in_words("synthetic", None) == "trained on the task's words in synthetic speech"
+    assert init_in_words("synthetic", Path("/srv/takes")).endswith("and on the clips in /srv/takes")
+    assert init_in_words("random", Path("/srv/takes")) == "trained on the clips in /srv/takes"
+    assert init_in_words("/srv/first.safetensors", None) == "weights read from /srv/first.safetensors"
+
+
+ROUNDS_STORED = 25  # more than the page's 20 a page
+LABELS = [str(digit) for digit in range(10)]
+
+
+def _recorded_fleet(tmp_path, monkeypatch):
+    """An app (not started) on a stored run of 25 rounds with no central held-out set, evaluated on the
+    devices; kitchen lacks most labels and still fails its tasks, hall failed once and uploaded since.
+    """
+    app = _app(tmp_path)
+    service = app.extensions["fedspeech"]
+    for device in ("kitchen", "hall", "porch"):
+        service.store.register_device(device, f"{device}-token", 40, {})
+    for round in range(ROUNDS_STORED + 1):
+        _store_round(service.store, round, 0.5, 3.0, ["kitchen", "hall"][: min(round, 2)], False, time.time())
+        reports = [
+            DeviceEvaluation("kitchen", 20, 10 + round // 5, 9.0),
+            DeviceEvaluation("hall", 20, 15, 8.0),
+        ]
+        service.store.save_evaluation(round, 2, (0.5 + round / 100, 0.5, 1.0 - round / 50), reports)
+    statuses = {
+        "kitchen": DeviceStatus("kitchen", "online", 5, train_counts={"0": 3, "1": 2}, test_counts={"2": 1}),
+        "hall": DeviceStatus("hall", "online", 40, train_counts=dict.fromkeys(LABELS, 4)),
+    }  # porch has sent no status
+    monkeypatch.setattr(service.link, "statuses", lambda: statuses)
+    service.uploads.acks.expect(
+        [("kitchen", make_task("task-k", blob=b"w")), ("hall", make_task("task-h", blob=b"w"))]
+    )
+    service.uploads.fail("kitchen", "task-k", "no data folder /srv/clips")
+    service.uploads.fail("hall", "task-h", "out of memory")
+    time.sleep(0.01)
+    service.outcomes.accepted("hall", ROUNDS_STORED)  # hall recovered
+    return app
+
+
+def test_the_overview_lists_a_devices_missing_labels_and_forgets_an_error_it_recovered_from(
+    tmp_path, monkeypatch
+):
+    http = _recorded_fleet(tmp_path, monkeypatch).test_client()
+    overview = http.get("/api/overview").get_json()
+    devices = {d["device_id"]: d for d in overview["devices"]}
+    assert devices["kitchen"]["missing_labels"] == LABELS[3:], (
+        "the none class is trained on noise: not missing"
+    )
+    assert devices["hall"]["missing_labels"] == [] and devices["porch"]["missing_labels"] is None
+    assert devices["kitchen"]["last_error"]["reason"] == "no data folder /srv/clips"
+    assert devices["hall"]["last_error"] is None, "an upload accepted since"
+    assert devices["hall"]["last_update"]["accepted"]
+    errors = http.get("/api/status").get_json()["device_errors"]  # `fedspeech status` shows these
+    assert set(errors) == {"kitchen"}, errors
+
+
+def _texts(driver, selector):
+    """The text of every element the selector finds, read at once (the page redraws as it polls)."""
+    script = "return [...document.querySelectorAll(arguments[0])].map((e) => e.textContent)"
+    return driver.execute_script(script, selector)
+
+
+def _shown(driver, selector):
+    """Whether the element the selector finds is shown."""
+    return driver.execute_script("return !document.querySelector(arguments[0]).hidden", selector)
+
+
+@pytest.mark.xdist_group("chromium")  # one headless browser at a time on this machine
+@pytest.mark.skipif(
+    not shutil.which("chromium"), reason="needs Chromium: apt-get install chromium chromium-driver"
+)
+def test_the_page_explains_its_figures_and_reaches_every_round(tmp_path, monkeypatch):
+    server = serve(_recorded_fleet(tmp_path, monkeypatch), "127.0.0.1", 0)
+    driver = chromium(1400, 1000)
+    try:
+        driver.get(server.url + "/")
+        wait_for(lambda: _texts(driver, "#devices tbody tr"), 15, "the page to draw the fleet")
+        for chart in ("#accuracy-chart", "#loss-chart"):
+            assert (
+                len(_texts(driver, f"{chart} text.tick.x")) >= 3
+                and len(_texts(driver, f"{chart} text.tick.y")) >= 3
+            )
+            assert _texts(driver, f"{chart} .axis-title.x") == ["round"] and _texts(
+                driver, f"{chart} line.grid"
+            )
+        assert _texts(driver, "#accuracy-chart text.tick.y") == ["0.0", "0.2", "0.4", "0.6", "0.8", "1.0"]
+        assert _texts(driver, "#accuracy-chart text.tick.x") == ["0", "5", "10", "15", "20", "25"]
+        assert _texts(driver, "#accuracy-chart .axis-title.y") == ["accuracy (0 to 1)"]
+        legend = _texts(driver, "#accuracy-legend .key")
+        assert legend == ["federated (devices' own speakers' held-out clips)"], (
+            "no entry for central: no data"
+        )
+        assert not _texts(driver, "#accuracy-chart .central") and not _texts(driver, "#loss-legend .central")
+
+        now = _texts(driver, "#accuracy-now")[0]
+        assert (
+            f"round {ROUNDS_STORED}'s model: 0.7500 federated, on held-out clips of the devices' own speakers"
+            in now
+        )
+        assert "(2 devices, 40 clips); no central held-out set" in now and _shown(driver, "#accuracy-note")
+        assert "speakers it has never heard" in _texts(driver, "#accuracy-note")[0]
+        assert _texts(driver, "#first-model") == [
+            "Round 0 is the first model, before any device trained: random weights."
+        ]
+        assert (
+            "Hardware score" in _texts(driver, "#devices th")
+            and "Hardware score: how fast" in _texts(driver, "#score-note")[0]
+        )
+
+        missing = dict(
+            zip(_texts(driver, "#devices .device-id"), _texts(driver, "#devices .missing"), strict=True)
+        )
+        assert missing == {"kitchen": ", ".join(LABELS[3:]), "hall": "none", "porch": "–"}
+        errors = dict(
+            zip(_texts(driver, "#devices .device-id"), _texts(driver, "#devices .last-error"), strict=True)
+        )
+        assert errors == {"kitchen": "round 1: no data folder /srv/clips", "hall": "none", "porch": "none"}
+
+        rounds = lambda: [int(r.split()[0]) for r in _texts(driver, "#rounds tbody td:first-child")]  # noqa: E731
+        assert rounds() == list(range(ROUNDS_STORED, ROUNDS_STORED - 20, -1)), "the newest 20, newest first"
+        assert _texts(driver, "#rounds-shown") == [f"rounds 6 to 25 of {ROUNDS_STORED + 1}"]
+        driver.find_element("id", "rounds-older").click()
+        assert rounds() == list(range(5, -1, -1)) and "0 (first model)" in _texts(driver, "#rounds td")
+        assert not driver.find_element("id", "rounds-older").is_enabled()
+        driver.find_element("id", "rounds-newer").click()
+        assert rounds()[0] == ROUNDS_STORED
+        driver.find_element("id", "rounds-all").click()
+        assert rounds() == list(range(ROUNDS_STORED, -1, -1))
+        time.sleep(2.5)  # a poll redraws the page: what the operator chose stays
+        assert rounds() == list(range(ROUNDS_STORED, -1, -1)) and not _shown(driver, "#rounds-earlier")
+        assert not [e for e in driver.get_log("browser") if e["level"] == "SEVERE"], "no script errors"
+    finally:
+        driver.quit()
+        server.stop()

@@ -63,6 +63,18 @@ def fleet(tmp_path_factory, mosquitto_url):
         service.stop()
 
 
+def _texts(driver, selector):
+    """The text of every element the selector finds, read at once (the page redraws as it polls)."""
+    script = "return [...document.querySelectorAll(arguments[0])].map((e) => e.textContent)"
+    return driver.execute_script(script, selector)
+
+
+def _classes(driver, selector):
+    """The class attribute of every element the selector finds."""
+    script = "return [...document.querySelectorAll(arguments[0])].map((e) => e.getAttribute('class'))"
+    return driver.execute_script(script, selector)
+
+
 def _finished(service):
     wait_for(service.orchestrator.finished.is_set, 240, f"{ROUNDS} rounds")
     wait_for(lambda: service.orchestrator.settled_round == ROUNDS, 60, "the last round's evaluation")
@@ -73,7 +85,7 @@ def _finished(service):
 )
 def test_the_dashboard_shows_the_live_fleet_as_the_api_does(fleet, tmp_path):
     service, url = fleet
-    driver = chromium(1400, 1000)
+    driver = chromium(1400, 1500)  # tall enough for the screenshot to show the charts and rounds
     try:
         driver.get(url + "/")  # opened while the fleet starts: the page follows it by polling
         _finished(service)
@@ -93,6 +105,34 @@ def test_the_dashboard_shows_the_live_fleet_as_the_api_does(fleet, tmp_path):
         link = driver.find_element("id", "model-download").get_attribute("href")
         assert link.endswith(f"/api/models/{ROUNDS}/onnx")
         assert driver.find_elements("css selector", "#accuracy-chart polyline"), "the accuracy curve is drawn"
+        last = rounds[-1]
+        federated, central = last["federated_accuracy"], last["accuracy"]
+        figures = (
+            f"Accuracy of round {ROUNDS}'s model: {federated:.4f} federated, on held-out clips of the "
+            f"devices' own speakers ({last['evaluation_reports']} devices, {last['evaluation_clips']} clips);"
+            f" {central:.4f} central, on the coordinator's held-out set."
+        )
+        wait_for(lambda: _texts(driver, "#accuracy-now") == [figures], 15, "the last round's figures")
+        assert "speakers it has never heard" in _texts(driver, "#accuracy-note")[0]
+        for chart in ("#accuracy-chart", "#loss-chart"):
+            assert _texts(driver, f"{chart} text.tick.x") == [str(r) for r in range(ROUNDS + 1)]
+            assert len(_texts(driver, f"{chart} text.tick.y")) >= 3 and _texts(driver, f"{chart} line.grid")
+            assert _texts(driver, f"{chart} .axis-title.x") == ["round"]
+            legend = [c.split()[1] for c in _classes(driver, f"{chart.replace('chart', 'legend')} .key")]
+            assert legend == _classes(driver, f"{chart} polyline") == ["central", "federated"]
+        assert _texts(driver, "#first-model") == [
+            "Round 0 is the first model, before any device trained: random weights."
+        ]
+        assert _texts(driver, "#score-note")[0].startswith("Hardware score: how fast a device trains")
+        overview = get_json(url + "/api/overview")
+        listed = {d["device_id"]: d["missing_labels"] for d in overview["devices"]}
+        assert all(labels is not None for labels in listed.values()), "every device sent its counts"
+        missing = dict(
+            zip(_texts(driver, "#devices .device-id"), _texts(driver, "#devices .missing"), strict=True)
+        )
+        assert missing == {d: ", ".join(labels) or "none" for d, labels in listed.items()}
+        assert _texts(driver, "#devices .last-error") == ["none"] * len(SPEAKERS)
+        assert _texts(driver, "#rounds td:first-child")[-1] == "0 (first model)", "every round, oldest last"
         out = Path(SCREENSHOT_DIR) if SCREENSHOT_DIR else tmp_path
         assert driver.save_screenshot(str(out / "dashboard.png"))
         assert not [e for e in driver.get_log("browser") if e["level"] == "SEVERE"], "no script errors"

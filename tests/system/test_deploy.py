@@ -339,7 +339,7 @@ def test_the_coordinator_serves_what_the_dashboard_queries(
     token.write_text("a-token-for-prometheus-0123456789\n")
     port = free_port()
     coordinator = processes.start(
-        "coordinator", "coordinator", "--state", str(tmp_path / "state"), "--port", str(port),
+        "coordinator", "coordinator", "--state", str(tmp_path / "state"), "--new-state", "--port", str(port),
         "--broker", mosquitto_url, "--topic-root", topic_root, "--admin-token-file", str(token),
     )  # fmt: skip
     url = f"http://127.0.0.1:{port}/metrics"

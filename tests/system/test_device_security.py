@@ -280,9 +280,14 @@ def test_a_refused_token_falls_back_to_the_enrolment_secret(fleet: Fleet) -> Non
 
 def test_a_refused_registration_stops_the_device_with_what_to_do(fleet: Fleet, caplog) -> None:
     fleet.coordinator.secret = SECRET
+    caplog.set_level(logging.INFO, "fedspeech.edge_client.coordinator_http")
     with pytest.raises(Refused, match=f"`fedspeech devices add {fleet.device_id}`.*--enrolment-secret-file"):
         run_client(fleet.config(), threading.Event())
     assert warnings_about(caplog, "refused to register")
+    refused = (
+        f"refused to register {fleet.device_id} as a new device, with no token or secret (HTTP 403: enrol"
+    )
+    assert refused in caplog.text
     with pytest.raises(Refused, match="refused to register"):
         run_client(fleet.config(enrolment_secret="a-wrong-secret"), threading.Event())
     assert fleet.coordinator.uploads == [] and not (fleet.state_dir / "token").exists()

@@ -6,8 +6,14 @@ when it registers over HTTP, and loses them when it is revoked and Mosquitto rel
 never sleep (tests/helpers/mqtt_clients).
 """
 
+import logging
 import os
+import pwd
+import shlex
+import signal
 import stat
+import subprocess
+import sys
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -23,9 +29,9 @@ from fedspeech.edge_client.coordinator_http import CoordinatorClient
 from fedspeech.edge_client.credentials import DeviceCredentials
 from fedspeech.edge_client.mqtt_link import BrokerLink
 from fedspeech.protocol.messages import DeviceStatus, Profile
-from fedspeech.protocol.mqtt import BrokerSettings, LastWill
+from fedspeech.protocol.mqtt import BrokerSettings, LastWill, connect, make_client
 from fedspeech.protocol.topics import Topics
-from fedspeech_bench.attacks.mosquitto import Mosquitto, running_mosquitto
+from fedspeech_bench.attacks.mosquitto import Mosquitto, listening, running_mosquitto
 from tests.helpers.configs import coordinator_config
 from tests.helpers.mqtt_clients import WAIT_S, Client
 from tests.helpers.ports import free_port
@@ -130,6 +136,24 @@ def test_no_client_without_credentials_takes_a_devices_client_id(fleet, clients)
     assert kitchen.disconnects == 0, "an impostor disconnected kitchen-pi"
 
 
+def test_a_device_enrolled_before_mosquitto_reloads_is_told_what_to_do(fleet, clients, caplog):
+    add_device(Store(fleet.state), "garage-pi")  # its broker password is written; Mosquitto has not read it
+    settings = fleet.settings("garage-pi")
+    paho = make_client(settings, "garage-pi")  # as a device's or coordinator's, which says why it is refused
+    with caplog.at_level(logging.WARNING, "fedspeech.protocol.mqtt"):
+        connect(paho, settings)
+        try:
+            wait_for(lambda: "refused the connection" in caplog.text, 10, "the refusal")
+        finally:
+            paho.disconnect()
+            paho.loop_stop()
+    said = [r.getMessage() for r in caplog.records if "refused the connection" in r.getMessage()]
+    assert said and "(user garage-pi)" in said[0] and "kill -HUP $(cat STATE/broker/mosquitto.pid)" in said[0]
+    fleet.mosquitto.reload()
+    wait_for(lambda: "Reloading config" in fleet.mosquitto.log(), 10, "the reload")
+    clients.append(Client(fleet.settings("garage-pi")).connected())
+
+
 def test_a_revoked_device_is_refused_once_mosquitto_reloads(fleet, clients):
     kitchen = Client(fleet.settings("kitchen-pi")).connected()
     clients.append(kitchen)
@@ -179,3 +203,49 @@ def test_a_registration_over_http_hands_out_working_broker_credentials(fleet, tm
             link.go_offline()
         server.stop()
         service.link.stop()
+
+
+@pytest.mark.parametrize("in_background", [True, False])
+def test_the_readmes_broker_line_runs_as_written(tmp_path, in_background):
+    """As root too (as on a Pi's first setup, or in a container): Mosquitto stays the state folder's owner,
+    who may read it, instead of becoming user mosquitto, who may not; with -d and in the foreground."""
+    from tests.system.test_readme_own_devices import readme_blocks
+
+    setup = readme_blocks()[1]
+    (line,) = [line for line in setup if "mosquitto -c" in line]
+    argv = shlex.split(line)
+    assert argv[-1] == "-d", line
+    port = free_port()
+    fedspeech = [sys.executable, "-m", "fedspeech"]
+    enrol = [*fedspeech, "devices", "add", "kitchen-pi", "--new-state", "--secret-file", "kitchen-pi.secret"]
+    subprocess.run(enrol, cwd=tmp_path, check=True, capture_output=True, timeout=120)
+    made = [*fedspeech, "broker-config", "--port", str(port)]
+    subprocess.run(made, cwd=tmp_path, check=True, capture_output=True, timeout=120)
+    state = tmp_path / "fedspeech-state"
+    assert f"user {pwd.getpwuid(os.geteuid()).pw_name}\n" in (state / "broker" / "mosquitto.conf").read_text()
+
+    foreground = None
+    if in_background:
+        started = subprocess.run(argv, cwd=tmp_path, capture_output=True, text=True, timeout=30)
+        assert started.returncode == 0, started.stderr
+    else:
+        foreground = subprocess.Popen(
+            argv[:-1], cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
+        )
+    try:
+        wait_for(lambda: listening(port), 10, f"Mosquitto on port {port}")
+        coordinator = BrokerSettings(
+            f"mqtt://127.0.0.1:{port}", "coordinator", broker_users.coordinator_password_file(state)
+        )
+        client = Client(coordinator).connected()  # it read its password file, in the 0700 folder
+        client.close()
+        pid = int((state / "broker" / "mosquitto.pid").read_text())  # the README's `kill -HUP $(cat ...)`
+        os.kill(pid, signal.SIGHUP)
+        wait_for(lambda: "Reloading config" in (state / "broker" / "mosquitto.log").read_text(), 10, "reload")
+    finally:
+        pid_file = state / "broker" / "mosquitto.pid"
+        if foreground is not None:
+            foreground.terminate()
+            foreground.wait(timeout=10)
+        elif pid_file.is_file():
+            os.kill(int(pid_file.read_text()), signal.SIGTERM)

@@ -96,7 +96,7 @@ def coordinator_process(tmp_path, mosquitto_url, topic_root, processes) -> Itera
     proc = processes.start(
         "coordinator",
         "coordinator",
-        "--state", str(tmp_path / "state"),
+        "--state", str(tmp_path / "state"), "--new-state",
         "--broker", mosquitto_url,
         "--port", str(port),
         "--topic-root", topic_root,

@@ -195,7 +195,7 @@ def test_a_listen_only_pi_follows_the_coordinator(
 
     # the coordinator on this host announces its initial model at once; the Pi checks its signature
     processes.start(
-        "coordinator", "coordinator", "--state", str(tmp_path / "state"), "--port", str(port),
+        "coordinator", "coordinator", "--state", str(tmp_path / "state"), "--new-state", "--port", str(port),
         "--broker", mosquitto_url, "--topic-root", topic_root,
     )  # fmt: skip
     wait_for(lambda: get_json(f"{coordinator_url}/api/status"), 120, "the coordinator")
@@ -220,7 +220,7 @@ def test_a_pi_that_trains_imports_torch_and_enrols(
     port = free_port()
     coordinator_url = f"http://127.0.0.1:{port}"
     processes.start(
-        "coordinator", "coordinator", "--state", str(state), "--port", str(port),
+        "coordinator", "coordinator", "--state", str(state), "--new-state", "--port", str(port),
         "--broker", mosquitto_url, "--topic-root", topic_root,
     )  # fmt: skip
     wait_for(lambda: get_json(f"{coordinator_url}/api/status"), 120, "the coordinator")

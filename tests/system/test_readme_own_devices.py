@@ -123,7 +123,9 @@ def test_the_readmes_own_devices_hear_speakers_they_never_met(tmp_path, processe
     http, mqtt = free_port(), free_port()
     folders, unheard, labels = _build_folders(tmp_path / "data")
     blocks = readme_blocks()
-    task, setup, client, listen = blocks[0], blocks[1], blocks[3][0], blocks[4][0]
+    task, setup = blocks[0], blocks[1]
+    (client,) = [block[0] for block in blocks if block[0].startswith("fedspeech client --coordinator")]
+    (listen,) = [block[0] for block in blocks if block[0].startswith("fedspeech listen --coordinator")]
     places = {
         "coordinator.lan:8080": f"127.0.0.1:{http}",
         "coordinator.lan:1883": f"127.0.0.1:{mqtt}",
@@ -172,6 +174,11 @@ def test_the_readmes_own_devices_hear_speakers_they_never_met(tmp_path, processe
         heard = subprocess.run(argv, cwd=tmp_path, capture_output=True, text=True, timeout=300)
         status = _command(f"fedspeech status --coordinator {url} --rounds 3", {})
         shown = subprocess.run(status, capture_output=True, text=True, timeout=60, check=True).stdout
+        listing = _command(f"fedspeech devices list --coordinator {url}", {})
+        listed = subprocess.run(listing, capture_output=True, text=True, timeout=60, check=True).stdout
+    assert sorted(listed.splitlines()) == [f"{device}\tregistered\tonline" for device in sorted(folders)], (
+        listed
+    )
     assert f"detection: threshold {float(model.metadata['threshold']):.3f}, calibrated on" in shown, shown
     assert heard.returncode == 0, heard.stderr[-3000:]
     detected = [m.group(2) for line in heard.stdout.splitlines() if (m := DETECTION.match(line))]

@@ -40,7 +40,7 @@ def test_a_token_holders_burst_of_huge_uploads_is_refused_before_it_is_read(
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     proc = processes.start(
-        "coordinator", "coordinator", "--state", str(tmp_path / "state"), "--port", str(port),
+        "coordinator", "coordinator", "--state", str(tmp_path / "state"), "--new-state", "--port", str(port),
         "--broker", mosquitto_url, "--topic-root", topic_root, "--open-enrolment", "--rounds", "1",
         "--min-devices", "1", "--min-results", "1", "--round-timeout", "300", "--eval-every", "0",
     )  # fmt: skip

@@ -19,7 +19,7 @@ def test_sigkill_mid_round_resumes_without_counting_a_round_twice(
     url = f"http://127.0.0.1:{port}"
     coordinator_args = [
         "coordinator",
-        "--state", str(tmp_path / "state"),
+        "--state", str(tmp_path / "state"), "--new-state",
         "--broker", mosquitto_url,
         "--port", str(port),
         "--topic-root", topic_root,

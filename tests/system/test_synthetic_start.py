@@ -53,7 +53,7 @@ def test_a_fleet_starts_from_synthetic_speech_of_its_task_files_words(
     url = f"http://127.0.0.1:{port}"
     common = ["--broker", mosquitto_url, "--topic-root", topic_root]
     coordinator = [
-        "coordinator", "--task", str(task_file), "--state", str(state), "--port", str(port),
+        "coordinator", "--task", str(task_file), "--state", str(state), "--new-state", "--port", str(port),
         "--open-enrolment", "--init", "synthetic", "--init-takes", "24", "--init-epochs", "3",
         "--rounds", "2", "--min-devices", "3", "--min-results", "3", "--epochs", "1", *common,
     ]  # fmt: skip
@@ -94,6 +94,7 @@ def test_a_fleet_starts_from_synthetic_speech_of_its_task_files_words(
     garage = devices["garage"]
     counted = {w: garage["train_counts"].get(w, 0) + garage["test_counts"].get(w, 0) for w in WORDS}
     assert counted == dict.fromkeys(WORDS, TAKES_PER_WORD), "only its own clips are counted"
+    assert garage["num_samples"] == sum(garage["train_counts"].values()), "registered: its own clips"
 
     # a restart with the same state resumes: nothing spoken or trained again
     first.terminate()

@@ -1,6 +1,7 @@
 """Secret files that other users can read are named in one warning with the `chmod 600` that fixes them."""
 
 import logging
+import re
 
 import pytest
 
@@ -43,3 +44,19 @@ def test_a_device_token_and_issued_password_others_can_read_are_warned_about(tmp
     said = _warnings(caplog)
     assert len(said) == 2, said
     assert f"chmod 600 {folder / TOKEN_FILE}" in said[0] and f"chmod 600 {password}" in said[1]
+
+
+@pytest.mark.parametrize(
+    ("content", "wrong"),
+    [(b"", "is empty"), (b"\n\n", "is empty"), (b"  \n", "is empty"), (b"\xff\xfe", "is not text")],
+)
+def test_an_empty_secret_file_is_named_with_what_to_put_in_it(tmp_path, content, wrong):
+    secret = tmp_path / "kitchen-pi.secret"
+    secret.write_bytes(content)
+    secret.chmod(0o600)
+    expected = (
+        f"fedspeech client: the enrolment secret file {secret} {wrong}: put the enrolment secret on its "
+        "first line, the one `fedspeech devices add` printed or wrote to --secret-file"
+    )
+    with pytest.raises(SystemExit, match=f"^{re.escape(expected)}$"):
+        read_secret(secret, "enrolment secret", "client")

@@ -36,6 +36,7 @@ def test_synthetic_takes_join_the_training_side_only_and_are_spoken_once(tmp_pat
     assert np.bincount(mixed.train.labels[own:]).tolist() == [3, 3, 3]
     assert not np.array_equal(mixed.train.waveforms[own], mixed.train.waveforms[own + 1])
     assert mixed.train.counts == plain.train.counts, "the counts are the device's own clips"
+    assert (mixed.train.clips, mixed.train.mixed) == (own, 9), "what it registers and weighs: its own"
     np.testing.assert_array_equal(mixed.test.waveforms, plain.test.waveforms)
     (made,) = (tmp_path / "synthetic").iterdir()
     assert (made / "SOURCE.md").is_file()

@@ -38,6 +38,7 @@ def test_builtin_tasks_one_per_corpus():
         ({"clip_seconds": "clip_seconds = 60"}, "key clip_seconds: must be between"),
         ({"labels": 'labels = ["yes", "yes"]'}, "key labels: repeated ['yes']"),
         ({"labels": 'labels = ["yes", "../etc"]'}, "is not a folder name"),
+        ({"labels": 'labels = ["sí", "no"]'}, "'sí' is not a folder name (ASCII letters, digits"),
         ({"labels": 'labels = ["yes"]'}, "between 2 and 64 are needed"),
         ({"labels": "labels = [1, 2]"}, "key 'labels' must be a list of strings"),
         ({"name": ""}, "key 'name' is missing"),

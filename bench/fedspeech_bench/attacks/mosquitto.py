@@ -34,10 +34,11 @@ class Mosquitto:
 def running_mosquitto(config: Path, port: int) -> Iterator[Mosquitto]:
     """Mosquitto with config, once it listens on 127.0.0.1:port; stopped at the end (its output: .log()).
 
-    Started as root, Mosquitto would become user mosquitto, who may not read the files of one's own
-    folders: then it runs a copy of config that keeps it root.
+    Started as root with a config that names no user (as `fedspeech broker-config`'s does), Mosquitto
+    would become user mosquitto, who may not read the files of one's own folders: then it runs a copy of
+    config that keeps it root.
     """
-    if os.geteuid() == 0:
+    if os.geteuid() == 0 and not any(line.startswith("user ") for line in config.read_text().splitlines()):
         as_root = config.with_name(f".{config.name}.root")
         as_root.write_text(config.read_text() + "user root\n")
         config = as_root

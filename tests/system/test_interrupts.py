@@ -1,0 +1,73 @@
+"""Ctrl-C (SIGINT to the process) ends every long command without a traceback, wherever it is: starting,
+speaking a first model's words, serving, waiting for its coordinator, listening, running the demo."""
+
+import shutil
+import signal
+import subprocess
+
+import numpy as np
+import pytest
+import soundfile
+
+from tests.helpers.ports import free_port
+from tests.helpers.waiting import wait_for
+
+pytestmark = pytest.mark.timeout(300)
+
+# a command, and a line of its log that says it is under way: SIGINT is sent once it shows
+CASES = {
+    "coordinator speaking its first model's words": (
+        [
+            "coordinator",
+            "--state",
+            "{tmp}/state",
+            "--port",
+            "0",
+            "--init",
+            "synthetic",
+            "--init-takes",
+            "300",
+        ],
+        "speaking the task's words",
+    ),
+    "coordinator serving": (["coordinator", "--state", "{tmp}/state", "--port", "0"], "dashboard at"),
+    "synthesize": (["synthesize", "--task", "fsdd", "--out", "{tmp}/spoken", "--takes", "600"], "takes: "),
+    "client waiting for its coordinator": (
+        [
+            "client",
+            "--speaker",
+            "theo",
+            "--coordinator",
+            "http://127.0.0.1:{port}",
+            "--state",
+            "{tmp}/device",
+        ],
+        "failed (connection refused)",
+    ),
+    "listen": (["listen", "--model", "{model}", "--input", "{tmp}/long.wav", "--realtime"], "threshold"),
+    "demo": (["demo", "--out", "{tmp}/demo", "--full-speed", "--rounds", "3"], "coordinator on"),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_ctrl_c_ends_a_long_command_without_a_traceback(case, tmp_path, processes, fsdd_model, mosquitto_url):
+    args, under_way = CASES[case]
+    if ("synthetic" in args or case == "synthesize") and not shutil.which("espeak-ng"):
+        pytest.skip("needs espeak-ng: apt-get install espeak-ng")
+    soundfile.write(tmp_path / "long.wav", np.zeros(8000 * 120, dtype=np.float32), 8000)  # two minutes
+    places = {"tmp": str(tmp_path), "port": str(free_port()), "model": str(fsdd_model.onnx_path)}
+    argv = [arg.format(**places) for arg in args]
+    if argv[0] == "coordinator":
+        topic_root = f"fedspeech-test/interrupts-{places['port']}"
+        argv += ["--new-state", "--broker", mosquitto_url, "--topic-root", topic_root]
+    proc = processes.start(case.replace(" ", "-"), *argv)
+    wait_for(lambda: under_way in proc.log_path.read_text() or proc.poll() is not None, 240, under_way)
+    assert proc.poll() is None, proc.log_path.read_text()[-3000:]
+    proc.send_signal(signal.SIGINT)
+    try:
+        code = proc.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"still running 60 s after Ctrl-C: {proc.log_path.read_text()[-3000:]}")
+    log = proc.log_path.read_text()
+    assert "Traceback" not in log, log[-3000:]
+    assert code in (0, 130), (code, log[-3000:])
