@@ -321,7 +321,7 @@ def test_a_round_over_the_shipped_broker_and_https(broker, processes: Processes,
             "--rounds", "1",
             "--min-devices", "1",
             "--min-results", "1",
-            "--state", str(tmp_path / "state"),
+            "--state", str(tmp_path / "state"), "--new-state",
             "--port", str(port),
             "--topic-root", TOPICS.root,
         )  # fmt: skip

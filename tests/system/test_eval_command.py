@@ -40,10 +40,12 @@ def test_eval_scores_a_folder_and_names_what_it_skips(fsdd_model, tmp_path):
 def test_eval_refuses_in_one_line_what_it_cannot_score(fsdd_model, tmp_path):
     not_a_model = tmp_path / "model.onnx"
     not_a_model.write_bytes(b"not a model")
+    empty = tmp_path / "clips"
+    empty.mkdir()
     for args, said in [
-        ((str(not_a_model), str(tmp_path)), "not a usable fedspeech ONNX model"),
+        ((str(not_a_model), str(empty)), "not a usable fedspeech ONNX model"),
         ((str(fsdd_model.onnx_path), str(tmp_path / "nowhere")), "no such folder"),
-        ((str(fsdd_model.onnx_path), str(tmp_path)), "no usable clips in"),
+        ((str(fsdd_model.onnx_path), str(empty)), "no usable clips in"),
     ]:
         result = fedspeech("eval", *args)
         assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr

@@ -36,7 +36,7 @@ def coordinator_args(
     """A coordinator under open enrolment whose devices train only (no evaluation tasks)."""
     return [
         "coordinator",
-        "--state", str(state),
+        "--state", str(state), "--new-state",
         "--broker", broker_url,
         "--port", str(port),
         "--topic-root", topic_root,
