@@ -100,7 +100,7 @@ def run(args: argparse.Namespace) -> None:
             break
     log = logging.getLogger(__name__)
     if signalled:
-        log.info("stopping on %s: the round under way is given up, its devices' work dropped", signalled[0])
+        log.info("stopping on %s: a round under way is run again from its start next time", signalled[0])
     server.stop()
     service.stop()
     held.close()
@@ -116,8 +116,8 @@ def run(args: argparse.Namespace) -> None:
 
 
 def _hold(state: Path) -> TextIO:
-    """The state folder's lock, held (state.lock); SystemExit with one line if another process holds it
-    or the folder takes no file."""
+    """The state folder's lock, held (coordinator.lock); SystemExit with one line if another process holds
+    it or the folder takes no file."""
     from fedspeech.coordinator.state.lock import StateInUse, hold_state
 
     try:
