@@ -28,7 +28,7 @@ from fedspeech.connection_options import (
 from fedspeech.defence_options import add_defence_options
 from fedspeech.installed_commands import require_extra
 from fedspeech.models.architectures import MODELS, NEW_BLOCKS
-from fedspeech.privacy_options import add_dp_options
+from fedspeech.privacy_options import add_dp_options, add_secure_options
 from fedspeech.protocol.files import warn_if_readable
 from fedspeech.protocol.topics import DEFAULT_ROOT
 from fedspeech.protocol.weights import PRECISIONS
@@ -284,30 +284,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         help="the most samples a device counts for, as a multiple of the fleet's median (default 3)",
     )
     add_defence_options(c)
-    private = c.add_argument_group("privacy: what the coordinator may learn of one device's update")
-    private.add_argument(
-        "--secure-aggregation",
-        action="store_true",
-        default=None,
-        help="the coordinator learns only the sum of each round's updates, never one device's (strategies "
-        "that combine updates their own way are refused)",
-    )
-    private.add_argument(
-        "--secure-norm-bound",
-        type=float,
-        metavar="NORM",
-        help="the L2 norm each device's change is bounded to (default 10)",
-    )
-    private.add_argument(
-        "--secure-threshold",
-        type=float,
-        help="the fraction of a round's devices that must stay to the end (at least 2; default 0.5)",
-    )
-    private.add_argument(
-        "--secure-keys-timeout",
-        type=float,
-        help="seconds devices have to agree keys, and again to unmask the sum (default 30)",
-    )
+    add_secure_options(c)
     add_dp_options(c)
     c.add_argument("--topic-root", help=f"root of the MQTT topics (default {DEFAULT_ROOT})")
     c.add_argument(

@@ -31,5 +31,12 @@ def add_defence_options(parser: argparse.ArgumentParser) -> None:
 
 
 def defence_options(args: argparse.Namespace) -> dict[str, Any]:
-    """The settings those options give, by their config keys (norm_bound as given); empty when none is."""
-    return {name: getattr(args, name) for name in DEFENCE_SETTINGS if getattr(args, name) is not None}
+    """The settings those options give, by their config keys, norm_bound read ("median", "off" or a
+    number); empty when none is given; ValueError for a bad bound.
+    """
+    from fedspeech.coordinator.config import norm_bound_value  # here: the device commands never load it
+
+    given = {name: getattr(args, name) for name in DEFENCE_SETTINGS if getattr(args, name) is not None}
+    if "norm_bound" in given:
+        given["norm_bound"] = norm_bound_value(given["norm_bound"])
+    return given

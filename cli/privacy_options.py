@@ -1,10 +1,38 @@
-"""The differential privacy options of `fedspeech coordinator` and `fedspeech demo`: `--dp-NAME` is the
-config key `dp_NAME` and the setting NAME of the privacy wrapper around the strategy, so that
-`--dp-epsilon 8` is all it takes.
+"""The privacy options: secure aggregation's, of `fedspeech coordinator`, and differential privacy's, of
+`fedspeech coordinator` and `fedspeech demo`. `--dp-NAME` is the config key `dp_NAME` and the setting
+NAME of the privacy wrapper around the strategy, so that `--dp-epsilon 8` is all it takes.
 """
 
 import argparse
 from typing import Any
+
+
+def add_secure_options(parser: argparse.ArgumentParser) -> None:
+    """Add --secure-aggregation and its settings (none has a default here: the config's stands)."""
+    private = parser.add_argument_group("privacy: what the coordinator may learn of one device's update")
+    private.add_argument(
+        "--secure-aggregation",
+        action="store_true",
+        default=None,
+        help="the coordinator learns only the sum of each round's updates, never one device's (strategies "
+        "that combine updates their own way are refused)",
+    )
+    private.add_argument(
+        "--secure-norm-bound",
+        type=float,
+        metavar="NORM",
+        help="the L2 norm each device's change is bounded to (default 10)",
+    )
+    private.add_argument(
+        "--secure-threshold",
+        type=float,
+        help="the fraction of a round's devices that must stay to the end (at least 2; default 0.5)",
+    )
+    private.add_argument(
+        "--secure-keys-timeout",
+        type=float,
+        help="seconds devices have to agree keys, and again to unmask the sum (default 30)",
+    )
 
 
 def add_dp_options(parser: argparse.ArgumentParser) -> None:

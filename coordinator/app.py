@@ -30,7 +30,7 @@ from fedspeech.coordinator.model.pretraining import Pretraining, start_weights
 from fedspeech.coordinator.round.orchestrator import Orchestrator
 from fedspeech.coordinator.round.upload_outcomes import UploadOutcomes
 from fedspeech.coordinator.round.uploads import Uploads
-from fedspeech.coordinator.state.store import StateError, Store
+from fedspeech.coordinator.state.store import StateError, Store, holds_state
 from fedspeech.protocol import signing
 from fedspeech.protocol.files import write_atomically
 from fedspeech.protocol.messages import TaskDefinition
@@ -192,6 +192,8 @@ def create_app(config: CoordinatorConfig | None = None) -> Flask:
     admin_token = _admin_token(service.admin_token_file)
     settings, broker = _broker(service)
     model = _global_model(config)  # a bad task stops the coordinator before its state is touched
+    if not holds_state(service.state):
+        log.info("a new coordinator state in %s: its database, keys and models are kept there", service.state)
     store = Store(service.state)
     store.check_writable()  # refused now, rather than at the first registration
     store.remove_unfinished_writes()

@@ -6,7 +6,6 @@ heavy imports wait inside the functions that run them.
 
 import argparse
 from pathlib import Path
-from typing import Any
 
 from fedspeech.connection_options import (
     at_least,
@@ -43,7 +42,7 @@ def _bench_strategies(args: argparse.Namespace) -> None:
     server = {"server_momentum": args.server_momentum, "final_lr_fraction": args.final_lr_fraction}
     every_arm = {name: value for name, value in server.items() if value is not None}
     try:
-        every_arm |= defences(args)
+        every_arm |= defence_options(args)
         config = strategies_config(
             args.out, args.strategy, args.k, args.float16 or (), corpora=corpora, seeds=args.seeds,
             rounds=args.rounds, data_dir=args.data_dir, corpus_settings=dict.fromkeys(corpora, every_arm),
@@ -298,7 +297,7 @@ def _demo(args: argparse.Namespace) -> None:
     dp = dp_options(args)
     strategy = args.strategy or (FULL_SPEED_STRATEGY if args.full_speed else DemoConfig.strategy)
     try:
-        defence = defences(args)
+        defence = defence_options(args)
         RoundConfig(rounds=args.rounds, strategy=strategy, **dp, **defence)
     except ValueError as exc:
         raise SystemExit(f"fedspeech demo: {exc}") from None
@@ -335,16 +334,6 @@ def _demo(args: argparse.Namespace) -> None:
             seed=args.seed,
         )
     )
-
-
-def defences(args: argparse.Namespace) -> dict[str, Any]:
-    """The settings of the defence options given (defence_options), norm_bound read; ValueError if bad."""
-    from fedspeech.coordinator.config import norm_bound_value
-
-    given = defence_options(args)
-    if "norm_bound" in given:
-        given["norm_bound"] = norm_bound_value(given["norm_bound"])
-    return given
 
 
 def _check_broker(command: str, url: str) -> None:

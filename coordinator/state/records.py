@@ -141,6 +141,9 @@ class CredentialDigests:
     registered_at: float = 0.0  # when its token was issued (or its secret, before it registered)
 
 
+CREDENTIAL_COLUMNS = ", ".join(f.name for f in fields(CredentialDigests))
+
+
 # the rounds table holds what training produced; the federated evaluation is joined from its own table
 ROUND_COLUMNS = [f.name for f in fields(RoundRecord) if not f.name.startswith(("evaluation_", "federated_"))]
 SELECT_ROUNDS = (

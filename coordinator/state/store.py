@@ -3,7 +3,6 @@
 import contextlib
 import hashlib
 import json
-import logging
 import sqlite3
 import time
 from collections.abc import Iterable, Iterator, Mapping
@@ -13,6 +12,7 @@ from pathlib import Path
 
 from fedspeech.coordinator.state.folder import StateFiles, StateWriteError, pair_files, private_file
 from fedspeech.coordinator.state.records import (
+    CREDENTIAL_COLUMNS,
     DEVICE_COLUMNS,
     ROUND_COLUMNS,
     SCHEMA,
@@ -28,8 +28,6 @@ from fedspeech.coordinator.state.records import (
 from fedspeech.protocol.weights import sha256
 
 # tokens of revoked devices, kept so that the device holding one can be told (the newest are kept)
-log = logging.getLogger(__name__)
-
 MAX_REVOKED_TOKENS = 10_000
 DATABASE = "state.sqlite3"
 
@@ -60,8 +58,6 @@ class Store:
         except OSError as exc:
             raise StateError(f"cannot use the state directory {self.dir}: {exc.strerror}") from None
         self._db = self.dir / DATABASE
-        if not self._db.exists():
-            log.info("a new coordinator state in %s: its database, keys and models are kept there", self.dir)
         with contextlib.suppress(OSError):  # a folder that takes no writes is refused by check_writable
             private_file(self._db)
         try:
@@ -189,9 +185,7 @@ class Store:
         """The digests of a device's token and enrolment secret, or None for an unknown device."""
         with self._connect() as db:
             row = db.execute(
-                "SELECT token_sha256, secret_sha256, identity_key, registered_at FROM devices "
-                "WHERE device_id = ?",
-                (device_id,),
+                f"SELECT {CREDENTIAL_COLUMNS} FROM devices WHERE device_id = ?", (device_id,)
             ).fetchone()
         return CredentialDigests(*row) if row else None
 

@@ -9,7 +9,8 @@ import pytest
 from scipy import stats
 
 from fedspeech.coordinator.strategies.krum import Krum
-from fedspeech_bench.commands import add_bench_parser, add_demo_parser, defences
+from fedspeech.defence_options import defence_options
+from fedspeech_bench.commands import add_bench_parser, add_demo_parser
 from fedspeech_bench.fleets.fleet_files import FLEETS_DIR, load_fleet
 from fedspeech_bench.harness import (
     arm_config,
@@ -215,11 +216,11 @@ def test_the_defence_options_reach_the_demo_and_every_arm_and_a_bad_bound_is_ref
     add_bench_parser(subcommands)
     add_demo_parser(subcommands)
     off = parser.parse_args(["bench", "strategies", "--norm-bound", "off", "--no-direction-check"])
-    assert defences(off) == {"norm_bound": "off", "direction_check": False}
-    assert defences(parser.parse_args(["demo", "--norm-bound", "2.5"])) == {"norm_bound": 2.5}
-    assert defences(parser.parse_args(["demo"])) == {}, "left out: the coordinator's defaults"
+    assert defence_options(off) == {"norm_bound": "off", "direction_check": False}
+    assert defence_options(parser.parse_args(["demo", "--norm-bound", "2.5"])) == {"norm_bound": 2.5}
+    assert defence_options(parser.parse_args(["demo"])) == {}, "left out: the coordinator's defaults"
     with pytest.raises(ValueError, match="norm_bound must be median, off or a positive number"):
-        defences(parser.parse_args(["demo", "--norm-bound", "big"]))
+        defence_options(parser.parse_args(["demo", "--norm-bound", "big"]))
     with pytest.raises(SystemExit, match="^fedspeech demo: norm_bound must be"):
         args = parser.parse_args(["demo", "--norm-bound", "-1"])
         args.run(args)
