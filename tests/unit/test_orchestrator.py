@@ -593,8 +593,8 @@ def test_a_device_that_takes_its_task_and_never_answers_costs_a_short_grace_not_
 
 
 def test_the_default_grace_waits_for_a_pi_3_beside_pi_5s_and_pi_4s():
-    # pi-mix in `bench strategies`: half of six (two Pi 5s and a Pi 4) in 5.2 s after a round opened, a Pi
-    # 3's update in 17.3 to 18.5 s; a grace of 2 closed rounds at 14 to 17 s, mostly without the Pi 3s
+    # pi-mix in `bench strategies`: a Pi 3's update came 17.3 to 18.5 s after a round opened, and a grace
+    # of 2 closed rounds at 14 to 17 s, mostly without the Pi 3s: half the fleet was in after about 5.2 s
     assert grace_end(0.0, 5.2, RoundConfig().straggler_grace) > 18.5
     assert grace_end(0.0, 5.2, 2.0) < 17.3
 
