@@ -49,6 +49,8 @@ def render(o: dict[str, Any], coordinator: str, last_rounds: int) -> str:
         lines.append(
             f"model: round {m['round']}, {m['architecture']}, weights {_bytes(m['weights_bytes'])}{onnx}"
         )
+        if o.get("first_model"):
+            lines.append(f"first model (round 0): {o['first_model']}")
         if m.get("threshold_from"):
             threshold = f"threshold {m['threshold']:.3f}, " if m.get("threshold") is not None else ""
             lines.append(f"detection: {threshold}{m['threshold_from']}")
@@ -59,6 +61,7 @@ def render(o: dict[str, Any], coordinator: str, last_rounds: int) -> str:
             d["state"] if d["online"] else "offline" if d["registered"] else "enrolled",
             _number(d["score"], 2),
             str(d["num_samples"]),
+            _missing(d.get("missing_labels")),  # a coordinator of an earlier version has none
             _ago(d["last_seen"], o["at"]),
             str(d["rounds_joined"]),
             _update(d["last_update"]),
@@ -66,7 +69,17 @@ def render(o: dict[str, Any], coordinator: str, last_rounds: int) -> str:
         ]
         for d in o["devices"]
     ]
-    header = ["DEVICE", "STATE", "SCORE", "CLIPS", "LAST SEEN", "ROUNDS", "LAST UPDATE", "LAST ERROR"]
+    header = [
+        "DEVICE",
+        "STATE",
+        "SCORE",
+        "CLIPS",
+        "MISSING",
+        "LAST SEEN",
+        "ROUNDS",
+        "LAST UPDATE",
+        "LAST ERROR",
+    ]
     lines += _table(header, devices)
     lines.append("")
     rounds = [
@@ -105,6 +118,19 @@ def _bytes(n: int | None) -> str:
             break
         size /= 1000
     return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
+
+
+MISSING_SHOWN = 3  # labels named in the MISSING column; the rest counted
+
+
+def _missing(labels: list[str] | None) -> str:
+    """The labels a device has no clip of: '-' where it did not say, 'none' where it has all."""
+    if labels is None:
+        return "-"
+    if not labels:
+        return "none"
+    more = len(labels) - MISSING_SHOWN
+    return ",".join(labels[:MISSING_SHOWN]) + (f" +{more}" if more > 0 else "")
 
 
 def _ago(at: float | None, now: float) -> str:

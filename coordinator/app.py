@@ -26,7 +26,7 @@ from fedspeech.coordinator.http.openapi import describe
 from fedspeech.coordinator.http.server import HttpServer, serve
 from fedspeech.coordinator.http.wrong_tokens import GuessLimit
 from fedspeech.coordinator.model.global_model import GlobalModel
-from fedspeech.coordinator.model.pretraining import Pretraining, start_weights
+from fedspeech.coordinator.model.pretraining import Pretraining, init_in_words, start_weights
 from fedspeech.coordinator.round.orchestrator import Orchestrator
 from fedspeech.coordinator.round.upload_outcomes import UploadOutcomes
 from fedspeech.coordinator.round.uploads import Uploads
@@ -207,7 +207,7 @@ def create_app(config: CoordinatorConfig | None = None) -> Flask:
             service.init, model.definition, model.spec_of(fresh), fresh, service.state, service.init_data,
             Pretraining(service.init_takes, service.init_epochs, seed=config.rounds.seed),
         )  # fmt: skip
-        model.start = start
+        model.start, model.start_made_from = start, init_in_words(service.init, service.init_data)
     app.extensions["fedspeech"] = Service(
         store,
         link,

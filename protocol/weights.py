@@ -2,6 +2,7 @@
 
 import hashlib
 import json
+from pathlib import Path
 from typing import Literal, get_args
 
 import numpy as np
@@ -61,6 +62,17 @@ def decode(data: bytes) -> tuple[Arrays, dict[str, str]]:
     except (safetensors.SafetensorError, ValueError, TypeError, KeyError) as exc:
         raise WeightsError(f"not a safetensors blob: {exc}") from None
     return arrays, metadata
+
+
+def read_metadata(path: Path) -> dict[str, str]:
+    """A safetensors file's string metadata, its header alone read; WeightsError if it is not one."""
+    try:
+        with path.open("rb") as file:
+            check_header_length(file.read(HEADER_LENGTH_BYTES))
+        with safetensors.safe_open(str(path), framework="numpy") as opened:
+            return dict(opened.metadata() or {})
+    except (safetensors.SafetensorError, ValueError, OSError) as exc:
+        raise WeightsError(f"not a safetensors file: {exc}") from None
 
 
 def check_digest(data: bytes, expected: str) -> None:

@@ -9,13 +9,14 @@ from typing import Any
 from fedspeech.coordinator.broker.mqtt_link import CoordinatorLink
 from fedspeech.coordinator.round.acknowledgements import DeviceError
 from fedspeech.coordinator.round.evaluation import outlying
+from fedspeech.coordinator.round.new_model import FIRST_MODEL_KEY
 from fedspeech.coordinator.round.orchestrator import Orchestrator
 from fedspeech.coordinator.round.upload_outcomes import Outcome, UploadOutcomes
 from fedspeech.coordinator.state.records import RoundRecord
 from fedspeech.coordinator.state.store import Store
 from fedspeech.coordinator.strategies.selection import hardware_scores
 from fedspeech.protocol import onnx_metadata as meta
-from fedspeech.protocol import routes
+from fedspeech.protocol import routes, weights
 from fedspeech.protocol.labels import none_class
 from fedspeech.protocol.messages import DeviceStatus, TaskDefinition
 
@@ -96,36 +97,13 @@ class Overview:
     first_model: str | None = None  # how round 0's model was made, in words; None where not known
 
 
-@dataclass(frozen=True)
-class FirstModel:
-    """How this coordinator makes a new fleet's first model, in words, and since when it runs: a round 0
-    stored since then is one it made (the state does not record how round 0 was made).
-    """
-
-    made_from: str
-    since: float
-
-
-def init_in_words(init: str, init_data: Path | None) -> str:
-    """How --init and --init-data make the first model, in words."""
-    data = f"the clips in {init_data}" if init_data else None
-    if init == "synthetic":
-        return "trained on the task's words in synthetic speech" + (f" and on {data}" if data else "")
-    if init != "random":
-        return f"weights read from {init}"
-    return f"trained on {data}" if data else "random weights"
-
-
 def overview(
     store: Store,
     link: CoordinatorLink,
     orchestrator: Orchestrator,
     outcomes: UploadOutcomes,
-    start: FirstModel | None = None,
 ) -> Overview:
-    """The overview of the coordinator's state now; start says how round 0 was made, if this coordinator
-    made it.
-    """
+    """The overview of the coordinator's state now."""
     statuses, seen, last = link.statuses(), link.last_seen(), outcomes.last()
     errors = orchestrator.uploads.last_errors()
     joined = store.rounds_joined()
@@ -178,15 +156,16 @@ def overview(
         devices=devices,
         rounds=rounds,
         model=_model(store, orchestrator, latest) if latest else None,
-        first_model=_made(start, stored[0]) if stored else None,
+        first_model=first_model(store) if stored and stored[0].round == 0 else None,
     )
 
 
-def _made(start: FirstModel | None, first: RoundRecord) -> str | None:
-    """How the first stored round's model was made, where this coordinator made it as round 0."""
-    if start is None or first.round != 0 or first.started_at < start.since:
+def first_model(store: Store) -> str | None:
+    """How round 0's model was made, in words, as its weights record it; None where they do not."""
+    try:
+        return weights.read_metadata(store.model_path(0, "weights")).get(FIRST_MODEL_KEY)
+    except (OSError, weights.WeightsError):
         return None
-    return start.made_from
 
 
 def standing(error: DeviceError | None, update: Outcome | None) -> DeviceError | None:

@@ -43,6 +43,16 @@ class InitError(ValueError):
     """A first model that cannot be made or read; the text says why, in one line."""
 
 
+def init_in_words(init: str, init_data: Path | None) -> str:
+    """How --init and --init-data make the first model, in words."""
+    data = f"the clips in {init_data}" if init_data else None
+    if init == SYNTHETIC:
+        return "trained on the task's words in synthetic speech" + (f" and on {data}" if data else "")
+    if init != RANDOM:
+        return f"weights read from {init}"
+    return f"trained on {data}" if data else "random weights"
+
+
 def start_weights(
     init: str,
     definition: TaskDefinition,

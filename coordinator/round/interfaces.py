@@ -79,6 +79,10 @@ class ModelOps(Protocol):
         """The arrays with new blocks added up to depth, started as new_blocks says (NEW_BLOCKS)."""
         ...
 
+    def made_from(self, arrays: Arrays) -> str:
+        """How a first model of these arrays was made, in words."""
+        ...
+
     def evaluate(self, arrays: Arrays) -> Evaluation | None:
         """Scores on the coordinator's held-out set, or None without one."""
         ...

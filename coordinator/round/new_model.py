@@ -30,6 +30,9 @@ class RoundTally:
     privacy: PrivacySpent | None = None  # differential privacy spent with this round in (None: none given)
 
 
+FIRST_MODEL_KEY = "first_model"  # in round 0's weights metadata: how that model was made, in words
+
+
 def store_round(
     store: Store,
     model: ModelOps,
@@ -44,6 +47,8 @@ def store_round(
     decisions, the devices' latest word decisions, calibrate the ONNX model's threshold if given.
     """
     metadata = {"round": str(round)}
+    if round == 0:
+        metadata[FIRST_MODEL_KEY] = model.made_from(arrays)
     if tally.privacy is not None:
         metadata |= {"dp_epsilon": repr(tally.privacy.epsilon), "dp_delta": repr(tally.privacy.delta)}
     blob = weights.encode(arrays, metadata=metadata)

@@ -56,6 +56,9 @@ class FakeModel:
     def grow(self, arrays: Arrays, depth: int, seed: int, new_blocks: str = "fresh") -> Arrays:
         return arrays
 
+    def made_from(self, arrays: Arrays) -> str:
+        return "random weights" if self.start is None else "the fake's start"
+
     def evaluate(self, arrays: Arrays) -> Evaluation:
         return Evaluation(float(arrays["w"][0]), 0.0, 1.0)
 

@@ -8,11 +8,14 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from fedspeech.coordinator.app import create_app, serve
-from fedspeech.coordinator.http.overview import init_in_words
+from fedspeech.coordinator.model.pretraining import init_in_words
+from fedspeech.coordinator.round import new_model
+from fedspeech.coordinator.round.new_model import FIRST_MODEL_KEY, RoundTally
 from fedspeech.coordinator.state.records import DeviceEvaluation, RoundRecord, UpdateRecord
 from fedspeech.protocol import messages, routes, weights
 from fedspeech.protocol.messages import DeviceStatus, TaskFailure
@@ -35,9 +38,15 @@ def guarded(tmp_path):
     return _app(tmp_path, admin_token_file=tmp_path / "admin-token")
 
 
-def _store_round(store, round, accuracy, wall_s, updates=(), central=True, started=1.0):
-    """A round stored as the orchestrator stores it; central=False: the coordinator has no held-out set."""
+def _store_round(
+    store, round, accuracy, wall_s, updates=(), central=True, started=1.0, made="random weights"
+):
+    """A round stored as the orchestrator stores it; central=False: the coordinator has no held-out set;
+    round 0's weights say how they were made (made), or nothing, as before they did (None).
+    """
     blob = f"weights {round}".encode()
+    if round == 0 and made is not None:
+        blob = weights.encode({"w": np.zeros(1, np.float32)}, {FIRST_MODEL_KEY: made})
     scores = (accuracy, accuracy, 1.0 - accuracy) if central else (None, None, None)
     record = RoundRecord(
         round, started, started + wall_s, wall_s, 3, len(updates), *scores,
@@ -239,12 +248,27 @@ def test_status_says_in_one_line_when_no_coordinator_answers(tmp_path):
     )
 
 
-def test_the_overview_says_how_round_0_was_made_where_this_coordinator_made_it(tmp_path):
-    app = _app(tmp_path)
-    _store_round(app.extensions["fedspeech"].store, 0, 0.1, 0.5, started=time.time())
-    assert app.test_client().get("/api/overview").get_json()["first_model"] == "random weights"
-    restarted = _app(tmp_path).test_client().get("/api/overview").get_json()
-    assert restarted["completed_round"] == 0 and restarted["first_model"] is None, "made before: not known"
+def _round_0(app) -> str | None:
+    """Store round 0 as the orchestrator does for a new fleet; the overview's words on how it was made."""
+    store, orchestrator = app.extensions["fedspeech"].store, app.extensions["fedspeech"].orchestrator
+    first = orchestrator.first_model()
+    new_model.store_round(store, orchestrator.model, 0, first, RoundTally(time.time()), None)
+    return app.test_client().get("/api/overview").get_json()["first_model"]
+
+
+def test_the_overview_says_how_round_0_was_made_and_still_does_after_a_restart(tmp_path):
+    assert _round_0(_app(tmp_path / "random")) == "random weights"
+    restarted = _app(tmp_path / "random").test_client().get("/api/overview").get_json()
+    assert restarted["completed_round"] == 0 and restarted["first_model"] == "random weights"
+    first = tmp_path / "first.safetensors"
+    orchestrator = _app(tmp_path / "random").extensions["fedspeech"].orchestrator
+    first.write_bytes(weights.encode(orchestrator.first_model()))
+    assert _round_0(_app(tmp_path / "read", init=str(first))) == f"weights read from {first}"
+    again = _app(tmp_path / "read", init=str(first)).test_client().get("/api/overview").get_json()
+    assert again["first_model"] == f"weights read from {first}"
+    # a state whose round 0 was stored before its weights said how: not known
+    _store_round(_app(tmp_path / "old").extensions["fedspeech"].store, 0, 0.1, 0.5, made=None)
+    assert _app(tmp_path / "old").test_client().get("/api/overview").get_json()["first_model"] is None
     assert init_in_words("synthetic", None) == "trained on the task's words in synthetic speech"
     assert init_in_words("synthetic", Path("/srv/takes")).endswith("and on the clips in /srv/takes")
     assert init_in_words("random", Path("/srv/takes")) == "trained on the clips in /srv/takes"
