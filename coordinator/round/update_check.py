@@ -47,11 +47,18 @@ def answered_task(open_: OpenRound | None, late: LateUpdates, round: int, upload
         raise NotWanted(f"{device_id} already sent its update for round {round}")
     if device_id in open_.skipped:
         raise NotWanted(f"{device_id} is not the device training in its group now")
-    # a buffered round takes every result: one past the round's count is work done all the same
+    refuse_when_full(open_, device_id)
+    return task
+
+
+def refuse_when_full(open_: OpenRound, device_id: str) -> None:
+    """NotWanted if the round has the results it needs and the device is not one it waits for besides.
+
+    A buffered round takes every result: one past the round's count is work done all the same.
+    """
     full = open_.optional_results() >= open_.needed and device_id not in open_.required
     if full and not open_.buffered:
-        raise NotWanted(f"round {round} already has the {open_.needed} results it needs")
-    return task
+        raise NotWanted(f"round {open_.round} already has the {open_.needed} results it needs")
 
 
 def expected_task(open_: OpenRound | None, late: LateUpdates, round: int, device_id: str) -> Task:

@@ -20,7 +20,13 @@ from fedspeech.coordinator.round.influence import SampleLimits, fleet_median, sa
 from fedspeech.coordinator.round.interfaces import DeviceLink
 from fedspeech.coordinator.round.late_updates import LateUpdates
 from fedspeech.coordinator.round.open_round import OpenRound
-from fedspeech.coordinator.round.update_check import Upload, answered_task, check_update, expected_task
+from fedspeech.coordinator.round.update_check import (
+    Upload,
+    answered_task,
+    check_update,
+    expected_task,
+    refuse_when_full,
+)
 from fedspeech.coordinator.state.store import Store
 from fedspeech.coordinator.strategies import Result
 from fedspeech.protocol import routes, weights
@@ -139,6 +145,7 @@ class Uploads:
             elif self._open is not open_ or open_ is None or device_id in open_.updates:
                 raise NotWanted(f"round {round} closed while the update was checked")
             else:
+                refuse_when_full(open_, device_id)  # others' updates may have filled it meanwhile
                 open_.took(device_id, result, record, len(body), time.time())
             self._lock.notify_all()
         log.info("round %d: update from %s accepted (%d samples)", round, device_id, record.num_samples)

@@ -68,6 +68,23 @@ def test_a_round_closed_while_an_update_was_checked_refuses_it(tmp_path):
         send(uploads, "a", tasks["a"])
 
 
+def test_an_update_checked_while_others_filled_the_round_is_refused(tmp_path):
+    uploads = uploads_of(tmp_path)
+    ceiling = uploads.sample_ceiling
+    tasks = open_round(uploads, needed=1)
+
+    def filled(device_id: str) -> int:  # b's update comes in between a's two looks at the round
+        if device_id == "a":
+            send(uploads, "b", tasks["b"])
+        return ceiling(device_id)
+
+    uploads.sample_ceiling = filled
+    with pytest.raises(NotWanted, match="^round 1 already has the 1 results it needs"):
+        send(uploads, "a", tasks["a"])
+    closed, _ = uploads.close()
+    assert list(closed.updates) == ["b"], "the round's one result, not two"
+
+
 def test_a_replayed_update_counts_once(tmp_path):
     uploads = uploads_of(tmp_path)
     tasks = open_round(uploads)
