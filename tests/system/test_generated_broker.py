@@ -154,6 +154,24 @@ def test_a_device_enrolled_before_mosquitto_reloads_is_told_what_to_do(fleet, cl
     clients.append(Client(fleet.settings("garage-pi")).connected())
 
 
+def test_a_coordinator_on_a_new_state_refused_by_the_old_states_broker_is_told_what_to_do(
+    fleet, processes, tmp_path
+):
+    """A new state folder (the old one lost, or a typo given --new-state) has no broker password yet."""
+    fresh = tmp_path / "fresh"
+    coordinator = processes.start(
+        "coordinator", "coordinator", "--state", str(fresh), "--new-state", "--broker", fleet.url,
+        "--topic-root", TOPICS.root, "--port", "0",
+    )  # fmt: skip
+    wait_for(lambda: "refused the connection" in coordinator.log_path.read_text(), 120, "the refusal")
+    said = next(
+        line for line in coordinator.log_path.read_text().splitlines() if "refused the connection" in line
+    )
+    assert f"broker {fleet.url} refused the connection: Not authorized (user (none))" in said
+    assert "a new coordinator state needs `fedspeech broker-config` first" in said
+    assert coordinator.poll() is None, "a service waits for its broker"
+
+
 def test_a_revoked_device_is_refused_once_mosquitto_reloads(fleet, clients):
     kitchen = Client(fleet.settings("kitchen-pi")).connected()
     clients.append(kitchen)
