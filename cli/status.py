@@ -69,17 +69,8 @@ def render(o: dict[str, Any], coordinator: str, last_rounds: int) -> str:
         ]
         for d in o["devices"]
     ]
-    header = [
-        "DEVICE",
-        "STATE",
-        "SCORE",
-        "CLIPS",
-        "MISSING",
-        "LAST SEEN",
-        "ROUNDS",
-        "LAST UPDATE",
-        "LAST ERROR",
-    ]
+    header = ["DEVICE", "STATE", "SCORE", "CLIPS", "MISSING", "LAST SEEN", "ROUNDS", "LAST UPDATE",
+              "LAST ERROR"]  # fmt: skip
     lines += _table(header, devices)
     lines.append("")
     rounds = [
