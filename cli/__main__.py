@@ -231,6 +231,9 @@ def main(argv: list[str] | None = None) -> None:
     if not args.verbose:
         for chatty in ("onnxscript", "onnx_ir"):  # the ONNX export's internals, at INFO every round
             logging.getLogger(chatty).setLevel(logging.WARNING)
+    # `kill` stops a command as Ctrl-C does, so that what it started (the demo's devices) is stopped too;
+    # the coordinator and the device daemon set their own handlers
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
     try:
         args.run(args)
     except ModuleNotFoundError as exc:  # a module of an extra that is not installed, imported on the way

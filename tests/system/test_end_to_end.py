@@ -67,8 +67,8 @@ def test_rounds_over_a_real_broker(broker, request, tmp_path, topic_root, proces
         rounds = service.store.rounds()
         assert [r.round for r in rounds] == list(range(ROUNDS + 1))
         assert len({r.weights_sha256 for r in rounds}) == ROUNDS + 1, "the global model changes every round"
-        size = service.store.model_path(0, "weights").stat().st_size
         for r in rounds[1:]:
+            size = service.store.model_path(r.round - 1, "weights").stat().st_size  # what the round trains
             updates = service.store.updates(r.round)
             assert r.devices == r.results == len(updates) == len(SPEAKERS)
             assert sorted(u.device_id for u in updates) == SPEAKERS

@@ -1,9 +1,11 @@
 """Ctrl-C (SIGINT to the process) ends every long command without a traceback, wherever it is: starting,
 speaking a first model's words, serving, waiting for its coordinator, listening, running the demo."""
 
+import contextlib
 import shutil
 import signal
 import subprocess
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -72,3 +74,28 @@ def test_ctrl_c_ends_a_long_command_without_a_traceback(case, tmp_path, processe
     log = proc.log_path.read_text()
     assert "Traceback" not in log, log[-3000:]
     assert code in (0, 130), (code, log[-3000:])
+
+
+def test_a_terminated_demo_stops_its_devices(tmp_path, processes):
+    out = tmp_path / "demo"
+    proc = processes.start("demo", "demo", "--out", str(out), "--full-speed", "--rounds", "3")
+    wait_for(lambda: "devices: " in proc.log_path.read_text() or proc.poll() is not None, 240, "the devices")
+    assert proc.poll() is None, proc.log_path.read_text()[-3000:]
+    assert _started_from(out / "devices"), "the demo's devices run"
+    proc.send_signal(signal.SIGTERM)
+    try:
+        code = proc.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"still running 60 s after SIGTERM: {proc.log_path.read_text()[-3000:]}")
+    assert code == 130 and "Traceback" not in proc.log_path.read_text()
+    assert not _started_from(out / "devices"), "no device of the demo is left running"
+
+
+def _started_from(folder: Path) -> list[int]:
+    """The processes whose command line names the folder."""
+    found = []
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        with contextlib.suppress(OSError):
+            if str(folder).encode() in cmdline.read_bytes():
+                found.append(int(cmdline.parent.name))
+    return found
