@@ -24,6 +24,14 @@ from fedspeech.protocol.messages import Credentials, DeviceStatus, Profile, Regi
 from fedspeech.protocol.topics import Topics, parse_broker_url
 
 
+def _signals_as_from_a_shell() -> None:
+    """In the child before it runs: Ctrl-C and SIGTERM as a shell leaves them (default, not blocked),
+    whatever the test worker's own state (a blocked or ignored SIGINT is inherited across exec).
+    """
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT, signal.SIGTERM})
+
+
 class Processes:
     """Started `fedspeech` subprocesses, logged to files, all stopped when the test ends."""
 
@@ -39,7 +47,9 @@ class Processes:
         log = open(self.log_dir / f"{name}.log", "a")  # noqa: SIM115 - closed with the process
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
         argv = [*prefix, sys.executable, "-m", "fedspeech", *args]
-        proc = subprocess.Popen(argv, stdout=log, stderr=log, env=env, cwd=cwd)
+        proc = subprocess.Popen(
+            argv, stdout=log, stderr=log, env=env, cwd=cwd, preexec_fn=_signals_as_from_a_shell
+        )
         proc.log_path = self.log_dir / f"{name}.log"
         self.procs.append(proc)
         return proc
