@@ -65,13 +65,15 @@ def decode(data: bytes) -> tuple[Arrays, dict[str, str]]:
 
 
 def read_metadata(path: Path) -> dict[str, str]:
-    """A safetensors file's string metadata, its header alone read; WeightsError if it is not one."""
+    """A safetensors file's string metadata, its header alone read; WeightsError if it is not one, OSError
+    if it cannot be read.
+    """
+    with path.open("rb") as file:
+        check_header_length(file.read(HEADER_LENGTH_BYTES))
     try:
-        with path.open("rb") as file:
-            check_header_length(file.read(HEADER_LENGTH_BYTES))
         with safetensors.safe_open(str(path), framework="numpy") as opened:
             return dict(opened.metadata() or {})
-    except (safetensors.SafetensorError, ValueError, OSError) as exc:
+    except (safetensors.SafetensorError, ValueError) as exc:
         raise WeightsError(f"not a safetensors file: {exc}") from None
 
 

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from fedspeech.coordinator.model.pretraining import RANDOM_WORDS
 from fedspeech.coordinator.round.interfaces import Evaluation, OnnxFiles
 from fedspeech.models.calibration import Decisions, calibrate, decision_counts
 from fedspeech.protocol import onnx_metadata as meta
@@ -56,7 +57,7 @@ class GlobalModel:
         self._predicted: tuple[str, np.ndarray, np.ndarray] | None = None  # weights' digest, held-out output
         self._models: dict[ModelSpec, Any] = {}
         self.start: Arrays | None = None  # the first model's weights, where they are not fresh (--init)
-        self.start_made_from = "random weights"  # how start was made, in words (init_in_words)
+        self.start_made_from = RANDOM_WORDS  # how start was made, in words (init_in_words)
         self._templates: dict[ModelSpec, dict[str, Path]] = {}  # by kind: "model", frontend, classifier
 
     def spec_at(self, depth: int | None) -> ModelSpec:
@@ -87,7 +88,7 @@ class GlobalModel:
     def made_from(self, arrays: Arrays) -> str:
         """How a first model of these arrays was made, in words: as start was, where it is start's depth."""
         fresh = self.start is None or self.spec_of(self.start) != self.spec_of(arrays)
-        return "random weights" if fresh else self.start_made_from
+        return RANDOM_WORDS if fresh else self.start_made_from
 
     def grow(self, arrays: Arrays, depth: int, seed: int, new_blocks: str = "fresh") -> Arrays:
         """The arrays with new blocks added up to depth; the trained ones kept."""

@@ -25,6 +25,7 @@ from fedspeech.protocol.weights import Arrays
 log = logging.getLogger(__name__)
 
 RANDOM, SYNTHETIC = "random", "synthetic"
+RANDOM_WORDS = "random weights"  # a first model made of fresh weights, in words
 VERSION = 2  # of how the first model is trained: a change makes cached first models stale
 
 
@@ -50,7 +51,7 @@ def init_in_words(init: str, init_data: Path | None) -> str:
         return "trained on the task's words in synthetic speech" + (f" and on {data}" if data else "")
     if init != RANDOM:
         return f"weights read from {init}"
-    return f"trained on {data}" if data else "random weights"
+    return f"trained on {data}" if data else RANDOM_WORDS
 
 
 def start_weights(
