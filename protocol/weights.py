@@ -28,8 +28,23 @@ def sha256(data: bytes) -> str:
 
 
 def encode(arrays: Arrays, metadata: dict[str, str] | None = None) -> bytes:
-    """Serialise named arrays (and string metadata) to safetensors bytes."""
-    return safetensors.numpy.save({k: np.ascontiguousarray(v) for k, v in arrays.items()}, metadata=metadata)
+    """Serialise named arrays (and string metadata) to safetensors bytes, the same for the same input."""
+    blob = safetensors.numpy.save({k: np.ascontiguousarray(v) for k, v in arrays.items()}, metadata=metadata)
+    return _metadata_sorted(blob) if metadata and len(metadata) > 1 else blob
+
+
+def _metadata_sorted(blob: bytes) -> bytes:
+    """The blob with its metadata in sorted order.
+
+    safetensors writes metadata in a hash map's order, a new one each time (its issue 584), so the same
+    weights would be different bytes, and so have a different digest, from one save to the next.
+    """
+    length = int.from_bytes(blob[:HEADER_LENGTH_BYTES], "little")
+    header = json.loads(blob[HEADER_LENGTH_BYTES : HEADER_LENGTH_BYTES + length])
+    header["__metadata__"] = dict(sorted(header["__metadata__"].items()))
+    text = json.dumps(header, separators=(",", ":"), ensure_ascii=False).encode()
+    text += b" " * (-len(text) % 8)  # the data starts 8-byte aligned, as safetensors pads it
+    return len(text).to_bytes(HEADER_LENGTH_BYTES, "little") + text + blob[HEADER_LENGTH_BYTES + length :]
 
 
 def with_precision(arrays: Arrays, precision: str) -> Arrays:

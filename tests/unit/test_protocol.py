@@ -215,6 +215,19 @@ def test_weights_round_trip_with_metadata_and_digest():
         weights.check_digest(blob + b"x", weights.sha256(blob))
 
 
+def test_the_same_weights_and_metadata_are_the_same_bytes_every_time():
+    # safetensors alone writes metadata in a new hash map's order each save: a round's digest then changed
+    arrays = {"w": np.arange(6, dtype=np.float32), "b": np.ones(3, np.float16)}
+    metadata = {str(k): "é" * k for k in range(16)}  # more than two, and not ASCII
+    blobs = {weights.encode(arrays, dict(reversed(metadata.items()))) for _ in range(20)}
+    blobs.add(weights.encode(arrays, metadata))
+    assert len(blobs) == 1
+    (blob,) = blobs
+    decoded, meta = weights.decode(blob)
+    assert meta == metadata and all(np.array_equal(decoded[k], arrays[k]) for k in arrays)
+    assert int.from_bytes(blob[:8], "little") % 8 == 0  # the data starts 8-byte aligned, as safetensors'
+
+
 @pytest.mark.parametrize("blob", [b"", b"\x05\x00\x00\x00\x00\x00\x00\x00abcde", b"x" * 100])
 def test_corrupt_weights_are_rejected(blob):
     with pytest.raises(weights.WeightsError, match="safetensors"):
