@@ -26,7 +26,6 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
-from scipy.signal import fftconvolve
 
 from fedspeech.models.clips.datasets import Clip
 from fedspeech.runtime.audio_file import read_audio
@@ -176,6 +175,8 @@ def reverberant(stream: Stream, rt60_s: float, seed: int) -> Stream:
     """The stream heard in a room of rt60_s (room_response), its speech power kept; the words' times are
     those of the dry stream.
     """
+    from scipy.signal import fftconvolve  # here: scipy.signal takes a second to import, for every command
+
     wet = fftconvolve(stream.audio, room_response(rt60_s, stream.sample_rate, seed))[: len(stream.audio)]
     heard = replace(stream, audio=wet.astype(np.float32))
     return replace(heard, audio=heard.audio * np.float32(np.sqrt(speech_power(stream) / speech_power(heard))))

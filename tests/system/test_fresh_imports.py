@@ -53,3 +53,10 @@ def test_hearing_voice_needs_no_torch():
 
 def test_recording_needs_neither_torch_nor_the_coordinator():
     assert loaded("import fedspeech.edge_client.recording", ("torch", "fedspeech.coordinator")) == []
+
+
+def test_every_commands_options_load_no_heavy_library():
+    # every fedspeech command, the benchmarks' included, builds this parser first: a test suite and a
+    # fleet's scripts start it hundreds of times, and scipy.signal alone took 1.6 s of each start
+    heavy = ("torch", "scipy", "flask", "matplotlib", "onnx", "onnxruntime", "hypercorn", "amqtt")
+    assert loaded("from fedspeech.__main__ import build_parser; build_parser()", heavy) == []
