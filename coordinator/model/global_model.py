@@ -205,22 +205,29 @@ class GlobalModel:
         return OnnxFiles(files[0], (files[1], files[2]) if len(files) == 3 else None)
 
     def _export_templates(self, arrays: Arrays, spec: ModelSpec) -> dict[str, Path]:
-        """The ONNX templates of a spec by kind: the one file ('model'), and its pair where it splits."""
+        """The ONNX templates of a spec by kind: the one file ('model'), and its pair where it splits;
+        kept from one run to the next (template_cache).
+        """
+        from fedspeech.export.template_cache import kept_templates, template_key
+
+        key = template_key(spec, self.labels, self.task, self.say)
+        fallback = Path(self._workdir.name) / f"templates-{spec.depth}"
+        return kept_templates(key, lambda folder: self._exported(arrays, spec, folder), fallback)
+
+    def _exported(self, arrays: Arrays, spec: ModelSpec, folder: Path) -> dict[str, Path]:
+        """Export the ONNX templates of a spec into folder, by kind."""
         from fedspeech.export.onnx_export import export_classifier, export_frontend, export_onnx
 
         model, task, say = self._model(arrays), self.task, self.say
-        folder = Path(self._workdir.name)
-        one_file = export_onnx(
-            model, spec, self.labels, folder / f"template-{spec.depth}.onnx", task=task, say=say
-        )
+        one_file = export_onnx(model, spec, self.labels, folder / "model.onnx", task=task, say=say)
         templates = {"model": one_file}
         try:
-            path = folder / f"frontend-{spec.depth}.onnx"
+            path = folder / "frontend.onnx"
             frontend = export_frontend(model, spec, self.labels, path, task=task, say=say)
         except ValueError as exc:  # a model without a LogMel front-end travels as one file
             log.info("the model travels as one ONNX file only: %s", exc)
             return templates
-        path = folder / f"classifier-{spec.depth}.onnx"
+        path = folder / "classifier.onnx"
         classifier = export_classifier(model, spec, self.labels, path, task=task, say=say)
         return templates | {meta.FRONTEND: frontend, meta.CLASSIFIER: classifier}
 
