@@ -118,33 +118,58 @@ class TrainedModel:
 
 
 @pytest.fixture(scope="session")
-def fsdd_model(tmp_path_factory) -> TrainedModel:
-    """Trained once per test session as devices train, with the bundled negatives (~40 s on one core)."""
+def fsdd_model(tmp_path_factory, worker_id) -> TrainedModel:
+    """Trained once per test run as devices train, with the bundled negatives (~40 s on one core): the
+    first worker to ask trains and exports it, the others of the run read its files.
+    """
+    import numpy as np
+    import torch
+    from filelock import FileLock
+
+    from fedspeech.models import build_model
+    from fedspeech.models.clips.datasets import default_spec, load_corpus, load_waveforms, server_test_clips
+    from fedspeech.models.train import set_arrays
+    from fedspeech.protocol import weights
+
+    torch.set_num_threads(1)  # in every worker, as the worker that trains it
+    corpus = load_corpus("fsdd")
+    spec, labels = default_spec(corpus), list(corpus.task.labels)
+    waveforms, targets = load_waveforms(
+        [c for c in corpus.clips if not c.test], spec.sample_rate, spec.num_samples
+    )
+    heldout = load_waveforms(server_test_clips(corpus), spec.sample_rate, spec.num_samples)
+    # a run on several workers shares its base folder; a run on one has no other worker to share with
+    shared = (
+        tmp_path_factory.getbasetemp().parent if worker_id != "master" else tmp_path_factory.mktemp("run")
+    )
+    folder, saved = shared / "fsdd-model", shared / "fsdd-model" / "weights.safetensors"
+    with FileLock(str(shared / "fsdd-model.lock")):
+        if not saved.is_file():
+            folder.mkdir(exist_ok=True)
+            trained = _train_fsdd_model(corpus, spec, waveforms, targets, heldout, folder)
+            saved.write_bytes(weights.encode(trained))
+    model = build_model(spec)
+    set_arrays(model, weights.decode(saved.read_bytes())[0])
+    calibration = waveforms[np.random.default_rng(0).choice(len(waveforms), 300, replace=False)]
+    return TrainedModel(model.eval(), spec, labels, folder / "model.onnx", heldout, calibration)
+
+
+def _train_fsdd_model(corpus, spec, waveforms, targets, heldout, folder: Path):
+    """Train the CNN on FSDD's training clips and the bundled negatives, export it into folder (one file
+    and its pair, its threshold calibrated on the held-out clips); its arrays.
+    """
     import numpy as np
     import torch
 
     from fedspeech.export.onnx_export import export_onnx
     from fedspeech.models import build_model
     from fedspeech.models.calibration import calibrate_threshold
-    from fedspeech.models.clips.datasets import (
-        bundled_data_dir,
-        default_spec,
-        load_corpus,
-        load_waveforms,
-        load_windows,
-        server_test_clips,
-    )
-    from fedspeech.models.train import train_local
+    from fedspeech.models.clips.datasets import bundled_data_dir, load_windows
+    from fedspeech.models.train import get_arrays, train_local
     from fedspeech.protocol.labels import none_class, word_classes
 
-    torch.set_num_threads(1)
     torch.manual_seed(0)
-    corpus = load_corpus("fsdd")
-    spec = default_spec(corpus)
     labels = corpus.task.labels
-    waveforms, targets = load_waveforms(
-        [c for c in corpus.clips if not c.test], spec.sample_rate, spec.num_samples
-    )
     negatives = sorted((bundled_data_dir() / corpus.task.negatives[0]).glob("*.flac"))
     noise = np.concatenate([load_windows(f, spec.sample_rate, spec.num_samples, 1) for f in negatives])
     none = none_class(labels)
@@ -159,17 +184,13 @@ def fsdd_model(tmp_path_factory) -> TrainedModel:
         noise=noise,
         none_class=none,
     )
-    heldout = load_waveforms(server_test_clips(corpus), spec.sample_rate, spec.num_samples)
     with torch.no_grad():  # the threshold calibrated on the held-out clips, as the coordinator's exports
         probabilities = torch.softmax(model.eval()(torch.from_numpy(heldout[0])), dim=1).numpy()
-    words = word_classes(labels)
-    threshold = calibrate_threshold(probabilities, heldout[1], words)
-    folder = tmp_path_factory.mktemp("fsdd-model")
-    path = export_onnx(
+    threshold = calibrate_threshold(probabilities, heldout[1], word_classes(labels))
+    export_onnx(
         model, spec, labels, folder / "model.onnx", round=1, task="fsdd", threshold=threshold, pair=True
     )
-    calibration = waveforms[np.random.default_rng(0).choice(len(waveforms), 300, replace=False)]
-    return TrainedModel(model.eval(), spec, list(labels), path, heldout, calibration)
+    return get_arrays(model)
 
 
 @pytest.fixture
