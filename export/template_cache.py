@@ -18,6 +18,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict
 from pathlib import Path
 
+from fedspeech.models.cache_key import cache_key
 from fedspeech.protocol.messages import ModelSpec
 
 log = logging.getLogger(__name__)
@@ -51,8 +52,7 @@ def template_key(spec: ModelSpec, labels: Sequence[str], task: str, say: Mapping
     """The digest a spec's templates are kept under."""
     versions = {name: importlib.metadata.version(name) for name in LIBRARIES}
     made_of = {"spec": asdict(spec), "labels": list(labels), "task": task, "say": dict(say)}
-    text = json.dumps(made_of | {"versions": versions, "source": _source_digest()}, sort_keys=True)
-    return hashlib.sha256(text.encode()).hexdigest()[:32]
+    return cache_key(made_of | {"versions": versions, "source": _source_digest()})
 
 
 def _kept(folder: Path) -> dict[str, Path] | None:

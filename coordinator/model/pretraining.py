@@ -7,8 +7,6 @@ they depend on (the task's words, the voices, the settings, the model, the extra
 restart neither speaks nor trains again. Progress, with the time left, goes to the log.
 """
 
-import hashlib
-import json
 import logging
 import math
 import time
@@ -17,6 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
+from fedspeech.models.cache_key import cache_key
 from fedspeech.models.clips.progress import progress_logger
 from fedspeech.protocol import weights
 from fedspeech.protocol.messages import ModelSpec, TaskDefinition
@@ -99,7 +98,7 @@ def pretrained(
     if extra_data is not None:
         folders.append(extra_data)
         key["extra"] = _listing(extra_data, definition.labels)
-    cached = state_dir / "pretrained" / f"{_hash(key)}.safetensors"
+    cached = state_dir / "pretrained" / f"{cache_key(key)}.safetensors"
     if cached.is_file():
         log.info("the first model, trained before: %s", cached)
         return weights.decode(cached.read_bytes())[0]
@@ -194,7 +193,3 @@ def _listing(folder: Path, labels: list[str]) -> list[tuple[str, int, float]]:
     except OSError as exc:
         raise InitError(f"--init-data {folder}: {exc}") from None
     return [(str(c.path.relative_to(folder)), (s := c.path.stat()).st_size, s.st_mtime) for c in clips]
-
-
-def _hash(key: dict[str, object]) -> str:
-    return hashlib.sha256(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()[:16]

@@ -16,7 +16,6 @@ rest, cut to a clip's length where longer, by the same voices and settings.
 """
 
 import hashlib
-import json
 import logging
 import os
 import shutil
@@ -30,6 +29,7 @@ import numpy as np
 import soundfile
 import soxr
 
+from fedspeech.models.cache_key import cache_key
 from fedspeech.models.clips.augment import frame_length, spoken_extents
 from fedspeech.models.clips.other_words import bundled_words, other_words
 from fedspeech.models.clips.synthesizers import (
@@ -134,7 +134,7 @@ def digest(definition: TaskDefinition, voices: Sequence[Voice], takes: int, seed
         "voices": [asdict(v) for v in voices], "synthesizers": versions(), "takes": takes, "seed": seed,
         "other": other, "other_words": other_list, "version": VERSION,
     }  # fmt: skip
-    return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
+    return cache_key(key)
 
 
 def other_label(definition: TaskDefinition) -> str | None:
