@@ -447,22 +447,18 @@ def hear_through_microphone(
     model: str,
     wav: Path,
     name: str,
-    *more: Path,
     recording: Path | None = None,
 ) -> list:
-    """Play wav (and more files, all at once) into the virtual microphone while `fedspeech listen` listens
-    to it; its detections. With a recording path, parec records the sink's monitor meanwhile, at RECORD_RATE.
+    """Play wav into the virtual microphone while `fedspeech listen` listens to it; its detections. With a
+    recording path, parec records the sink's monitor meanwhile, at RECORD_RATE.
     """
     proc = processes.start(name, "listen", "--model", model, "--device", "pulse", "--timings")
     log = proc.log_path
     wait_for(lambda: "listening to input device pulse" in log.read_text(), 30, "the microphone opened")
     recorder = None if recording is None else record_monitor(virtual_microphone, recording)
     time.sleep(1.0)  # PortAudio's stream (and parec) are running
-    players = [
-        subprocess.Popen(["paplay", "--device=fedspeech_mic", str(path)], env=virtual_microphone)
-        for path in (wav, *more)
-    ]  # PulseAudio mixes them in the sink, as a room mixes a voice and a noise
-    assert all(player.wait(timeout=60) == 0 for player in players)
+    player = subprocess.Popen(["paplay", "--device=fedspeech_mic", str(wav)], env=virtual_microphone)
+    assert player.wait(timeout=60) == 0
     time.sleep(1.5)  # the last word's windows
     proc.send_signal(signal.SIGTERM)
     if recorder is not None:
@@ -595,14 +591,14 @@ def test_noisy_speech_at_10_db_through_pulseaudio(virtual_microphone, models, pr
     assert_digits_in_order([label for _, label, _ in found], at_least=NOISY_AT_LEAST)
 
 
-QUIET_AT_LEAST = 7  # of a quiet speaker's ten digits with a noise source 10 dB below his voice
+QUIET_AT_LEAST = 7  # of a quiet speaker's ten digits in real noise 10 dB below his voice
 
 
-def test_a_quiet_voice_and_a_noise_source_together_through_pulseaudio(
-    virtual_microphone, models, processes, tmp_path
-):
-    # theo speaks about 20 dB below jackson; a second player plays real background noise (the bundled
-    # Speech Commands clips) 10 dB below his words' power, starting 2 s before him and ending 2 s after
+def test_a_quiet_voice_in_real_noise_through_pulseaudio(virtual_microphone, models, processes, tmp_path):
+    # theo speaks about 20 dB below jackson, in real background noise (the bundled Speech Commands clips)
+    # 10 dB below his words' power, starting 2 s before him and ending 2 s after. The noise is mixed into
+    # the file, not played by a second player: it is far from stationary, and with the two players' start
+    # gap (tens of ms, more on a busy machine) other noise lay under each word, from 6 to 9 heard in order
     voice, spans = digits_audio(speaker="theo", take=0, seed=4)
     speech = np.concatenate([voice[round(s * RATE) : round(e * RATE)] for s, e in spans])
     assert np.sqrt(np.mean(np.square(speech))) < 0.02  # quiet: under -34 dBFS
@@ -612,18 +608,13 @@ def test_a_quiet_voice_and_a_noise_source_together_through_pulseaudio(
     loud = [a for a in (soundfile.read(p, dtype="float32")[0] for p in clips) if np.std(a) > 1e-3]
     noise = soxr.resample(np.concatenate(loud * 2), 16000, RATE)[: len(voice)].astype(np.float32)
     noise *= np.sqrt(np.mean(np.square(speech)) / 10 ** (10 / 10) / np.mean(np.square(noise)))
-    soundfile.write(tmp_path / "voice.wav", voice, RATE, subtype="FLOAT")
-    soundfile.write(tmp_path / "noise.wav", noise, RATE, subtype="FLOAT")
+    soundfile.write(tmp_path / "voice_in_noise.wav", voice + noise, RATE, subtype="FLOAT")
     found = hear_through_microphone(
-        virtual_microphone,
-        processes,
-        str(models["model"]),
-        tmp_path / "voice.wav",
-        "listen-quiet",
-        tmp_path / "noise.wav",
+        virtual_microphone, processes, str(models["model"]), tmp_path / "voice_in_noise.wav", "listen-quiet"
     )
-    # in 10 dB of real noise a quiet word is at times heard as another (on this 2-core machine, 3 as 2 in
-    # every run, 5 as 9 in some): at least 7 heard in order, and at most 2 heard wrong
+    # in 10 dB of real noise a quiet word is at times missed or heard as another, depending on where the
+    # listener's hops fall (this file through `--input`, shifted 2 to 98 ms in 4 ms steps: 7 to 9 heard
+    # in order, at most 2 heard wrong): at least 7 heard in order, and at most 2 heard wrong
     labels = [label for _, label, _ in found]
     in_order = heard_in_order(labels)
     assert in_order >= QUIET_AT_LEAST, f"only {in_order} of {len(DIGITS)} heard in order: {labels}"
