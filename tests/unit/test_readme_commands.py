@@ -1,0 +1,73 @@
+"""The README's own words as commands: its first two lines, and every `fedspeech` command of "Your own
+devices" as fedspeech's own parser reads it, so that a renamed option or a wrong value shows here.
+"""
+
+import re
+import shlex
+from pathlib import Path
+
+import pytest
+
+from fedspeech.__main__ import build_parser
+
+ROOT = Path(__file__).resolve().parents[2]
+README = (ROOT / "README.md").read_text()
+OWN_DEVICES = README[README.index("## Your own devices") : README.index("### Task files")]
+
+
+def own_devices_commands() -> list[str]:
+    """Every `fedspeech ...` command of the section: code lines (continued lines joined) and inline code."""
+    code = re.sub(r"\\\n\s*", " ", OWN_DEVICES)
+    lines = [line.strip() for line in code.splitlines() if re.match(r" {4,}fedspeech ", line)]
+    inline = re.findall(r"`(fedspeech [^`]+)`", code)
+    return lines + inline
+
+
+def test_the_readme_opens_with_the_two_commands_saying_which_is_which():
+    block = README.split("```")[1].strip().splitlines()
+    assert README.startswith("```") and len(block) == 2, (
+        "the page opens with the two commands, nothing before"
+    )
+    setup, tests = ([part.strip() for part in line.split("#", 1)] for line in block)
+    assert setup == [
+        'pip install -e ".[all]" -e ./bench && fedspeech demo',
+        "set everything up, run the demo",
+    ]
+    assert tests == ["tests/run", "run every test"]
+    ci = (ROOT / ".ci" / "run").read_text().splitlines()
+    assert [line for line in ci if line.startswith(tests[0])], "CI runs the README's test command"
+
+
+def test_every_fedspeech_command_of_the_own_devices_section_parses():
+    commands = own_devices_commands()
+    named = {shlex.split(command)[1] for command in commands}
+    # the set-up, the few-takes recipe, the reload hint and the device's side are all read
+    assert {"devices", "broker-config", "coordinator", "client", "record", "listen"} <= named, named
+    parser = build_parser()
+    for command in commands:
+        argv = [word for word in shlex.split(command)[1:] if word != "..."]
+        if not any(word.startswith("--") for word in argv):
+            continue  # a command named in passing ("after `fedspeech devices add`"), not given whole
+        try:
+            _, unknown = parser.parse_known_args(argv)
+        except SystemExit as exc:
+            pytest.fail(f"README: `{command}`: {exc}")
+        assert not unknown, f"README: `{command}` has options fedspeech does not take: {unknown}"
+
+
+def test_the_few_takes_recipe_is_one_block_with_its_learning_rate_and_synthetic_takes():
+    block = OWN_DEVICES[OWN_DEVICES.index("A fleet with only a few takes") :].split("\n\n")[1]
+    lines = [line.strip() for line in re.sub(r"\\\n\s*", " ", block).splitlines()]
+    commands = [line.replace(" ...", "") for line in lines if line.startswith("fedspeech ")]
+    coordinator, client = (build_parser().parse_known_args(shlex.split(c)[1:])[0] for c in commands)
+    assert (coordinator.init, coordinator.lr) == ("synthetic", 1e-3)
+    assert client.mix_synthetic == 10
+
+
+def test_the_readme_says_how_to_use_another_broker_port_and_what_the_wheel_build_needs():
+    said = " ".join(OWN_DEVICES.split())
+    assert "for another, give it `--port N` and the coordinator and devices `--broker mqtt://HOST:N`" in said
+    port = build_parser().parse_args(["broker-config", "--port", "1884"])
+    assert port.port == 1884
+    assert "`pip install build && python -m build --wheel`" in said, "the build's prerequisite, first"
+    assert "from a checkout without a `build/` folder" in said
