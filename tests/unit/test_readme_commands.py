@@ -15,9 +15,14 @@ README = (ROOT / "README.md").read_text()
 OWN_DEVICES = README[README.index("## Your own devices") : README.index("### Task files")]
 
 
+def joined(text: str) -> str:
+    """The text with each line continued by a backslash joined to the next."""
+    return re.sub(r"\\\n\s*", " ", text)
+
+
 def own_devices_commands() -> list[str]:
     """Every `fedspeech ...` command of the section: code lines (continued lines joined) and inline code."""
-    code = re.sub(r"\\\n\s*", " ", OWN_DEVICES)
+    code = joined(OWN_DEVICES)
     lines = [line.strip() for line in code.splitlines() if re.match(r" {4,}fedspeech ", line)]
     inline = re.findall(r"`(fedspeech [^`]+)`", code)
     return lines + inline
@@ -41,7 +46,7 @@ def test_the_readme_opens_with_the_two_commands_saying_which_is_which():
 def test_every_fedspeech_command_of_the_own_devices_section_parses():
     commands = own_devices_commands()
     named = {shlex.split(command)[1] for command in commands}
-    # the set-up, the few-takes recipe, the reload hint and the device's side are all read
+    # the set-up, the few-takes recipe and a device's recording, training and listening are all read
     assert {"devices", "broker-config", "coordinator", "client", "record", "listen"} <= named, named
     parser = build_parser()
     for command in commands:
@@ -57,7 +62,7 @@ def test_every_fedspeech_command_of_the_own_devices_section_parses():
 
 def test_the_few_takes_recipe_is_one_block_with_its_learning_rate_and_synthetic_takes():
     block = OWN_DEVICES[OWN_DEVICES.index("A fleet with only a few takes") :].split("\n\n")[1]
-    lines = [line.strip() for line in re.sub(r"\\\n\s*", " ", block).splitlines()]
+    lines = [line.strip() for line in joined(block).splitlines()]
     commands = [line.replace(" ...", "") for line in lines if line.startswith("fedspeech ")]
     coordinator, client = (build_parser().parse_known_args(shlex.split(c)[1:])[0] for c in commands)
     assert (coordinator.init, coordinator.lr) == ("synthetic", 1e-3)
