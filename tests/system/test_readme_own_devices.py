@@ -33,10 +33,10 @@ from fedspeech_bench.attacks.mosquitto import running_mosquitto
 from fedspeech_bench.listen_streams import build_stream
 from fedspeech_bench.word_alignment import align
 from tests.helpers.ports import free_port
+from tests.helpers.readme import own_devices_blocks
 from tests.helpers.shared_data import SHARED_DATA, needs_shared
 from tests.helpers.waiting import get_json, wait_for
 
-REPO = Path(__file__).resolve().parents[2]
 TAKES = 20  # a label, on a device
 DEVICES: dict[str, tuple[str, ...]] = {
     "kitchen-pi": (),
@@ -45,26 +45,6 @@ DEVICES: dict[str, tuple[str, ...]] = {
 }  # a device and the labels it lacks
 HEARD_WORDS = 10  # a label, in the stream the listener hears
 DETECTION = re.compile(r"^\s*([\d.]+) s  (\S+)  ([\d.]+)$")
-
-
-def readme_blocks() -> list[list[str]]:
-    """The code blocks of "Your own devices", each a list of lines, a line continued with \\ joined."""
-    text = (REPO / "README.md").read_text()
-    section = text[text.index("## Your own devices") : text.index("### Task files")]
-    blocks: list[list[str]] = []
-    in_block = False
-    for line in section.splitlines():
-        if not line.startswith("       "):
-            in_block = False
-        elif in_block:
-            if blocks[-1][-1].endswith("\\"):
-                blocks[-1][-1] = blocks[-1][-1][:-1].rstrip() + " " + line.strip()
-            else:
-                blocks[-1].append(line[7:])
-        else:
-            blocks.append([line[7:]])
-            in_block = True
-    return blocks
 
 
 def _build_folders(root: Path) -> tuple[dict[str, Path], list[Clip], list[str]]:
@@ -122,7 +102,7 @@ def test_the_readmes_own_devices_hear_speakers_they_never_met(tmp_path, processe
     started = time.monotonic()
     http, mqtt = free_port(), free_port()
     folders, unheard, labels = _build_folders(tmp_path / "data")
-    blocks = readme_blocks()
+    blocks = own_devices_blocks()
     task, setup = blocks[0], blocks[1]
     (client,) = [block[0] for block in blocks if block[0].startswith("fedspeech client --coordinator")]
     (listen,) = [block[0] for block in blocks if block[0].startswith("fedspeech listen --coordinator")]

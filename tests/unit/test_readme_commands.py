@@ -2,6 +2,7 @@
 devices" as fedspeech's own parser reads it, so that a renamed option or a wrong value shows here.
 """
 
+import argparse
 import re
 import shlex
 from pathlib import Path
@@ -9,23 +10,22 @@ from pathlib import Path
 import pytest
 
 from fedspeech.__main__ import build_parser
+from tests.helpers.readme import README, own_devices_blocks, own_devices_section
 
 ROOT = Path(__file__).resolve().parents[2]
-README = (ROOT / "README.md").read_text()
-OWN_DEVICES = README[README.index("## Your own devices") : README.index("### Task files")]
 
 
-def joined(text: str) -> str:
-    """The text with each line continued by a backslash joined to the next."""
-    return re.sub(r"\\\n\s*", " ", text)
+def parsed(command: str) -> tuple[argparse.Namespace, list[str]]:
+    """A README `fedspeech ...` command (its "..." left out) as fedspeech's parser reads it, and what it
+    did not take.
+    """
+    return build_parser().parse_known_args([word for word in shlex.split(command)[1:] if word != "..."])
 
 
 def own_devices_commands() -> list[str]:
-    """Every `fedspeech ...` command of the section: code lines (continued lines joined) and inline code."""
-    code = joined(OWN_DEVICES)
-    lines = [line.strip() for line in code.splitlines() if re.match(r" {4,}fedspeech ", line)]
-    inline = re.findall(r"`(fedspeech [^`]+)`", code)
-    return lines + inline
+    """Every `fedspeech ...` command of the section: its code blocks' lines and its inline code."""
+    lines = [line for block in own_devices_blocks() for line in block if line.startswith("fedspeech ")]
+    return lines + re.findall(r"`(fedspeech [^`]+)`", own_devices_section())
 
 
 def test_the_readme_opens_with_the_two_commands_saying_which_is_which():
@@ -48,29 +48,25 @@ def test_every_fedspeech_command_of_the_own_devices_section_parses():
     named = {shlex.split(command)[1] for command in commands}
     # the set-up, the few-takes recipe and a device's recording, training and listening are all read
     assert {"devices", "broker-config", "coordinator", "client", "record", "listen"} <= named, named
-    parser = build_parser()
     for command in commands:
-        argv = [word for word in shlex.split(command)[1:] if word != "..."]
-        if not any(word.startswith("--") for word in argv):
+        if " --" not in command:
             continue  # a command named in passing ("after `fedspeech devices add`"), not given whole
         try:
-            _, unknown = parser.parse_known_args(argv)
+            _, unknown = parsed(command)
         except SystemExit as exc:
             pytest.fail(f"README: `{command}`: {exc}")
         assert not unknown, f"README: `{command}` has options fedspeech does not take: {unknown}"
 
 
 def test_the_few_takes_recipe_is_one_block_with_its_learning_rate_and_synthetic_takes():
-    block = OWN_DEVICES[OWN_DEVICES.index("A fleet with only a few takes") :].split("\n\n")[1]
-    lines = [line.strip() for line in joined(block).splitlines()]
-    commands = [line.replace(" ...", "") for line in lines if line.startswith("fedspeech ")]
-    coordinator, client = (build_parser().parse_known_args(shlex.split(c)[1:])[0] for c in commands)
+    (recipe,) = [block for block in own_devices_blocks() if any("--mix-synthetic" in line for line in block)]
+    coordinator, client = (parsed(line)[0] for line in recipe if line.startswith("fedspeech "))
     assert (coordinator.init, coordinator.lr) == ("synthetic", 1e-3)
     assert client.mix_synthetic == 10
 
 
 def test_the_readme_says_how_to_use_another_broker_port_and_what_the_wheel_build_needs():
-    said = " ".join(OWN_DEVICES.split())
+    said = " ".join(own_devices_section().split())
     assert "for another, give it `--port N` and the coordinator and devices `--broker mqtt://HOST:N`" in said
     port = build_parser().parse_args(["broker-config", "--port", "1884"])
     assert port.port == 1884
