@@ -35,6 +35,7 @@ from fedspeech_bench.attacks.mosquitto import Mosquitto, listening, running_mosq
 from tests.helpers.configs import coordinator_config
 from tests.helpers.mqtt_clients import WAIT_S, Client
 from tests.helpers.ports import free_port
+from tests.helpers.readme import own_devices_blocks
 from tests.helpers.waiting import wait_for
 
 TOPICS = Topics("test/generated-broker")
@@ -227,9 +228,7 @@ def test_a_registration_over_http_hands_out_working_broker_credentials(fleet, tm
 def test_the_readmes_broker_line_runs_as_written(tmp_path, in_background):
     """As root too (as on a Pi's first setup, or in a container): Mosquitto stays the state folder's owner,
     who may read it, instead of becoming user mosquitto, who may not; with -d and in the foreground."""
-    from tests.system.test_readme_own_devices import readme_blocks
-
-    setup = readme_blocks()[1]
+    setup = own_devices_blocks()[1]
     (line,) = [line for line in setup if "mosquitto -c" in line]
     argv = shlex.split(line)
     assert argv[-1] == "-d", line
